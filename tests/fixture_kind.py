@@ -1,0 +1,19 @@
+"""A small real step kind for commit-protocol tests: writes ``part-*.txt`` files slowly.
+
+Config: ``{"parts": int, "pause_s": float, "fail_at": int | None}``.
+"""
+
+from __future__ import annotations
+
+import time
+
+STEP_VERSION = 1
+
+
+def run(ctx):
+    for i in range(ctx.config["parts"]):
+        if ctx.config.get("fail_at") == i:
+            raise RuntimeError(f"injected failure at part {i}")
+        (ctx.out_dir / f"part-{i}.txt").write_text(f"{ctx.name} part {i} seed {ctx.seed}\n")
+        time.sleep(ctx.config.get("pause_s", 0.0))
+    return {"parts": ctx.config["parts"]}

@@ -1,0 +1,69 @@
+"""Recipe validation: every error names the file, the field's dotted path and the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidal.recipe import RecipeError, load_recipe, parse_recipe
+from tests.conftest import TINY
+
+
+def test_tiny_recipe_is_valid():
+    recipe = load_recipe(TINY)
+    assert recipe.train_sources == ["brown", "gcide", "songci"]
+    assert recipe.eval_sources == ["udhr"]
+    for source in recipe.sources.values():
+        assert len(source.archive.sha256) == 64 and source.licence and source.archive.version
+
+
+def test_unknown_field_is_refused_with_its_path(tiny_data):
+    tiny_data["train"]["optimizer"]["learning_rate"] = 0.1
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(tiny_data, "tiny.yaml")
+    assert "tiny.yaml" in str(err.value)
+    assert "train.optimizer.learning_rate: unknown field" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "expected"),
+    [
+        ("train.steps", 0, "train.steps: Input should be greater than 0"),
+        ("train.optimizer.lr", -1.0, "train.optimizer.lr: Input should be greater than 0"),
+        ("tokenize.seq_len", 4, "tokenize.seq_len: Input should be greater than or equal to 8"),
+        ("clean.normalization", "NFD", "clean.normalization: Input should be 'NFC' or 'NFKC'"),
+        ("sources.brown.archive.sha256", "abc", "sources.brown.archive.sha256: String should match pattern"),
+        ("name", "Tiny Recipe", "name: String should match pattern"),
+    ],
+)
+def test_bad_values_name_the_field(tiny_data, dotted, value, expected):
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(tiny_data, "tiny.yaml", overrides={dotted: value})
+    assert expected in str(err.value)
+    assert repr(value) in str(err.value)
+
+
+def test_cross_field_rules(tiny_data):
+    tiny_data["mixture"]["weights"]["wiki"] = 0.5
+    with pytest.raises(RecipeError, match=r"mixture.weights names unknown sources \['wiki'\]"):
+        parse_recipe(tiny_data, "tiny.yaml")
+    tiny_data["mixture"]["weights"].pop("wiki")
+    tiny_data["evaluation"]["sources"] = ["brown"]
+    with pytest.raises(RecipeError, match=r"\['brown'\] are both in the training mixture and held out"):
+        parse_recipe(tiny_data, "tiny.yaml")
+
+
+def test_model_shape_rule(tiny_data):
+    with pytest.raises(RecipeError, match="d_model .130. must be divisible by n_heads .4."):
+        parse_recipe(tiny_data, "t.yaml", overrides={"train.model.d_model": 130})
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsources: [a\n")
+    with pytest.raises(RecipeError, match=r"bad.yaml: line \d+, column \d+ YAML syntax error"):
+        load_recipe(bad)
+
+
+def test_missing_file():
+    with pytest.raises(RecipeError, match="cannot read recipe"):
+        load_recipe("/nonexistent/recipe.yaml")

@@ -1,0 +1,85 @@
+"""Step ids: derived from what a step computes, and from nothing else."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from tidal.kinds import KINDS
+from tidal.planner import build_graph
+from tidal.recipe import parse_recipe
+from tidal.steps import Step, StepGraph, derive_seed
+
+
+def ids(data, **overrides):
+    return {s.name: s.step_id for s in build_graph(parse_recipe(data, overrides=overrides))}
+
+
+def test_same_recipe_same_ids(tiny_data):
+    assert ids(tiny_data) == ids(tiny_data)
+
+
+def test_training_field_changes_only_train(tiny_data):
+    before, after = ids(tiny_data), ids(tiny_data, **{"train.steps": 7})
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"train"}
+
+
+def test_tokenize_field_changes_tokenize_and_descendants(tiny_data):
+    before, after = ids(tiny_data), ids(tiny_data, **{"tokenize.seq_len": 64})
+    changed = {name for name in before if before[name] != after[name]}
+    graph = build_graph(parse_recipe(tiny_data))
+    expected = set()
+    for src in ("brown", "gcide", "songci", "udhr"):
+        expected |= {f"tokenize-{src}", *graph.descendants(f"tokenize-{src}")}
+    assert changed == expected
+    assert not any(name.startswith(("fetch-", "clean-")) or name == "tokenizer" for name in changed)
+
+
+def test_seed_changes_only_seeded_steps(tiny_data):
+    before, after = ids(tiny_data), ids(tiny_data, seed=1)
+    assert {n for n in before if before[n] != after[n]} == {"mix", "stats", "gate", "train"}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"storage_root": "/somewhere/else"}, {"tracking_uri": "http://mlflow:5000"}, {"description": "other"}],
+)
+def test_location_fields_change_no_id(tiny_data, overrides):
+    assert ids(tiny_data) == ids(tiny_data, **overrides)
+
+
+def test_step_version_bump_changes_id(monkeypatch):
+    step = Step("clean-x", "clean", {"a": 1})
+    before = step.step_id
+    monkeypatch.setitem(KINDS, "clean", KINDS["clean"].__class__("tidal.data.clean", 2))
+    assert Step("clean-x", "clean", {"a": 1}).step_id != before
+
+
+def test_id_shape():
+    step = Step("fetch-x", "fetch", {"b": [1, 2], "a": None})
+    name, _, digest = step.step_id.rpartition("-")
+    assert name == "fetch-x" and len(digest) == 12 and int(digest, 16) >= 0
+    assert Step("fetch-x", "fetch", {"a": None, "b": [1, 2]}).step_id == step.step_id
+
+
+def test_graph_refuses_duplicates_and_unordered_inputs():
+    a = Step("a", "fetch", {})
+    with pytest.raises(ValueError, match="two steps are named 'a'"):
+        StepGraph((a, a))
+    with pytest.raises(ValueError, match="reads 'a', which is not before it"):
+        StepGraph((Step("b", "clean", {}, (a,)),))
+
+
+def test_derived_seeds_differ_per_step():
+    assert derive_seed(1, "mix") == derive_seed(1, "mix")
+    assert derive_seed(1, "mix") != derive_seed(1, "train") != derive_seed(2, "mix")
+    assert 0 <= derive_seed(1, "mix") < 2**63
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_module_versions_match_table(kind):
+    module = importlib.import_module(KINDS[kind].module)
+    assert module.STEP_VERSION == KINDS[kind].version
+    assert getattr(module, "RESUMABLE", False) == KINDS[kind].resumable

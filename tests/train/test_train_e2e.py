@@ -1,0 +1,160 @@
+"""End-to-end tests of the train step through the real subprocess entrypoint.
+
+Covers: loss falls on a learnable synthetic dataset (via ``tidal.train.run``); stop at a
+checkpoint and resume in a fresh process is bitwise identical to an uninterrupted run;
+a corrupted checkpoint is skipped in favour of the previous one; a tokenizer hash mismatch
+is refused with a message naming both hashes and the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tidal.train
+from tidal.context import StepContext
+from tidal.launch.local import TrainingFailed, run_entrypoint
+
+VOCAB, SEQ_LEN, TOK_HASH = 64, 33, "a" * 64
+STEPS = 24
+
+
+def write_tokens(directory: Path, n_seq: int, seed: int, meta_name: str, tokenizer_hash: str = TOK_HASH,
+                 shards: int = 2) -> None:
+    """Sequences that follow one fixed cycle through the vocabulary (a learnable bigram)."""
+    directory.mkdir(parents=True)
+    cycle = np.random.default_rng(0).permutation(VOCAB)
+    succ = np.empty(VOCAB, dtype=np.int64)
+    succ[cycle] = np.roll(cycle, -1)
+    rows = np.empty((n_seq, SEQ_LEN), dtype=np.uint16)
+    rows[:, 0] = np.random.default_rng(seed).integers(0, VOCAB, n_seq)
+    for t in range(1, SEQ_LEN):
+        rows[:, t] = succ[rows[:, t - 1]]
+    for i, part in enumerate(np.array_split(rows, shards)):
+        np.save(directory / f"tokens-{i:05d}-of-{shards:05d}.npy", part)
+    (directory / meta_name).write_text(json.dumps({"tokenizer_hash": tokenizer_hash, "seq_len": SEQ_LEN}))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer_meta.json").write_text(
+        json.dumps({"tokenizer_hash": TOK_HASH, "vocab_size": VOCAB, "eos_id": 0}))
+    write_tokens(root / "mix", 96, seed=1, meta_name="mixture.json", shards=3)
+    write_tokens(root / "tokenize-udhr", 16, seed=2, meta_name="meta.json", shards=1)
+    return {"tokenizer": root / "tokenizer", "mix": root / "mix", "tokenize-udhr": root / "tokenize-udhr"}
+
+
+CONFIG = {
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64},
+    "optimizer": {"lr": 1e-2, "min_lr_ratio": 0.1, "warmup_steps": 3, "weight_decay": 0.01,
+                  "b1": 0.9, "b2": 0.95, "grad_clip": 1.0},
+    "steps": STEPS, "batch_size": 8, "checkpoint_every": 5, "eval_every": 10, "eval_batches": 2,
+    "log_every": 1, "keep_checkpoints": 2,
+    "train_data": "mix", "eval_data": {"udhr": "tokenize-udhr"}, "tokenizer": "tokenizer",
+}
+
+
+def make_ctx(out_dir: Path, inputs: dict[str, Path], config: dict = CONFIG) -> StepContext:
+    return StepContext(step_id="train-0123456789ab", name="train", kind="train", config=config,
+                       out_dir=out_dir, inputs=inputs, input_ids={n: f"{n}-x" for n in inputs},
+                       seed=2**62 + 12345, log=logging.getLogger("test.train"))
+
+
+def losses(step_dir: Path) -> list[tuple[int, float]]:
+    lines = (step_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+
+def final_params(step_dir: Path) -> dict[str, np.ndarray]:
+    """Leaves of the final checkpoint, read with numpy from orbax (no template)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    summary = json.loads((step_dir / "summary.json").read_text())
+    with ocp.CheckpointManager(step_dir / "checkpoints") as manager:
+        tree = manager.restore(summary["checkpoint_step"], args=ocp.args.StandardRestore())
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, inputs) -> tuple[Path, dict]:
+    """One uninterrupted run through the step kind's ``run``."""
+    out = tmp_path_factory.mktemp("reference")
+    summary = tidal.train.run(make_ctx(out, inputs))
+    return out, summary
+
+
+def test_loss_falls_and_summary(reference):
+    out, summary = reference
+    seen = losses(out)
+    assert [s for s, _ in seen] == list(range(1, STEPS + 1))
+    first, last = seen[0][1], seen[-1][1]
+    assert first > 3.5 and last < 0.5 * first, seen
+    assert summary["steps"] == STEPS and summary["tokens_seen"] == STEPS * 8 * (SEQ_LEN - 1)
+    assert summary["final_train_loss"] == last
+    assert summary["eval_loss"] == summary["eval_loss/udhr"] < 0.6 * first
+    assert summary["checkpoint_step"] == STEPS
+    manifest = json.loads((out / "checkpoint_manifest.json").read_text())
+    assert manifest["step"] == STEPS and manifest["root_hash"] == summary["checkpoint_root_hash"]
+    # keep_checkpoints=2: only the newest two remain, with their manifests
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [20, 24]
+    assert sorted(p.name for p in (out / "checkpoint_manifests").iterdir()) == ["20.json", "24.json"]
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["inputs"]["mix"] == str(reference[0].parent.parent / "x") or "mix" in spec["inputs"]
+    assert spec["seed"] == 2**62 + 12345 and spec["config"] == CONFIG
+
+
+def test_resume_in_fresh_process_is_bitwise_identical(tmp_path, inputs, reference):
+    ref_dir, ref_summary = reference
+    ctx = make_ctx(tmp_path / "train", inputs)
+    tidal.train.write_spec(ctx)
+    run_entrypoint(ctx.out_dir, extra_args=["--stop-after", "13"])  # dies mid-way; last checkpoint: 10
+    assert not (ctx.out_dir / "summary.json").exists()
+    assert losses(ctx.out_dir)[-1][0] == 13
+    summary = tidal.train.run(ctx)  # fresh process resumes from step 10, redoes 11..13
+    assert losses(ctx.out_dir) == losses(ref_dir)  # no duplicate lines, bitwise equal losses
+    got, want = final_params(ctx.out_dir), final_params(ref_dir)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key
+    assert summary["final_train_loss"] == ref_summary["final_train_loss"]
+    assert summary["eval_loss/udhr"] == ref_summary["eval_loss/udhr"]
+
+
+def test_corrupted_checkpoint_is_skipped(tmp_path, inputs, reference, caplog):
+    ref_dir, _ = reference
+    ctx = make_ctx(tmp_path / "train", inputs)
+    tidal.train.write_spec(ctx)
+    run_entrypoint(ctx.out_dir, extra_args=["--stop-after", "15"])  # checkpoints 10 and 15
+    ckpt15 = ctx.out_dir / "checkpoints" / "15"
+    victim = max((p for p in ckpt15.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO, logger="test.train"):
+        tidal.train.run(ctx)
+    text = caplog.text
+    assert "failed verification" in text and "sha256 differs" in text, text
+    assert "resumed from checkpoint step 10" in text
+    assert losses(ctx.out_dir) == losses(ref_dir)
+    got, want = final_params(ctx.out_dir), final_params(ref_dir)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_tokenizer_hash_mismatch_is_refused(tmp_path, inputs):
+    bad = tmp_path / "mix-other"
+    write_tokens(bad, 8, seed=3, meta_name="mixture.json", tokenizer_hash="b" * 64)
+    ctx = make_ctx(tmp_path / "train", {**inputs, "mix": bad})
+    with pytest.raises(TrainingFailed) as info:
+        tidal.train.run(ctx)
+    err = info.value
+    assert err.exit_code == 2
+    message = "\n".join(err.tail)
+    assert "tokenizer hash mismatch" in message
+    assert "b" * 64 in message and TOK_HASH in message and str(bad / "mixture.json") in message

@@ -1,0 +1,121 @@
+"""The ``tidal`` command: plan, explain, run, report and fetch archives for a recipe.
+
+No Airflow here: ``tidal run`` executes the same steps in-process (handy for debugging),
+while Airflow runs them as one task per step through ``operators/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+
+from tidal.recipe import RecipeError
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from tidal.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
+    width = max(len(s.step_id) for s in pipe.graph)
+    for step in pipe.graph:
+        status = pipe.status(step.name)
+        reason = {
+            "skip": "committed",
+            "run": "inputs ready" if step.inputs else "no inputs",
+            "blocked": "waits on " + ", ".join(d.name for d in step.inputs if pipe.status(d.name) != "skip"),
+        }[status]
+        print(f"  {step.step_id:<{width}}  {status:<7}  {step.kind:<9}  {reason}")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from tidal.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    step = pipe.graph.find(args.step)
+    print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_dir(step.step_id)})")
+    print("hashed:")
+    print(json.dumps(step.hash_input, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from tidal.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    run_key = args.run_key or f"cli__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    names = [args.step] if args.step else [s.name for s in pipe.graph]
+    forced = set(args.force or [])
+    started = time.perf_counter()
+    for name in names:
+        result = pipe.run(name, run_key=run_key, force=name in forced)
+        print(f"{result.status:<4} {result.step_id}  {result.seconds:.2f} s", flush=True)
+    print(f"done in {time.perf_counter() - started:.1f} s; MLflow run key {run_key}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from tidal.pipeline import Pipeline
+    from tidal.report import format_report, build_report
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    print(format_report(build_report(pipe, args.run_key)))
+    return 0
+
+
+def _cmd_archives(args: argparse.Namespace) -> int:
+    from tidal.data.archives import ensure_archives
+    from tidal.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    for path in ensure_archives([s.archive.model_dump() for s in recipe.sources.values()]):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``tidal`` command."""
+    parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("recipe", help="recipe YAML file, e.g. recipes/tiny.yaml")
+        cmd.add_argument("--storage-root", help="override the recipe's storage_root (not hashed)")
+        cmd.set_defaults(func=func)
+        return cmd
+
+    add("plan", _cmd_plan, "print every step with its id and run / skip / blocked")
+    add("explain", _cmd_explain, "show what went into a step's id").add_argument("step", help="step name or id")
+    run = add("run", _cmd_run, "run the recipe's steps in-process (without Airflow)")
+    run.add_argument("--step", help="run only this step (its inputs must be committed)")
+    run.add_argument("--force", action="append", help="recompute this step even if committed")
+    run.add_argument("--run-key", help="MLflow parent run key (default: a timestamp)")
+    add("report", _cmd_report, "summarize a run: steps, tokens, losses, gate, where things are").add_argument(
+        "--run-key", help="MLflow parent run key (default: the newest run)"
+    )
+    add("archives", _cmd_archives, "download the recipe's pinned source archives and check sha256")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tidal`` console script; exit status 2 on a bad recipe."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyError as err:
+        print(f"error: {err.args[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

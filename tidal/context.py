@@ -1,0 +1,62 @@
+"""What a step implementation receives: the one interface between the step runner and a step kind.
+
+Invariant: a step kind reads only ``config``, ``seed`` and the committed directories in
+``inputs``, and writes only under ``out_dir``. Everything it computes must be a pure
+function of those, so that the step id (a hash of kind, name, config, input ids and the
+kind's ``STEP_VERSION``) really names its output. The runner owns the commit protocol
+(manifest, step.json, ``_SUCCESS``) and tracking; a kind never writes those files.
+
+A step kind is a module exposing::
+
+    STEP_VERSION: int                      # bump when the code's meaning changes
+    RESUMABLE: bool = False                # True: out_dir survives failed attempts (training)
+    def run(ctx: StepContext) -> dict      # returns a flat summary {metric: number or str}
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Everything one step run may read.
+
+    Attributes:
+        step_id: ``f"{name}-{hash12}"``, the content address of the output.
+        name: the step's name in the graph (``"clean-brown"``, ``"train"``).
+        kind: the step kind (``"clean"``, ``"train"`` ...), i.e. the module that runs it.
+        config: the step's versioned config as plain JSON data; this is what is hashed.
+        out_dir: directory to write every output file into. For non-resumable kinds it is
+            a fresh scratch directory the runner renames into place after ``run`` returns.
+        inputs: input step name -> committed output directory of that step.
+        input_ids: input step name -> step id (for provenance, e.g. tokenizer hashes).
+        seed: a 63-bit seed derived from the recipe seed and the step name.
+        log: logger to report progress on.
+    """
+
+    step_id: str
+    name: str
+    kind: str
+    config: dict[str, Any]
+    out_dir: Path
+    inputs: dict[str, Path] = field(default_factory=dict)
+    input_ids: dict[str, str] = field(default_factory=dict)
+    seed: int = 0
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("tidal.step"))
+
+    def input_dir(self, name: str) -> Path:
+        """The committed output directory of input step ``name``.
+
+        Raises:
+            KeyError: naming the missing input and the inputs this step has.
+        """
+        try:
+            return self.inputs[name]
+        except KeyError:
+            raise KeyError(
+                f"step {self.name!r} has no input {name!r}; its inputs are {sorted(self.inputs)}"
+            ) from None

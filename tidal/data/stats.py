@@ -1,0 +1,178 @@
+"""Stats step: one tidy table (source, metric, value) over the clean, tokenize and mix outputs.
+
+Invariant: the rows are a pure function of the committed input directories, sorted by
+(source, metric), every value a float64; the metric names are the contract the gate reads
+(docs/contracts.md, "Stats rows"), so a name here changes only together with that page.
+
+Rows, per cleaned source ``src`` (from ``counts.json`` and the documents parquet):
+    documents_in, documents_kept, documents_filtered (sum over rules), documents_duplicate,
+    documents_quarantined (sum over reasons), quarantine_rate and duplicate_rate (over
+    documents_in; 0 when it is 0), bytes_kept (UTF-8 bytes of kept text), chars_p50,
+    chars_p90 (document length in characters, numpy's default linear-interpolation
+    percentile; 0 when no document is kept), ``filter_rate/<rule>`` (filtered by that rule
+    / documents_in) and ``quarantine/<reason>`` (documents quarantined for that reason,
+    a count).
+Per tokenized source: tokens (packed tokens, ``n_tokens``), sequences.
+Per mixture source: mixture_weight_requested (normalized), mixture_weight_realized,
+    mixture_sequences.
+Source ``all``: total_tokens (tokens in the mixture), quarantine_rate (quarantined over
+    documents_in, summed over every cleaned source), documents_in, documents_kept.
+
+Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files.
+
+Config: clean {src: clean step}, tokenize {src: tokenize step}, mix (mix step name or null).
+Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64) and
+``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import tidal.jobcli
+from tidal.context import StepContext
+from tidal.data.shards import DOCUMENTS_PREFIX, list_shards, read_json
+
+STEP_VERSION = 1
+STATS_PARQUET = "stats.parquet"
+STATS_JSON = "stats.json"
+ALL = "all"
+SCHEMA = pa.schema([("source", pa.string()), ("metric", pa.string()), ("value", pa.float64())])
+
+Row = tuple[str, str, float]
+
+
+def _rate(part: float, whole: float) -> float:
+    return float(part) / float(whole) if whole else 0.0
+
+
+def read_counts(step_dir: str | Path) -> dict:
+    """A clean step's ``counts.json``, checked against ``in = kept + filtered + duplicates +
+    quarantined`` (DESIGN.md section 4).
+
+    Raises:
+        ValueError: naming the file, for a missing key or a broken balance.
+    """
+    path = Path(step_dir) / "counts.json"
+    counts = read_json(path)
+    missing = [k for k in ("in", "kept", "filtered", "duplicates", "quarantined") if k not in counts]
+    if missing:
+        raise ValueError(f"{path}: missing keys {missing}")
+    accounted = counts["kept"] + sum(counts["filtered"].values()) + counts["duplicates"] + sum(
+        counts["quarantined"].values()
+    )
+    if accounted != counts["in"]:
+        raise ValueError(f"{path}: in ({counts['in']}) != kept + filtered + duplicates + quarantined ({accounted})")
+    return counts
+
+
+def document_lengths(step_dir: str | Path) -> tuple[np.ndarray, int]:
+    """Character lengths of every kept document (1-D int64, shard order) and their total
+    UTF-8 size in bytes."""
+    chars, total_bytes = [], 0
+    for path in list_shards(step_dir, DOCUMENTS_PREFIX, "parquet"):
+        text = pq.read_table(path, columns=["text"]).column("text")
+        chars.append(pc.utf8_length(text).to_numpy(zero_copy_only=False).astype(np.int64))
+        total_bytes += int(pc.sum(pc.binary_length(text)).as_py() or 0)
+    return (np.concatenate(chars) if chars else np.zeros(0, np.int64)), total_bytes
+
+
+def clean_rows(src: str, step_dir: str | Path) -> list[Row]:
+    """Rows of one cleaned source (see the module docstring)."""
+    counts = read_counts(step_dir)
+    chars, total_bytes = document_lengths(step_dir)
+    p50, p90 = np.percentile(chars, [50, 90]) if chars.size else (0.0, 0.0)
+    n_in = counts["in"]
+    quarantined = sum(counts["quarantined"].values())
+    rows = [
+        (src, "documents_in", n_in),
+        (src, "documents_kept", counts["kept"]),
+        (src, "documents_filtered", sum(counts["filtered"].values())),
+        (src, "documents_duplicate", counts["duplicates"]),
+        (src, "documents_quarantined", quarantined),
+        (src, "quarantine_rate", _rate(quarantined, n_in)),
+        (src, "duplicate_rate", _rate(counts["duplicates"], n_in)),
+        (src, "bytes_kept", total_bytes),
+        (src, "chars_p50", p50),
+        (src, "chars_p90", p90),
+    ]
+    rows += [(src, f"filter_rate/{rule}", _rate(n, n_in)) for rule, n in counts["filtered"].items()]
+    rows += [(src, f"quarantine/{reason}", n) for reason, n in counts["quarantined"].items()]
+    return rows
+
+
+def tokenize_rows(src: str, step_dir: str | Path) -> list[Row]:
+    """``tokens`` and ``sequences`` of one tokenized source, from its ``meta.json``."""
+    meta = read_json(Path(step_dir) / "meta.json")
+    return [(src, "tokens", meta["n_tokens"]), (src, "sequences", meta["n_sequences"])]
+
+
+def mix_rows(step_dir: str | Path) -> list[Row]:
+    """Per-source mixture rows and ``all/total_tokens``, from ``mixture.json``."""
+    mixture = read_json(Path(step_dir) / "mixture.json")
+    rows = [(ALL, "total_tokens", mixture["n_sequences"] * mixture["seq_len"])]
+    for src in mixture["sources"]:
+        rows += [
+            (src, "mixture_weight_requested", mixture["requested"][src]),
+            (src, "mixture_weight_realized", mixture["realized"][src]),
+            (src, "mixture_sequences", mixture["counts"][src]),
+        ]
+    return rows
+
+
+def collect_rows(ctx: StepContext) -> list[Row]:
+    """Every stats row of the configured inputs, sorted by (source, metric), values float.
+
+    Raises:
+        ValueError: if two rows share (source, metric), e.g. a source named ``all``.
+    """
+    config = ctx.config
+    rows: list[Row] = []
+    totals = {"in": 0, "kept": 0, "quarantined": 0}
+    for src, step in sorted((config.get("clean") or {}).items()):
+        src_rows = clean_rows(src, ctx.input_dir(step))
+        values = {metric: value for _, metric, value in src_rows}
+        totals["in"] += values["documents_in"]
+        totals["kept"] += values["documents_kept"]
+        totals["quarantined"] += values["documents_quarantined"]
+        rows += src_rows
+    if config.get("clean"):
+        rows += [
+            (ALL, "documents_in", totals["in"]),
+            (ALL, "documents_kept", totals["kept"]),
+            (ALL, "quarantine_rate", _rate(totals["quarantined"], totals["in"])),
+        ]
+    for src, step in sorted((config.get("tokenize") or {}).items()):
+        rows += tokenize_rows(src, ctx.input_dir(step))
+    if config.get("mix"):
+        rows += mix_rows(ctx.input_dir(config["mix"]))
+    rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)
+    keys = [(s, m) for s, m, _ in rows]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(f"step {ctx.name}: duplicate stats rows {duplicates} (is a source named {ALL!r}?)")
+    return rows
+
+
+def run(ctx: StepContext) -> dict:
+    """Write ``stats.parquet`` and ``stats.json``; return ``{"rows": n}`` plus the ``all`` rows."""
+    rows = collect_rows(ctx)
+    table = pa.table(
+        {"source": [r[0] for r in rows], "metric": [r[1] for r in rows], "value": [r[2] for r in rows]},
+        schema=SCHEMA,
+    )
+    pq.write_table(table, ctx.out_dir / STATS_PARQUET)
+    as_json = [{"source": s, "metric": m, "value": v} for s, m, v in rows]
+    (ctx.out_dir / STATS_JSON).write_text(json.dumps(as_json, indent=1, allow_nan=False) + "\n")
+    return {"rows": len(rows), **{f"{ALL}/{m}": v for s, m, v in rows if s == ALL}}
+
+
+if __name__ == "__main__":
+    tidal.jobcli.main(sys.modules[__name__], "stats")

@@ -1,0 +1,223 @@
+"""Tokenize step: encode cleaned documents and pack them into fixed-length sequences.
+
+Invariant: the token stream is the documents in ascending ``id`` order, each followed by
+exactly one end-of-text id, cut into ``seq_len``-token sequences; nothing else decides it.
+Encoding runs as a Beam pipeline (DirectRunner by default; any runner by setting
+``TIDAL_BEAM_ARGS``, which is not part of the config because runners never change the
+bytes) and may happen on any worker in any order; the packer then sorts by ``id`` before
+concatenating, so the shards are byte-identical across runners and worker counts.
+
+Policies:
+    * Special-token text inside a document (a literal ``<|endoftext|>``) is encoded as
+      ordinary text (``Tokenizer.encode_special_tokens = True``, see
+      :func:`tidal.data.tokenizer.load`): only the packer emits the end-of-text id, so a
+      document can never fake a document boundary.
+    * A document that fails to encode (``tokenizers`` raises ``TypeError`` on a lone
+      surrogate, DATA.md) is not packed, but counted in ``documents_failed`` and listed
+      with its error in ``failed_documents.json``: reported, never silently dropped.
+    * The trailing partial sequence is dropped; its length is ``tokens_dropped_tail``.
+
+Scale note: packing collects every encoded document on one worker (a global prefix over
+the id order). That is fine up to a few hundred million tokens; beyond, replace it by a
+two-pass offset computation per document shard.
+
+Config: source, input (clean step name), tokenizer (tokenizer step name), seq_len
+(tokens), shards (output ``.npy`` count).
+Outputs: ``tokens-00000-of-0000N.npy`` ``[n_seq, seq_len]`` (uint16 / uint32, see
+:func:`tidal.data.shards.token_dtype`), ``meta.json``
+``{tokenizer_hash, seq_len, dtype, n_sequences, n_tokens (= n_sequences * seq_len, the
+packed tokens), n_documents (encoded), vocab_size, tokens_dropped_tail, documents_failed}``,
+and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
+from tokenizers import Tokenizer
+
+import tidal.jobcli
+from tidal.context import StepContext
+from tidal.data import tokenizer as tokenizer_step
+from tidal.data.shards import (
+    DOCUMENTS_PREFIX,
+    META_NAME,
+    iter_shard_rows,
+    list_shards,
+    token_dtype,
+    write_token_shards,
+)
+
+STEP_VERSION = 1
+FAILED_FILE = "failed_documents.json"
+BEAM_ARGS_ENV = "TIDAL_BEAM_ARGS"
+ENCODE_BATCH_DOCUMENTS = 256
+ID_DTYPE = np.uint32  # wire format of encoded documents between Beam stages
+
+
+def beam_options(extra: Sequence[str] = ()) -> PipelineOptions:
+    """Pipeline options: DirectRunner in-process unless ``$TIDAL_BEAM_ARGS`` (shell words, e.g.
+    ``--direct_num_workers=2 --direct_running_mode=multi_processing``) says otherwise."""
+    args = ["--runner=DirectRunner", "--direct_num_workers=1", *shlex.split(os.environ.get(BEAM_ARGS_ENV, "")), *extra]
+    return PipelineOptions(args)
+
+
+def encode_documents(
+    tokenizer: Tokenizer, documents: Sequence[tuple[str, str]], eos_id: int
+) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, str]]]:
+    """Encode ``(id, text)`` documents, appending one ``eos_id`` to each.
+
+    ``encode_batch`` fails as a whole when one text cannot be encoded, so on failure every
+    document of the batch is retried alone to find the culprits.
+
+    Returns:
+        ``(encoded, failed)``: ``encoded`` is ``[(id, ids)]`` with ``ids`` a 1-D ``uint32``
+        array of ``len(tokens) + 1`` tokens; ``failed`` is ``[(id, "ExcType: message")]``.
+    """
+    texts = [text for _, text in documents]
+    try:
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    except Exception:  # noqa: BLE001 - isolate the failing documents below
+        encodings = None
+    encoded, failed = [], []
+    for index, (doc_id, text) in enumerate(documents):
+        if encodings is not None:
+            ids = encodings[index].ids
+        else:
+            try:
+                ids = tokenizer.encode(text, add_special_tokens=False).ids
+            except Exception as err:  # noqa: BLE001 - reported per document
+                failed.append((doc_id, f"{type(err).__name__}: {err}"))
+                continue
+        array = np.empty(len(ids) + 1, dtype=ID_DTYPE)
+        array[:-1] = ids
+        array[-1] = eos_id
+        encoded.append((doc_id, array))
+    return encoded, failed
+
+
+def pack_sequences(documents: Iterable[np.ndarray], seq_len: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """Concatenate token arrays (in the given order) and cut into ``seq_len``-token rows.
+
+    Returns:
+        ``(sequences, tokens_dropped_tail)``: ``sequences`` is ``[floor(total / seq_len),
+        seq_len]`` of ``dtype``; the remaining ``total % seq_len`` tokens are dropped.
+
+    Raises:
+        ValueError: if ``seq_len`` < 1 or an id does not fit in ``dtype``.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    parts = list(documents)
+    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=ID_DTYPE)
+    if stream.size and int(stream.max()) > np.iinfo(dtype).max:
+        raise ValueError(f"token id {int(stream.max())} does not fit in {np.dtype(dtype).name}")
+    n_sequences = stream.size // seq_len
+    packed = stream[: n_sequences * seq_len].astype(dtype).reshape(n_sequences, seq_len)
+    return packed, int(stream.size - packed.size)
+
+
+class EncodeDocuments(beam.DoFn):
+    """Beam DoFn: a batch of ``(id, text)`` -> ``(id, uint32 ids bytes)`` per document, and
+    ``(id, error)`` on the ``failed`` tagged output. Loads the tokenizer once per worker."""
+
+    FAILED = "failed"
+
+    def __init__(self, tokenizer_dir: str, eos_id: int):
+        self.tokenizer_dir = tokenizer_dir
+        self.eos_id = eos_id
+        self.tokenizer: Tokenizer | None = None
+
+    def setup(self) -> None:
+        self.tokenizer, _ = tokenizer_step.load(self.tokenizer_dir)
+
+    def process(self, batch: list[tuple[str, str]]):
+        encoded, failed = encode_documents(self.tokenizer, batch, self.eos_id)
+        for doc_id, ids in encoded:
+            yield doc_id, ids.tobytes()
+        for item in failed:
+            yield beam.pvalue.TaggedOutput(self.FAILED, item)
+
+
+def _pack_and_write(
+    encoded: list[tuple[str, bytes]], failed: list[tuple[str, str]], out_dir: str, settings: dict[str, Any]
+) -> None:
+    """Final single-worker stage: sort by id, pack, write shards, meta.json, failures."""
+    encoded = sorted(encoded)
+    dtype = token_dtype(settings["vocab_size"])
+    sequences, tail = pack_sequences(
+        (np.frombuffer(ids, dtype=ID_DTYPE) for _, ids in encoded), settings["seq_len"], dtype
+    )
+    out = Path(out_dir)
+    write_token_shards(out, sequences, settings["shards"])
+    failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(failed)]
+    (out / FAILED_FILE).write_text(json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
+    meta = {
+        "tokenizer_hash": settings["tokenizer_hash"],
+        "seq_len": settings["seq_len"],
+        "dtype": dtype.name,
+        "n_sequences": int(sequences.shape[0]),
+        "n_tokens": int(sequences.size),
+        "n_documents": len(encoded),
+        "vocab_size": settings["vocab_size"],
+        "tokens_dropped_tail": tail,
+        "documents_failed": len(failures),
+    }
+    (out / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+def run(ctx: StepContext) -> dict:
+    """Encode, pack and write the shards of ``ctx.config["input"]`` (see the module docstring).
+
+    Raises:
+        KeyError: missing config key or input step; ValueError: bad seq_len / shards or an
+            unsorted document shard; TokenizerFileError: tokenizer file hash mismatch.
+    """
+    config = ctx.config
+    seq_len, shards = int(config["seq_len"]), int(config.get("shards", 1))
+    if seq_len < 1 or shards < 1:
+        raise ValueError(f"step {ctx.name}: seq_len ({seq_len}) and shards ({shards}) must be >= 1")
+    tokenizer_dir = ctx.input_dir(config.get("tokenizer", "tokenizer"))
+    _, tok_meta = tokenizer_step.load(tokenizer_dir)
+    paths = [str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")]
+    settings = {
+        "seq_len": seq_len,
+        "shards": shards,
+        "vocab_size": tok_meta["vocab_size"],
+        "tokenizer_hash": tok_meta["tokenizer_hash"],
+    }
+    with beam.Pipeline(options=beam_options()) as pipeline:
+        results = (
+            pipeline
+            | "DocumentShards" >> beam.Create(paths)
+            | "ReadBatches" >> beam.FlatMap(lambda path: iter_shard_rows(path, ("id", "text"), ENCODE_BATCH_DOCUMENTS))
+            | "Spread" >> beam.Reshuffle()
+            | "Encode" >> beam.ParDo(EncodeDocuments(str(tokenizer_dir), tok_meta["eos_id"])).with_outputs(
+                EncodeDocuments.FAILED, main="encoded"
+            )
+        )
+        failed = results[EncodeDocuments.FAILED] | "CollectFailed" >> beam.combiners.ToList()
+        (
+            results.encoded
+            | "CollectEncoded" >> beam.combiners.ToList()
+            | "PackAndWrite" >> beam.Map(
+                _pack_and_write, failed=beam.pvalue.AsSingleton(failed), out_dir=str(ctx.out_dir), settings=settings
+            )
+        )
+    meta = json.loads((ctx.out_dir / META_NAME).read_text())
+    if meta["documents_failed"]:
+        ctx.log.warning("%s: %d documents failed to encode, see %s", ctx.name, meta["documents_failed"], FAILED_FILE)
+    return {"source": config.get("source", ""), **{k: v for k, v in meta.items() if k != "tokenizer_hash"}}
+
+
+if __name__ == "__main__":
+    tidal.jobcli.main(sys.modules[__name__], "tokenize")

@@ -1,0 +1,52 @@
+"""The table of step kinds: which module runs each kind and the kind's STEP_VERSION.
+
+Versions are data here, not imports, so that planning a graph and parsing a DAG file never
+import Beam, JAX or GX. Each module also defines ``STEP_VERSION``; a test checks that the
+two agree, so a version bump cannot be made in one place only. Bump a version whenever the
+meaning of a kind's output changes: every step of that kind (and its descendants) then gets
+a new id and is recomputed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One step kind: its module, its version (hashed), whether its output dir is kept
+    across failed attempts (training resumes from checkpoints there)."""
+
+    module: str
+    version: int
+    resumable: bool = False
+
+    def load(self) -> ModuleType:
+        """Import the module that implements the kind (heavy: Beam, JAX, GX)."""
+        return importlib.import_module(self.module)
+
+
+KINDS: dict[str, KindSpec] = {
+    "fetch": KindSpec("tidal.data.fetch", 1),
+    "clean": KindSpec("tidal.data.clean", 1),
+    "tokenizer": KindSpec("tidal.data.tokenizer", 1),
+    "tokenize": KindSpec("tidal.data.tokenize", 1),
+    "mix": KindSpec("tidal.data.mix", 1),
+    "stats": KindSpec("tidal.data.stats", 1),
+    "gate": KindSpec("tidal.gates", 1),
+    "train": KindSpec("tidal.train", 1, resumable=True),
+}
+
+
+def kind_spec(kind: str) -> KindSpec:
+    """The spec of ``kind``.
+
+    Raises:
+        KeyError: naming the unknown kind and the known ones.
+    """
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise KeyError(f"unknown step kind {kind!r}; known kinds: {sorted(KINDS)}") from None

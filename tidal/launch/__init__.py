@@ -1,0 +1,1 @@
+"""Launchers: decide *where* the training entrypoint runs (local subprocess, later pods)."""

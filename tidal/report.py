@@ -1,0 +1,106 @@
+"""The end-of-run summary: steps run and skipped, tokens seen, losses, gate verdict, locations.
+
+Read from what the run left behind: committed step directories (the truth about what
+exists) and the MLflow parent run (what this particular DAG run did: ``run`` or ``skip``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) -> dict[str, Any]:
+    """Summarize the DAG run ``run_key`` of ``pipe`` (a :class:`tidal.pipeline.Pipeline`).
+
+    Args:
+        run_key: MLflow parent-run key; None picks the newest parent run of the recipe.
+        finish: also mark the MLflow parent run FINISHED (or FAILED when steps are missing).
+
+    Returns:
+        A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
+        step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
+        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``.
+    """
+    from tidal.runner import read_step_json
+
+    graph, storage = pipe.graph, pipe.storage
+    missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
+    report: dict[str, Any] = {"recipe": pipe.recipe.name, "missing": missing, "run_key": run_key}
+    statuses = _mlflow_statuses(pipe, run_key, report)
+    report["steps_run"] = [n for n, st in statuses.items() if st == "run"]
+    report["steps_skipped"] = [n for n, st in statuses.items() if st == "skip"]
+
+    train = graph["train"]
+    if storage.is_committed(train.step_id):
+        summary = read_step_json(storage.step_dir(train.step_id))["summary"]
+        for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
+            report[key] = summary.get(key)
+        report["checkpoints"] = str(storage.step_dir(train.step_id) / "checkpoints")
+    gate = graph["gate"]
+    gate_file = storage.step_dir(gate.step_id) / "gate_result.json"
+    report["gate"] = (
+        ("passed" if json.loads(gate_file.read_text())["success"] else "failed")
+        if storage.is_committed(gate.step_id) and gate_file.is_file()
+        else "not passed (gate step not committed)"
+    )
+    if finish and report.get("mlflow_run_id"):
+        pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
+    return report
+
+
+def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:
+    """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty if unreachable)."""
+    report["mlflow_uri"] = pipe.tracking_uri
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(pipe.tracking_uri)
+        experiment = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
+        if experiment is None:
+            return {}
+        query = "tags.`tidal.run_key` != ''" if run_key is None else f"tags.`tidal.run_key` = '{run_key}'"
+        parents = client.search_runs(
+            [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if not parents:
+            return {}
+        parent = parents[0]
+        report["mlflow_run_id"] = parent.info.run_id
+        report["run_key"] = parent.data.tags.get("tidal.run_key")
+        children = client.search_runs(
+            [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=1000
+        )
+    except Exception as err:  # tracking never takes the report down
+        report["mlflow_error"] = f"{type(err).__name__}: {err}"
+        return {}
+    order = {s.name: i for i, s in enumerate(pipe.graph)}
+    found = {c.data.tags.get("mlflow.runName", ""): c.data.tags.get("tidal.status", "") for c in children}
+    return dict(sorted(((n, st) for n, st in found.items() if n in order), key=lambda kv: order[kv[0]]))
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as the few lines ``make demo`` ends with."""
+
+    def fmt(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = [
+        f"tidal run of recipe {report['recipe']} (run key {report.get('run_key')})",
+        f"  steps run:     {len(report['steps_run'])}  {' '.join(report['steps_run'])}",
+        f"  steps skipped: {len(report['steps_skipped'])}",
+        f"  gate:          {report['gate']}",
+    ]
+    if "tokens_seen" in report:
+        lines += [
+            f"  tokens seen:   {report['tokens_seen']:,} over {report.get('steps')} training steps",
+            f"  train loss:    {fmt(report.get('final_train_loss'))} (final)",
+            f"  eval loss:     {fmt(report.get('eval_loss'))} (held out)",
+            f"  checkpoints:   {report['checkpoints']}",
+        ]
+    lines.append(f"  MLflow:        {report['mlflow_uri']} run {report.get('mlflow_run_id', '(none)')}")
+    if report.get("mlflow_error"):
+        lines.append(f"  MLflow error:  {report['mlflow_error']}")
+    if report["missing"]:
+        lines.append(f"  NOT COMMITTED: {', '.join(report['missing'])}")
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""Run one step under the commit protocol: skip if committed, else compute, record, commit.
+
+Invariant: ``_SUCCESS`` is written last, after ``manifest.json`` (every output file with
+size and sha256) and ``step.json`` (what was hashed, input ids, summary, provenance and
+times). A committed step is never recomputed unless forced, and checking that costs one
+``stat``, so rerunning a whole DAG, clearing a task or backfilling redoes exactly the
+missing work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tidal.context import StepContext
+from tidal.hashing import MANIFEST_NAME, write_manifest
+from tidal.kinds import kind_spec
+from tidal.provenance import environment, git_sha
+from tidal.steps import Step, derive_seed
+from tidal.storage import SUCCESS, LocalStorage
+
+STEP_JSON = "step.json"
+log = logging.getLogger("tidal.runner")
+
+
+class StepBlocked(RuntimeError):
+    """A step's inputs are not committed yet; the message names them."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What happened to one step: ``status`` is ``"run"`` or ``"skip"`` (already committed)."""
+
+    name: str
+    step_id: str
+    kind: str
+    status: str
+    seconds: float
+    out_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def read_step_json(out_dir: Path) -> dict[str, Any]:
+    """The ``step.json`` of a committed step directory."""
+    return json.loads((out_dir / STEP_JSON).read_text())
+
+
+def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepResult:
+    """Run ``step`` unless it is committed; commit its output atomically.
+
+    Args:
+        step: the planned step (its inputs must already be committed).
+        storage: the storage root.
+        force: recompute even if committed (the old output is moved aside first).
+
+    Raises:
+        StepBlocked: an input step is not committed.
+        Exception: whatever the step kind raises; nothing is committed then.
+    """
+    started = time.perf_counter()
+    out_dir = storage.step_dir(step.step_id)
+    if force:
+        storage.discard(step.step_id)
+    elif storage.is_committed(step.step_id):
+        summary = read_step_json(out_dir).get("summary", {})
+        return StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - started, out_dir, summary)
+
+    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
+    if missing:
+        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
+
+    spec = kind_spec(step.kind)
+    module = spec.load()
+    if getattr(module, "STEP_VERSION", spec.version) != spec.version:
+        raise RuntimeError(
+            f"{spec.module}.STEP_VERSION={module.STEP_VERSION} but tidal/kinds.py says {spec.version}; "
+            "bump both together"
+        )
+    if spec.resumable:
+        work_dir = out_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        storage.clear_uncommitted(step.step_id)
+        work_dir = storage.new_scratch(step.step_id)
+
+    ctx = StepContext(
+        step_id=step.step_id,
+        name=step.name,
+        kind=step.kind,
+        config=json.loads(json.dumps(dict(step.config))),
+        out_dir=work_dir,
+        inputs={dep.name: storage.step_dir(dep.step_id) for dep in step.inputs},
+        input_ids={dep.name: dep.step_id for dep in step.inputs},
+        seed=derive_seed(int(step.config.get("seed", 0)), step.name),
+        log=logging.getLogger(f"tidal.step.{step.name}"),
+    )
+    started_at = _now()
+    log.info("running %s (%s)", step.step_id, step.kind)
+    try:
+        summary = module.run(ctx) or {}
+    except BaseException:
+        if not spec.resumable:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - started
+    (work_dir / SUCCESS).unlink(missing_ok=True)
+    manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS))
+    record = {
+        "step_id": step.step_id,
+        "hash_input": step.hash_input,
+        "summary": summary,
+        "manifest_root_hash": manifest["root_hash"],
+        "provenance": {
+            "git_sha": git_sha(),
+            "environment": environment(),
+            "storage_root": str(storage.root),
+            "started_at": started_at,
+            "ended_at": _now(),
+            "seconds": round(seconds, 3),
+            "pid": os.getpid(),
+        },
+    }
+    (work_dir / STEP_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    _write_marker(work_dir / SUCCESS, manifest["root_hash"])
+    if not spec.resumable:
+        storage.commit_scratch(work_dir, step.step_id)
+    log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
+    return StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+
+
+def _write_marker(path: Path, content: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        handle.write(content + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(tmp, path)

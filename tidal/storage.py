@@ -1,0 +1,99 @@
+"""Where step outputs live, and the atomic commit of a step directory.
+
+Invariant (DESIGN.md §1): a step is committed exactly when ``{root}/{step_id}/_SUCCESS``
+exists, and ``_SUCCESS`` appears only after every other file is complete. Locally a
+non-resumable step is written in a scratch directory under ``{root}/.scratch`` that holds
+``_SUCCESS`` already and is then renamed into place: ``rename`` is atomic on one file
+system, so a reader sees either nothing or the whole step. A crash at any point leaves
+only scratch, which never counts as committed and is cleared on the next attempt.
+
+Only local directories are supported in this version; ``s3://`` (boto3) comes with the
+object-storage issue and refuses clearly until then.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+SUCCESS = "_SUCCESS"
+SCRATCH = ".scratch"
+
+
+class StorageError(RuntimeError):
+    """A storage root cannot be used (unsupported scheme, not writable)."""
+
+
+@dataclass(frozen=True)
+class LocalStorage:
+    """A storage root on the local file system."""
+
+    root: Path
+
+    @classmethod
+    def from_uri(cls, uri: str, base: Path | None = None) -> LocalStorage:
+        """Open a storage root; relative paths resolve against ``base`` (default: cwd).
+
+        Raises:
+            StorageError: for ``s3://``/``gs://`` URIs (not yet supported) or other schemes.
+        """
+        if "://" in uri and not uri.startswith("file://"):
+            raise StorageError(
+                f"storage root {uri!r}: only local paths are supported so far "
+                "(object storage through boto3 is the next storage milestone); use a directory"
+            )
+        path = Path(uri.removeprefix("file://")).expanduser()
+        if not path.is_absolute():
+            path = (base or Path.cwd()) / path
+        return cls(path.resolve())
+
+    def step_dir(self, step_id: str) -> Path:
+        """The committed location of a step's outputs."""
+        return self.root / step_id
+
+    def is_committed(self, step_id: str) -> bool:
+        """True iff the step's ``_SUCCESS`` marker exists (a single ``stat``)."""
+        return (self.root / step_id / SUCCESS).is_file()
+
+    def new_scratch(self, step_id: str) -> Path:
+        """A fresh, empty scratch directory for one attempt at ``step_id``."""
+        path = self.root / SCRATCH / f"{step_id}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        return path
+
+    def clear_uncommitted(self, step_id: str) -> None:
+        """Remove a leftover, uncommitted output directory of ``step_id`` (a crashed attempt)."""
+        path = self.step_dir(step_id)
+        if path.exists() and not self.is_committed(step_id):
+            shutil.rmtree(path)
+
+    def commit_scratch(self, scratch: Path, step_id: str) -> bool:
+        """Atomically move a scratch directory (already holding ``_SUCCESS``) into place.
+
+        Returns:
+            True if this call committed; False if another attempt committed first (the
+            scratch is then discarded: both computed the same content-addressed result).
+        """
+        target = self.step_dir(step_id)
+        self.clear_uncommitted(step_id)
+        try:
+            os.rename(scratch, target)
+        except OSError:
+            if self.is_committed(step_id):
+                shutil.rmtree(scratch, ignore_errors=True)
+                return False
+            raise
+        return True
+
+    def discard(self, step_id: str) -> Path | None:
+        """Move a committed step aside (for a forced rerun); returns where it went."""
+        path = self.step_dir(step_id)
+        if not path.exists():
+            return None
+        trash = self.root / SCRATCH / f"{step_id}.discarded.{uuid.uuid4().hex[:8]}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, trash)
+        return trash

@@ -1,0 +1,398 @@
+"""MLflow tracking: one parent run per DAG run, one nested child run per step.
+
+Airflow runs every task in its own process, so nothing is held in memory between steps:
+the parent run is found again by its tag ``tidal.run_key`` (e.g. the Airflow run id) and
+created on first use. Each step becomes a child run (tag ``mlflow.parentRunId``) carrying
+``tidal.step_id``, ``tidal.kind``, ``tidal.status`` and any extra tags (tokenizer hash,
+checkpoint root hash ...); the parent gets ``tidal.step_id.<step name> = <step id>``.
+
+Tracking never takes a job down (DESIGN.md §5). Every MLflow call is retried with
+exponential backoff; when the retries are spent the call's payload is written as one JSON
+file into a ``pending/`` directory (next to the SQLite DB by default), a warning is logged
+and the method returns normally. :meth:`Tracker.replay_pending` sends those files later.
+When the parent run itself could not be reached, :meth:`Tracker.parent_run` returns the
+placeholder ``"pending:<run_key>"``; :meth:`Tracker.log_step` and :meth:`Tracker.finish`
+accept it and resolve it once MLflow answers again.
+
+Limits applied (from ``mlflow.utils.validation``): param values are cut to 6000 chars, tag
+values to 8000, keys to 250; names keep only ``[/\\w.\\- :]``; batches hold at most 100
+params/tags and 1000 metrics.
+
+``mlflow`` is imported lazily so that importing this module stays cheap (DAG parsing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger("tidal.tracking")
+
+T = TypeVar("T")
+RUN_KEY_TAG = "tidal.run_key"
+STEP_TAG_PREFIX = "tidal.step_id."
+PENDING_PREFIX = "pending:"
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY = 250
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+_FINISH_STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+
+def tracking_uri_for(storage_root: str | Path) -> str:
+    """The MLflow tracking URI for a storage root.
+
+    Returns ``$MLFLOW_TRACKING_URI`` when set, else the embedded SQLite store
+    ``sqlite:///{storage_root}/mlflow.db`` (absolute path; artifacts then go to
+    ``{storage_root}/mlartifacts``, see :func:`artifact_location_for`).
+    """
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Path(storage_root).resolve()}/mlflow.db"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def artifact_location_for(uri: str) -> str | None:
+    """``file://{db dir}/mlartifacts`` for a SQLite URI; None (server default) otherwise."""
+    db = _sqlite_path(uri)
+    return (db.parent / "mlartifacts").as_uri() if db else None
+
+
+def _key(name: str) -> str:
+    """A valid MLflow param/metric/tag key: bad characters become ``_``, at most 250 chars."""
+    key = _BAD_KEY_CHARS.sub("_", str(name)) or "_"
+    if len(key) > MAX_KEY:
+        key = key[: MAX_KEY - 13] + "~" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    return key
+
+
+def _text(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts -> ``{"a.b.c": value}``; lists and scalars become strings (JSON for lists).
+
+    Keys are made valid MLflow keys (max 250 chars), values are cut to 6000 chars
+    (MLflow's ``MAX_PARAM_VAL_LENGTH``).
+    """
+    flat: dict[str, str] = {}
+    for name, value in params.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_params(value, prefix=f"{key}."))
+        else:
+            flat[_key(key)] = _text(value, MAX_PARAM_VALUE)
+    return flat
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isinf(value))
+
+
+def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class TrackingUnavailable(RuntimeError):
+    """MLflow did not answer after all retries (used internally; public methods buffer instead)."""
+
+
+class Tracker:
+    """Logs DAG runs and steps to one MLflow experiment; never raises on MLflow failures.
+
+    Args:
+        uri: tracking URI (see :func:`tracking_uri_for`).
+        experiment: experiment name; created on first use, with artifact location
+            ``{db dir}/mlartifacts`` for a SQLite URI.
+        pending_dir: where undeliverable payloads go; default ``{db dir}/pending`` for SQLite,
+            else ``$TIDAL_TRACKING_PENDING_DIR`` or ``./mlflow-pending``.
+        attempts: tries per MLflow call (>= 1).
+        backoff_s: first sleep between tries, doubled after each failure (seconds).
+    """
+
+    def __init__(self, uri: str, experiment: str, pending_dir: str | Path | None = None,
+                 attempts: int = 3, backoff_s: float = 0.5):
+        self.uri = uri
+        self.experiment = experiment
+        db = _sqlite_path(uri)
+        if pending_dir is None:
+            pending_dir = (db.parent / "pending") if db else Path(
+                os.environ.get("TIDAL_TRACKING_PENDING_DIR", "mlflow-pending"))
+        self.pending_dir = Path(pending_dir)
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self._client_obj = None
+        self._experiment_id: str | None = None
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _client(self):
+        if self._client_obj is None:
+            from mlflow.tracking import MlflowClient
+
+            db = _sqlite_path(self.uri)
+            if db:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            self._client_obj = MlflowClient(tracking_uri=self.uri)
+        return self._client_obj
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """Call ``fn`` up to ``attempts`` times with exponential backoff.
+
+        Raises:
+            TrackingUnavailable: every try failed; chained to the last error.
+        """
+        delay = self.backoff_s
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as err:  # MLflow, SQLAlchemy, requests: all mean "not now"
+                last = err
+                log.debug("mlflow %s failed (try %d/%d): %s", what, attempt, self.attempts, err)
+                if attempt < self.attempts:
+                    time.sleep(delay)
+                    delay *= 2
+        raise TrackingUnavailable(f"mlflow {what} failed {self.attempts} times: {last}") from last
+
+    def _experiment(self) -> str:
+        if self._experiment_id is None:
+            def get_or_create() -> str:
+                client = self._client()
+                found = client.get_experiment_by_name(self.experiment)
+                if found is not None:
+                    return found.experiment_id
+                try:
+                    return client.create_experiment(self.experiment,
+                                                    artifact_location=artifact_location_for(self.uri))
+                except Exception:  # another process created it first
+                    found = client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+                    return found.experiment_id
+            self._experiment_id = self._retry("get/create experiment", get_or_create)
+        return self._experiment_id
+
+    def _buffer(self, op: str, args: dict[str, Any], err: Exception) -> Path | None:
+        """Write an undelivered call as ``pending/{time_ns}-{op}-{rand}.json``; never raises."""
+        path = self.pending_dir / f"{time.time_ns()}-{op}-{uuid.uuid4().hex[:8]}.json"
+        payload = {"op": op, "uri": self.uri, "experiment": self.experiment, "args": args, "error": str(err)}
+        try:
+            self.pending_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
+        except OSError as write_err:
+            log.warning("tracking: MLflow unreachable (%s) and pending file %s not writable (%s); %s dropped",
+                        err, path, write_err, op)
+            return None
+        log.warning("tracking: MLflow unreachable (%s); %s buffered in %s", err, op, path)
+        return path
+
+    def _find_parent(self, run_key: str) -> str | None:
+        if "'" in run_key:
+            raise ValueError(f"run_key may not contain a single quote: {run_key!r}")
+        exp = self._experiment()
+        runs = self._retry("search parent run", lambda: self._client().search_runs(
+            [exp], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+            order_by=["attributes.start_time ASC"], max_results=10))
+        if not runs:
+            return None
+        # Two processes racing may both create a parent: the earliest (then lowest id) wins.
+        return min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+
+    def _resolve(self, parent_run_id: str) -> str:
+        """A real run id for ``parent_run_id``, looking up a ``pending:<run_key>`` placeholder.
+
+        Raises:
+            TrackingUnavailable: MLflow unreachable, or the placeholder's parent does not exist yet.
+        """
+        if not parent_run_id.startswith(PENDING_PREFIX):
+            return parent_run_id
+        found = self._find_parent(parent_run_id[len(PENDING_PREFIX):])
+        if found is None:
+            raise TrackingUnavailable(f"parent run {parent_run_id!r} not created yet")
+        return found
+
+    # -- public API ---------------------------------------------------------------------
+
+    def parent_run(self, run_key: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+        """Run id of the parent run tagged ``tidal.run_key=run_key``; created if none exists.
+
+        Args:
+            run_key: the DAG run's identity (e.g. Airflow ``run_id``); no single quotes.
+            params: recipe parameters, flattened with :func:`flatten_params` on creation.
+            tags: extra tags set on creation (e.g. ``tidal.recipe_hash``).
+
+        Returns:
+            The run id, or ``"pending:<run_key>"`` when MLflow is unreachable (payload buffered).
+            Calling it again from another process returns the same run id.
+
+        Raises:
+            ValueError: ``run_key`` contains a single quote (a caller bug, not an MLflow outage).
+        """
+        try:
+            return self._parent_run(run_key, params, tags)
+        except TrackingUnavailable as err:
+            self._buffer("parent_run", {"run_key": run_key, "params": params, "tags": tags}, err)
+            return PENDING_PREFIX + run_key
+
+    def _parent_run(self, run_key: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+        from mlflow.entities import Param
+
+        found = self._find_parent(run_key)
+        if found is not None:
+            return found
+        exp = self._experiment()
+        run_tags = {_key(k): _text(v, MAX_TAG_VALUE) for k, v in tags.items()} | {RUN_KEY_TAG: run_key}
+        run = self._retry("create parent run", lambda: self._client().create_run(
+            exp, tags=run_tags, run_name=run_key))
+        run_id = run.info.run_id
+        flat = [Param(k, v) for k, v in sorted(flatten_params(params).items())]
+        for chunk in _chunks(flat, MAX_PARAMS_TAGS_PER_BATCH):
+            self._retry("log parent params", lambda c=chunk: self._client().log_batch(run_id, params=c))
+        winner = self._find_parent(run_key)
+        if winner is not None and winner != run_id:  # lost a creation race: keep one parent
+            self._retry("delete duplicate parent", lambda: self._client().delete_run(run_id))
+            return winner
+        return run_id
+
+    def log_step(self, parent_run_id: str, step_name: str, step_id: str, kind: str, status: str,
+                 summary: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
+                 artifacts: Iterable[str | Path] = (), tags: dict[str, str] | None = None) -> str | None:
+        """Record one step as a nested child run of ``parent_run_id``.
+
+        Args:
+            parent_run_id: from :meth:`parent_run` (a ``pending:`` placeholder is accepted).
+            step_name, step_id, kind: the step's name, content address and kind.
+            status: ``"run"`` (computed now) or ``"skip"`` (already committed).
+            summary: flat dict; numbers become metrics (step 0), everything else tags.
+            history: rows with an int ``"step"`` key (e.g. ``{"step": 10, "loss": 3.2,
+                "tokens_per_second": 1e4}``); every other numeric key is a metric at that step.
+            artifacts: files or directories to upload (a directory lands under its own name).
+            tags: extra tags, e.g. ``tidal.tokenizer_hash``, ``tidal.checkpoint_root_hash``.
+
+        Returns:
+            The child run id, or None when MLflow was unreachable (payload buffered).
+        """
+        summary, history, tags = dict(summary or {}), list(history or []), dict(tags or {})
+        artifacts = [str(a) for a in artifacts]
+        try:
+            return self._log_step(parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags)
+        except TrackingUnavailable as err:
+            self._buffer("log_step", {
+                "parent_run_id": parent_run_id, "step_name": step_name, "step_id": step_id, "kind": kind,
+                "status": status, "summary": summary, "history": history, "artifacts": artifacts, "tags": tags,
+            }, err)
+            return None
+
+    def _log_step(self, parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags):
+        from mlflow.entities import Metric, RunTag
+
+        parent = self._resolve(parent_run_id)
+        exp = self._experiment()
+        run_tags = {_key(k): _text(v, MAX_TAG_VALUE) for k, v in tags.items()}
+        run_tags |= {"mlflow.parentRunId": parent, "tidal.step_id": step_id, "tidal.kind": kind,
+                     "tidal.status": status}
+        now_ms = int(time.time() * 1000)
+        metrics, extra_tags = [], []
+        for name, value in sorted(summary.items()):
+            if _is_number(value):
+                metrics.append(Metric(_key(name), float(value), now_ms, 0))
+            else:
+                extra_tags.append(RunTag(_key(name), _text(value, MAX_TAG_VALUE)))
+        for row in history:
+            step = int(row["step"])
+            metrics += [Metric(_key(k), float(v), now_ms, step)
+                        for k, v in sorted(row.items()) if k != "step" and _is_number(v)]
+        run = self._retry("create step run", lambda: self._client().create_run(
+            exp, tags=run_tags, run_name=step_name))
+        run_id = run.info.run_id
+        try:
+            for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
+                self._retry("log step metrics", lambda c=chunk: self._client().log_batch(run_id, metrics=c))
+            for chunk in _chunks(extra_tags, MAX_PARAMS_TAGS_PER_BATCH):
+                self._retry("log step tags", lambda c=chunk: self._client().log_batch(run_id, tags=c))
+            for item in artifacts:
+                path = Path(item)
+                if path.is_dir():
+                    self._retry(f"upload {path}", lambda p=path: self._client().log_artifacts(
+                        run_id, str(p), artifact_path=p.name))
+                elif path.is_file():
+                    self._retry(f"upload {path}", lambda p=path: self._client().log_artifact(run_id, str(p)))
+                else:
+                    log.warning("tracking: artifact %s of step %s does not exist; skipped", path, step_name)
+            self._retry("tag parent", lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
+            self._retry("finish step run", lambda: self._client().set_terminated(run_id, "FINISHED"))
+        except TrackingUnavailable:
+            try:  # best effort: leave no half-logged child; the buffered payload recreates it
+                self._client().delete_run(run_id)
+            except Exception:
+                pass
+            raise
+        return run_id
+
+    def finish(self, parent_run_id: str, status: str) -> None:
+        """Close the parent run: ``status`` "success"/"failed"/"killed" or an MLflow RunStatus name."""
+        mlflow_status = _FINISH_STATUS.get(status.lower(), status.upper())
+        try:
+            parent = self._resolve(parent_run_id)
+            self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
+        except TrackingUnavailable as err:
+            self._buffer("finish", {"parent_run_id": parent_run_id, "status": status}, err)
+
+    def replay_pending(self) -> int:
+        """Send buffered payloads from ``pending_dir`` (parents first, then steps, then finishes).
+
+        A delivered file is deleted; one that fails again stays (no new file is written).
+
+        Returns:
+            The number of payloads delivered.
+        """
+        if not self.pending_dir.is_dir():
+            return 0
+        order = {"parent_run": 0, "log_step": 1, "finish": 2}
+        files = sorted(self.pending_dir.glob("*.json"))
+        loaded = []
+        for path in files:
+            try:
+                loaded.append((path, json.loads(path.read_text())))
+            except (OSError, json.JSONDecodeError) as err:
+                log.warning("tracking: unreadable pending file %s: %s", path, err)
+        loaded.sort(key=lambda item: (order.get(item[1].get("op"), 9), item[0].name))
+        delivered = 0
+        for path, payload in loaded:
+            op, args = payload.get("op"), payload.get("args", {})
+            try:
+                if op == "parent_run":
+                    self._parent_run(args["run_key"], args["params"], args["tags"])
+                elif op == "log_step":
+                    self._log_step(**args)
+                elif op == "finish":
+                    parent = self._resolve(args["parent_run_id"])
+                    status = _FINISH_STATUS.get(args["status"].lower(), args["status"].upper())
+                    self._retry("finish parent run", lambda: self._client().set_terminated(parent, status))
+                else:
+                    log.warning("tracking: pending file %s has unknown op %r", path, op)
+                    continue
+            except TrackingUnavailable as err:
+                log.warning("tracking: replay of %s failed again: %s", path, err)
+                continue
+            path.unlink()
+            delivered += 1
+        return delivered

@@ -1,0 +1,201 @@
+"""Packed-token reader: memory-mapped shards, and batches that are a pure function of the step.
+
+Invariant: ``BatchLoader.batch(step)`` depends only on (the shards' bytes, ``seed``,
+``batch_size``, ``step``). Sequence positions ``step*B .. step*B+B-1`` of an endless stream
+are read; position p lies in epoch ``e = p // n_sequences`` and names sequence
+``perm_e[p % n_sequences]`` with ``perm_e = np.random.default_rng([seed, e]).permutation(n)``.
+No state is carried between calls, so a resumed run reads exactly what an uninterrupted one
+would, and every sequence is read once per epoch.
+
+A reader refuses data whose tokenizer hash differs from the model's tokenizer
+(docs/contracts.md, "Tokenized"), and token ids outside ``[0, vocab_size)``.
+This module imports numpy only (no JAX), so inputs are checked before JAX starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKEN_GLOB = "tokens-*.npy"
+META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
+TOKENIZER_META = "tokenizer_meta.json"
+TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
+
+
+class DataContractError(ValueError):
+    """An input directory breaks a data contract; the message names the file and the rule."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataContractError(f"{path}: missing") from None
+    except json.JSONDecodeError as err:
+        raise DataContractError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise DataContractError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_tokenizer_meta(directory: str | Path) -> dict[str, Any]:
+    """Read ``tokenizer_meta.json`` = ``{"tokenizer_hash", "vocab_size", "eos_id"}`` of a tokenizer step.
+
+    Raises:
+        DataContractError: file missing/unreadable, a key missing, or ``vocab_size`` not a
+            positive int.
+    """
+    path = Path(directory) / TOKENIZER_META
+    meta = _read_json(path)
+    for key in ("tokenizer_hash", "vocab_size"):
+        if key not in meta:
+            raise DataContractError(f"{path}: missing key {key!r}")
+    if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] <= 0:
+        raise DataContractError(f"{path}: vocab_size must be a positive int, got {meta['vocab_size']!r}")
+    return meta
+
+
+class TokenShards:
+    """The sequences of one tokenized/mixed step directory, as read-only memory maps.
+
+    Attributes:
+        directory: the step output directory.
+        meta_path: its ``mixture.json`` or ``meta.json``.
+        seq_len: S, tokens per sequence.
+        n_sequences: total sequences over all shards (shards in sorted file-name order).
+        tokenizer_hash: hash of the tokenizer that produced the ids.
+    """
+
+    def __init__(self, directory: str | Path, *, tokenizer_hash: str, tokenizer_dir: str | Path = "?"):
+        """Open and check every ``tokens-*.npy`` shard under ``directory``.
+
+        Raises:
+            DataContractError: no metadata file or shards; the metadata's ``tokenizer_hash``
+                differs from ``tokenizer_hash`` (both hashes and the directory are named);
+                a shard that is not 2-D uint16/uint32 with ``seq_len`` columns.
+        """
+        self.directory = Path(directory)
+        meta_path = next((self.directory / n for n in META_NAMES if (self.directory / n).is_file()), None)
+        if meta_path is None:
+            raise DataContractError(f"{self.directory}: no {' or '.join(META_NAMES)} (token data metadata)")
+        self.meta_path = meta_path
+        meta = _read_json(meta_path)
+        for key in ("tokenizer_hash", "seq_len"):
+            if key not in meta:
+                raise DataContractError(f"{meta_path}: missing key {key!r}")
+        self.tokenizer_hash = meta["tokenizer_hash"]
+        if self.tokenizer_hash != tokenizer_hash:
+            raise DataContractError(
+                f"tokenizer hash mismatch: {meta_path} says the data was tokenized with "
+                f"{self.tokenizer_hash!r}, but the model's tokenizer ({tokenizer_dir}) has hash "
+                f"{tokenizer_hash!r}; rule: a reader refuses data whose tokenizer hash differs "
+                f"from the model's (docs/contracts.md)")
+        self.seq_len = int(meta["seq_len"])
+        paths = sorted(self.directory.glob(TOKEN_GLOB))
+        if not paths:
+            raise DataContractError(f"{self.directory}: no {TOKEN_GLOB} shards")
+        self.shards: list[np.ndarray] = []
+        for path in paths:
+            arr = np.load(path, mmap_mode="r")
+            if arr.ndim != 2 or arr.shape[1] != self.seq_len or arr.dtype not in TOKEN_DTYPES:
+                raise DataContractError(
+                    f"{path}: shape {arr.shape} dtype {arr.dtype}; rule: tokens are "
+                    f"uint16/uint32 of shape [n_seq, seq_len={self.seq_len}] ({meta_path.name})")
+            self.shards.append(arr)
+        self.paths = paths
+        counts = np.array([a.shape[0] for a in self.shards], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self.n_sequences = int(self._starts[-1])
+        if self.n_sequences == 0:
+            raise DataContractError(f"{self.directory}: shards hold no sequences")
+
+    def locate(self, index: int) -> tuple[Path, int]:
+        """(shard path, row) of global sequence ``index``."""
+        shard = int(np.searchsorted(self._starts, index, side="right") - 1)
+        return self.paths[shard], int(index - self._starts[shard])
+
+    def rows(self, indices: np.ndarray, vocab_size: int | None = None) -> np.ndarray:
+        """Gather sequences by global index.
+
+        Args:
+            indices: ``[n]`` ints in ``[0, n_sequences)``.
+            vocab_size: when given, every id must be below it.
+
+        Returns:
+            ``[n, seq_len]`` int32 token ids, in the order of ``indices``.
+
+        Raises:
+            DataContractError: a token id ``>= vocab_size`` (names shard file and row).
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        out = np.empty((len(indices), self.seq_len), dtype=np.int32)
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        for shard in np.unique(shard_of):
+            where = np.nonzero(shard_of == shard)[0]
+            local = indices[where] - self._starts[shard]
+            out[where] = self.shards[shard][local]
+        if vocab_size is not None and out.size and out.max() >= vocab_size:
+            bad = int(np.nonzero((out >= vocab_size).any(axis=1))[0][0])
+            path, row = self.locate(int(indices[bad]))
+            raise DataContractError(f"{path} row {row}: token id {int(out[bad].max())} >= "
+                                    f"vocab_size {vocab_size}; rule: ids come from the model's tokenizer")
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_permutation(seed: int, epoch: int, n_sequences: int) -> np.ndarray:
+    """Read-only permutation of ``range(n_sequences)`` for ``epoch``: ``default_rng([seed, epoch])``."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n_sequences)
+    perm.flags.writeable = False
+    return perm
+
+
+class BatchLoader:
+    """Batches of training sequences, each a pure function of (seed, step).
+
+    Args:
+        shards: the training data.
+        batch_size: B, sequences per batch.
+        seed: the step seed (non-negative int, e.g. 63-bit).
+        vocab_size: when given, ids are checked against it on every batch.
+    """
+
+    def __init__(self, shards: TokenShards, batch_size: int, seed: int, vocab_size: int | None = None):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.shards, self.batch_size, self.seed, self.vocab_size = shards, batch_size, seed, vocab_size
+
+    def indices(self, step: int) -> np.ndarray:
+        """Global sequence indices ``[B]`` (int64) read at 0-based ``step``."""
+        n = self.shards.n_sequences
+        positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
+        epochs, offsets = np.divmod(positions, n)
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            out[mask] = epoch_permutation(self.seed, int(epoch), n)[offsets[mask]]
+        return out
+
+    def batch(self, step: int) -> np.ndarray:
+        """Token ids ``[B, seq_len]`` int32 for 0-based ``step``.
+
+        Raises:
+            DataContractError: a token id outside the vocabulary.
+        """
+        return self.shards.rows(self.indices(step), self.vocab_size)
+
+
+def eval_sequences(shards: TokenShards, n_batches: int, batch_size: int,
+                   vocab_size: int | None = None) -> list[np.ndarray]:
+    """Fixed evaluation batches: the first ``min(n_sequences, n_batches*B)`` sequences in order.
+
+    Returns:
+        A list of ``[<=B, seq_len]`` int32 arrays (the last one may be shorter).
+    """
+    n = min(shards.n_sequences, n_batches * batch_size)
+    return [shards.rows(np.arange(i, min(i + batch_size, n)), vocab_size) for i in range(0, n, batch_size)]
