@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.recipe import RecipeError, load_recipe, parse_recipe
 from tests.conftest import TINY
+from tidal.recipe import RecipeError, load_recipe, parse_recipe
 
 
 def test_tiny_recipe_is_valid():

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
+from tests.conftest import REPO
 from tidal.hashing import verify_manifest
 from tidal.kinds import KINDS, KindSpec
 from tidal.runner import StepBlocked, run_step
 from tidal.steps import Step
 from tidal.storage import SCRATCH, LocalStorage
-from tests.conftest import REPO
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tidal.recipe import RecipeError
 
@@ -48,7 +48,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tidal.pipeline import Pipeline
 
     pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
-    run_key = args.run_key or f"cli__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     names = [args.step] if args.step else [s.name for s in pipe.graph]
     forced = set(args.force or [])
     started = time.perf_counter()
@@ -61,7 +61,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from tidal.pipeline import Pipeline
-    from tidal.report import format_report, build_report
+    from tidal.report import build_report, format_report
 
     pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
     print(format_report(build_report(pipe, args.run_key)))

@@ -26,7 +26,7 @@ def git_sha() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -71,7 +71,7 @@ def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> 
         children = client.search_runs(
             [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=1000
         )
-    except Exception as err:  # tracking never takes the report down
+    except Exception as err:  # noqa: BLE001 - tracking never takes the report down
         report["mlflow_error"] = f"{type(err).__name__}: {err}"
         return {}
     order = {s.name: i for i, s in enumerate(pipe.graph)}

@@ -15,12 +15,12 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tidal.context import StepContext
-from tidal.hashing import MANIFEST_NAME, write_manifest
+from tidal.hashing import write_manifest
 from tidal.kinds import kind_spec
 from tidal.provenance import environment, git_sha
 from tidal.steps import Step, derive_seed
@@ -48,7 +48,7 @@ class StepResult:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def read_step_json(out_dir: Path) -> dict[str, Any]:

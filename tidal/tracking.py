@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -103,7 +102,7 @@ def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isinf(value))
+    return isinstance(value, (int, float))
 
 
 def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
@@ -124,12 +123,16 @@ class Tracker:
             ``{db dir}/mlartifacts`` for a SQLite URI.
         pending_dir: where undeliverable payloads go; default ``{db dir}/pending`` for SQLite,
             else ``$TIDAL_TRACKING_PENDING_DIR`` or ``./mlflow-pending``.
-        attempts: tries per MLflow call (>= 1).
+        attempts: tries per MLflow call (>= 1). Default 3 for SQLite (rides out "database is
+            locked" when parallel tasks write), 1 otherwise, because MLflow's HTTP layer
+            already retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, exponential
+            backoff; ``MLFLOW_HTTP_REQUEST_TIMEOUT`` per request, default 120 s). Lower those
+            env vars to make an outage cost less wall time per call.
         backoff_s: first sleep between tries, doubled after each failure (seconds).
     """
 
     def __init__(self, uri: str, experiment: str, pending_dir: str | Path | None = None,
-                 attempts: int = 3, backoff_s: float = 0.5):
+                 attempts: int | None = None, backoff_s: float = 0.5):
         self.uri = uri
         self.experiment = experiment
         db = _sqlite_path(uri)
@@ -137,7 +140,7 @@ class Tracker:
             pending_dir = (db.parent / "pending") if db else Path(
                 os.environ.get("TIDAL_TRACKING_PENDING_DIR", "mlflow-pending"))
         self.pending_dir = Path(pending_dir)
-        self.attempts = max(1, attempts)
+        self.attempts = max(1, attempts if attempts is not None else (3 if db else 1))
         self.backoff_s = backoff_s
         self._client_obj = None
         self._experiment_id: str | None = None
@@ -164,7 +167,7 @@ class Tracker:
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
-            except Exception as err:  # MLflow, SQLAlchemy, requests: all mean "not now"
+            except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, requests: all mean "not now"
                 last = err
                 log.debug("mlflow %s failed (try %d/%d): %s", what, attempt, self.attempts, err)
                 if attempt < self.attempts:
@@ -342,19 +345,22 @@ class Tracker:
         except TrackingUnavailable:
             try:  # best effort: leave no half-logged child; the buffered payload recreates it
                 self._client().delete_run(run_id)
-            except Exception:
-                pass
+            except Exception as err:  # noqa: BLE001 - MLflow is already failing; the payload is kept
+                log.debug("tracking: could not delete half-logged run %s: %s", run_id, err)
             raise
         return run_id
 
     def finish(self, parent_run_id: str, status: str) -> None:
         """Close the parent run: ``status`` "success"/"failed"/"killed" or an MLflow RunStatus name."""
-        mlflow_status = _FINISH_STATUS.get(status.lower(), status.upper())
         try:
-            parent = self._resolve(parent_run_id)
-            self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
+            self._finish(parent_run_id, status)
         except TrackingUnavailable as err:
             self._buffer("finish", {"parent_run_id": parent_run_id, "status": status}, err)
+
+    def _finish(self, parent_run_id: str, status: str) -> None:
+        mlflow_status = _FINISH_STATUS.get(status.lower(), status.upper())
+        parent = self._resolve(parent_run_id)
+        self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
 
     def replay_pending(self) -> int:
         """Send buffered payloads from ``pending_dir`` (parents first, then steps, then finishes).
@@ -384,9 +390,7 @@ class Tracker:
                 elif op == "log_step":
                     self._log_step(**args)
                 elif op == "finish":
-                    parent = self._resolve(args["parent_run_id"])
-                    status = _FINISH_STATUS.get(args["status"].lower(), args["status"].upper())
-                    self._retry("finish parent run", lambda: self._client().set_terminated(parent, status))
+                    self._finish(args["parent_run_id"], args["status"])
                 else:
                     log.warning("tracking: pending file %s has unknown op %r", path, op)
                     continue

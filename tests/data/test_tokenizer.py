@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,20 +33,47 @@ def write_clean_step(step_dir: Path, texts: list[str], source: str, shards: int 
     rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
     for index in range(shards):
         part = rows[index::shards]
-        table = pa.table({"id": [r[0] for r in part], "text": [r[1] for r in part], "source": [source] * len(part)})
+        table = pa.table(
+            {
+                "id": [r[0] for r in part],
+                "text": [r[1] for r in part],
+                "source": [source] * len(part),
+            }
+        )
         pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
     return step_dir
 
 
 def corpus(n: int = 300) -> list[str]:
     """Deterministic synthetic English/Chinese documents."""
-    words = ["data", "model", "token", "the", "of", "pipeline", "数据", "模型", "训练", "shard", "seed"]
-    return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(5 + i % 40)) + f" {i}" for i in range(n)] + MIXED
+    words = [
+        "data",
+        "model",
+        "token",
+        "the",
+        "of",
+        "pipeline",
+        "数据",
+        "模型",
+        "训练",
+        "shard",
+        "seed",
+    ]
+    return [
+        " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(5 + i % 40)) + f" {i}"
+        for i in range(n)
+    ] + MIXED
 
 
 def train_config(**overrides) -> dict:
-    config = {"mode": "train", "vocab_size": 400, "min_frequency": 2, "special_tokens": [EOS],
-              "sources": ["clean-a", "clean-b"], "max_documents_per_source": None}
+    config = {
+        "mode": "train",
+        "vocab_size": 400,
+        "min_frequency": 2,
+        "special_tokens": [EOS],
+        "sources": ["clean-a", "clean-b"],
+        "max_documents_per_source": None,
+    }
     return {**config, **overrides}
 
 
@@ -60,8 +88,14 @@ def cleaned(tmp_path: Path) -> dict[str, Path]:
 
 def run_step(config: dict, inputs: dict[str, Path], out: Path) -> dict:
     out.mkdir(parents=True)
-    ctx = StepContext(step_id="tokenizer-test", name="tokenizer", kind="tokenizer", config=config,
-                      out_dir=out, inputs=inputs)
+    ctx = StepContext(
+        step_id="tokenizer-test",
+        name="tokenizer",
+        kind="tokenizer",
+        config=config,
+        out_dir=out,
+        inputs=inputs,
+    )
     return tokenizer_step.run(ctx)
 
 
@@ -69,9 +103,23 @@ def test_training_is_byte_identical_in_two_fresh_processes(cleaned, tmp_path):
     hashes = []
     for attempt in range(2):
         out = tmp_path / f"out{attempt}"
-        command = [sys.executable, "-m", "tidal.data.tokenizer", "--config", json.dumps(train_config()),
-                   "--out", str(out), *[f"--input={n}={d}" for n, d in cleaned.items()]]
-        subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=60)
+        command = [
+            sys.executable,
+            "-m",
+            "tidal.data.tokenizer",
+            "--config",
+            json.dumps(train_config()),
+            "--out",
+            str(out),
+            *[f"--input={n}={d}" for n, d in cleaned.items()],
+        ]
+        # no outside knobs: the step itself must make training deterministic
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")
+        }
+        subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)
         meta = json.loads((out / "tokenizer_meta.json").read_text())
         assert meta["tokenizer_hash"] == sha256_file(out / "tokenizer.json")
         assert meta["eos_id"] == 0 and meta["special_tokens"] == [EOS]
@@ -88,7 +136,9 @@ def test_document_cap_changes_the_tokenizer(cleaned, tmp_path):
     assert full["tokenizer_hash"] != capped["tokenizer_hash"]
 
 
-@pytest.mark.parametrize("text", MIXED + ["", " leading space", "trailing space ", "\n\n", "a\u0301 NFD"])
+@pytest.mark.parametrize(
+    "text", MIXED + ["", " leading space", "trailing space ", "\n\n", "a\u0301 NFD"]
+)
 def test_round_trip_mixed_english_chinese(cleaned, tmp_path, text):
     run_step(train_config(), cleaned, tmp_path / "tok")
     tokenizer, _ = tokenizer_step.load(tmp_path / "tok")
@@ -110,13 +160,21 @@ def test_file_mode_checks_sha256(cleaned, tmp_path):
     run_step(train_config(), cleaned, tmp_path / "trained")
     path = tmp_path / "trained" / "tokenizer.json"
     digest = sha256_file(path)
-    loaded = run_step({"mode": "file", "path": str(path), "sha256": digest}, {}, tmp_path / "loaded")
+    loaded = run_step(
+        {"mode": "file", "path": str(path), "sha256": digest}, {}, tmp_path / "loaded"
+    )
     assert loaded["tokenizer_hash"] == digest
     assert (tmp_path / "loaded" / "tokenizer.json").read_bytes() == path.read_bytes()
-    with pytest.raises(tokenizer_step.TokenizerFileError, match=r"tokenizer\.json has sha256 .* pins 0{64}"):
+    with pytest.raises(
+        tokenizer_step.TokenizerFileError, match=r"tokenizer\.json has sha256 .* pins 0{64}"
+    ):
         run_step({"mode": "file", "path": str(path), "sha256": "0" * 64}, {}, tmp_path / "bad")
     with pytest.raises(tokenizer_step.TokenizerFileError, match="does not exist"):
-        run_step({"mode": "file", "path": str(tmp_path / "nope.json"), "sha256": digest}, {}, tmp_path / "missing")
+        run_step(
+            {"mode": "file", "path": str(tmp_path / "nope.json"), "sha256": digest},
+            {},
+            tmp_path / "missing",
+        )
 
 
 def test_file_mode_refuses_tokenizer_without_eos(tmp_path):
@@ -124,7 +182,9 @@ def test_file_mode_refuses_tokenizer_without_eos(tmp_path):
     path = tmp_path / "noeos.json"
     path.write_text(tokenizer.to_str())
     with pytest.raises(tokenizer_step.TokenizerFileError, match="no special tokens"):
-        run_step({"mode": "file", "path": str(path), "sha256": sha256_file(path)}, {}, tmp_path / "out")
+        run_step(
+            {"mode": "file", "path": str(path), "sha256": sha256_file(path)}, {}, tmp_path / "out"
+        )
 
 
 def test_gpt2_files_build_a_byte_level_bpe(tmp_path):
@@ -137,14 +197,23 @@ def test_gpt2_files_build_a_byte_level_bpe(tmp_path):
         encoder[a + b] = len(encoder)
     encoder[EOS] = len(encoder)
     (tmp_path / "encoder.json").write_text(json.dumps(encoder))
-    (tmp_path / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    config = {"mode": "gpt2", "encoder_path": str(tmp_path / "encoder.json"),
-              "encoder_sha256": sha256_file(tmp_path / "encoder.json"),
-              "merges_path": str(tmp_path / "vocab.bpe"), "merges_sha256": sha256_file(tmp_path / "vocab.bpe")}
+    (tmp_path / "vocab.bpe").write_text(
+        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+    )
+    config = {
+        "mode": "gpt2",
+        "encoder_path": str(tmp_path / "encoder.json"),
+        "encoder_sha256": sha256_file(tmp_path / "encoder.json"),
+        "merges_path": str(tmp_path / "vocab.bpe"),
+        "merges_sha256": sha256_file(tmp_path / "vocab.bpe"),
+    }
     meta = run_step(config, {}, tmp_path / "out")
     assert meta["eos_id"] == encoder[EOS] and meta["vocab_size"] == len(encoder)
     tokenizer, _ = tokenizer_step.load(tmp_path / "out")
-    assert tokenizer.encode("hello world", add_special_tokens=False).ids[:2] == [encoder["hell"], encoder["o"]]
+    assert tokenizer.encode("hello world", add_special_tokens=False).ids[:2] == [
+        encoder["hell"],
+        encoder["o"],
+    ]
     assert tokenizer.decode(tokenizer.encode("hello world").ids) == "hello world"
 
 

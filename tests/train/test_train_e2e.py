@@ -39,6 +39,22 @@ def write_tokens(directory: Path, n_seq: int, seed: int, meta_name: str, tokeniz
     (directory / meta_name).write_text(json.dumps({"tokenizer_hash": tokenizer_hash, "seq_len": SEQ_LEN}))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fast_subprocesses(tmp_path_factory):
+    """Share compiled bytecode and XLA executables between the entrypoint subprocesses.
+
+    Speed only: a cached XLA executable is the same program, so results are unchanged.
+    """
+    cache = tmp_path_factory.mktemp("caches")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        mp.setenv("PYTHONPYCACHEPREFIX", str(cache / "pycache"))
+        mp.setenv("JAX_COMPILATION_CACHE_DIR", str(cache / "xla"))
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("inputs")
@@ -106,7 +122,7 @@ def test_loss_falls_and_summary(reference):
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [20, 24]
     assert sorted(p.name for p in (out / "checkpoint_manifests").iterdir()) == ["20.json", "24.json"]
     spec = json.loads((out / "spec.json").read_text())
-    assert spec["inputs"]["mix"] == str(reference[0].parent.parent / "x") or "mix" in spec["inputs"]
+    assert set(spec["inputs"]) == {"tokenizer", "mix", "tokenize-udhr"}
     assert spec["seed"] == 2**62 + 12345 and spec["config"] == CONFIG
 
 

@@ -25,8 +25,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tidal.hashing import sha256_file
 
@@ -59,7 +60,7 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
             not 64 lowercase hex digits, a filename containing a path separator).
     """
     if not isinstance(spec, dict):
-        raise ValueError(f"archive spec must be a mapping, got {type(spec).__name__}: {spec!r}")
+        raise ValueError(f"archive spec must be a mapping, got {type(spec).__name__}: {spec!r}")  # noqa: TRY004
     missing = [k for k in SPEC_KEYS if k not in spec]
     if missing:
         raise ValueError(f"archive spec {spec!r} lacks key(s) {missing}; required {list(SPEC_KEYS)}")

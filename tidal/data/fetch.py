@@ -36,10 +36,10 @@ RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", p
 CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents"}
 # Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
 # "created_by" names the library version, which the lockfile pins).
-PARQUET_OPTIONS = dict(
-    compression="zstd", compression_level=3, version="2.6", use_dictionary=False,
-    write_statistics=True, row_group_size=64 * 1024, data_page_size=1 << 20, store_schema=True,
-)
+PARQUET_OPTIONS = {
+    "compression": "zstd", "compression_level": 3, "version": "2.6", "use_dictionary": False,
+    "write_statistics": True, "row_group_size": 64 * 1024, "data_page_size": 1 << 20, "store_schema": True,
+}
 
 
 def write_parquet(table: pa.Table, path: str | Path) -> Path:

@@ -2,7 +2,7 @@
 
 Invariant: the mixture is a pure function of the weights, the input shards and
 ``ctx.seed``. Per-source counts come from exact rational arithmetic (``fractions.Fraction``
-of the float weights) with largest-remainder rounding, ties going to the earlier source in
+of the weights' decimal forms) with largest-remainder rounding, ties going to the earlier source in
 sorted name order, so the counts are the same on every machine. One
 ``np.random.default_rng(ctx.seed)`` then draws, in sorted source order, a permutation of
 each source's sequences (the first ``count`` are taken) and finally a permutation of the
@@ -47,15 +47,22 @@ class MixtureError(ValueError):
 def normalize_weights(weights: dict[str, float]) -> dict[str, Fraction]:
     """Weights as exact fractions summing to 1, keyed in sorted source order.
 
+    Each weight is read as the decimal it is written as (``Fraction(repr(w))``: 0.3 -> 3/10,
+    not the binary double just below it), so counts match what a person computes by hand.
+
     Raises:
         MixtureError: for an empty mapping or a weight that is not finite and > 0.
     """
     if not weights:
         raise MixtureError("mixture weights are empty")
-    bad = {src: w for src, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0)}
+    bad = {
+        src: w
+        for src, w in weights.items()
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0)
+    }
     if bad:
         raise MixtureError(f"mixture weights must be finite and > 0, got {bad}")
-    exact = {src: Fraction(weights[src]) for src in sorted(weights)}
+    exact = {src: Fraction(repr(float(weights[src]))) for src in sorted(weights)}
     total = sum(exact.values())
     return {src: w / total for src, w in exact.items()}
 
@@ -71,7 +78,9 @@ def largest_remainder_counts(weights: dict[str, Fraction], total: int) -> dict[s
     shares = {src: w * total for src, w in weights.items()}
     counts = {src: math.floor(share) for src, share in shares.items()}
     leftover = total - sum(counts.values())
-    order = sorted(weights, key=lambda src: (-(shares[src] - counts[src]), list(weights).index(src)))
+    order = sorted(
+        weights, key=lambda src: (-(shares[src] - counts[src]), list(weights).index(src))
+    )
     for src in order[:leftover]:
         counts[src] += 1
     return counts
@@ -84,7 +93,10 @@ def largest_feasible_total(weights: dict[str, Fraction], available: dict[str, in
     Largest-remainder counts are not monotone in N (Alabama paradox), so this searches down
     from the bound ``N < (available + 1) / w`` that every source must satisfy.
     """
-    upper = min(min(math.floor((available[src] + 1) / w) for src, w in weights.items()), sum(available.values()))
+    upper = min(
+        min(math.floor((available[src] + 1) / w) for src, w in weights.items()),
+        sum(available.values()),
+    )
     for total in range(upper, 0, -1):
         counts = largest_remainder_counts(weights, total)
         if all(counts[src] <= available[src] for src in weights):
@@ -120,7 +132,9 @@ def _check_inputs(ctx: StepContext, weights: dict, inputs: dict) -> dict[str, di
     for field in ("tokenizer_hash", "seq_len", "dtype"):
         values = {src: meta[field] for src, meta in metas.items()}
         if len(set(values.values())) > 1:
-            raise MixtureError(f"step {ctx.name}: inputs disagree on {field}: {values}; re-tokenize them alike")
+            raise MixtureError(
+                f"step {ctx.name}: inputs disagree on {field}: {values}; re-tokenize them alike"
+            )
     return metas
 
 
@@ -137,14 +151,18 @@ def run(ctx: StepContext) -> dict:
     metas = _check_inputs(ctx, config["weights"], inputs)
     weights = normalize_weights(config["weights"])
     if len(weights) > MAX_SOURCES:
-        raise MixtureError(f"step {ctx.name}: {len(weights)} sources, at most {MAX_SOURCES} fit sources.npy (uint8)")
+        raise MixtureError(
+            f"step {ctx.name}: {len(weights)} sources, at most {MAX_SOURCES} fit sources.npy (uint8)"
+        )
     available = {src: int(meta["n_sequences"]) for src, meta in metas.items()}
     total = config.get("n_sequences")
     total = largest_feasible_total(weights, available) if total is None else int(total)
     if total < 1:
         raise MixtureError(f"step {ctx.name}: empty mixture (available sequences {available})")
     counts = largest_remainder_counts(weights, total)
-    short = {src: f"{counts[src]} > {available[src]}" for src in counts if counts[src] > available[src]}
+    short = {
+        src: f"{counts[src]} > {available[src]}" for src in counts if counts[src] > available[src]
+    }
     if short:
         raise MixtureError(
             f"step {ctx.name}: n_sequences {total} needs more sequences than available ({short}); "
@@ -155,7 +173,9 @@ def run(ctx: StepContext) -> dict:
     picked, interleave = mixture_order(available, counts, ctx.seed)
     blocks, labels = [], []
     for index, src in enumerate(sources):
-        data = load_token_sequences(ctx.input_dir(inputs[src]), tokenizer_hash=tokenizer_hash, seq_len=seq_len)
+        data = load_token_sequences(
+            ctx.input_dir(inputs[src]), tokenizer_hash=tokenizer_hash, seq_len=seq_len
+        )
         blocks.append(data[picked[src]])
         labels.append(np.full(counts[src], index, dtype=np.uint8))
     tokens = np.concatenate(blocks, axis=0)[interleave]
@@ -173,7 +193,11 @@ def run(ctx: StepContext) -> dict:
         "sources": sources,
     }
     (ctx.out_dir / MIXTURE_FILE).write_text(json.dumps(mixture, indent=1, sort_keys=True) + "\n")
-    return {"n_sequences": total, "n_tokens": total * seq_len, **{f"sequences/{s}": counts[s] for s in sources}}
+    return {
+        "n_sequences": total,
+        "n_tokens": total * seq_len,
+        **{f"sequences/{s}": counts[s] for s in sources},
+    }
 
 
 if __name__ == "__main__":

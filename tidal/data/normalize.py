@@ -83,7 +83,7 @@ class FilterThresholds:
     min_letter_fraction: float = 0.5
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FilterThresholds":
+    def from_config(cls, config: dict[str, Any]) -> FilterThresholds:
         """Read thresholds from a clean step config, using the defaults for missing keys.
 
         Raises:

@@ -24,7 +24,9 @@ import pyarrow.parquet as pq
 DOCUMENTS_PREFIX = "documents"
 TOKENS_PREFIX = "tokens"
 META_NAME = "meta.json"
-UINT16_MAX_VOCAB = 65535  # docs/contracts.md: uint16 if vocab < 65536 (ids 0..65534; 65535 kept free)
+UINT16_MAX_VOCAB = (
+    65535  # docs/contracts.md: uint16 if vocab < 65536 (ids 0..65534; 65535 kept free)
+)
 
 
 class TokenizerMismatch(ValueError):
@@ -58,7 +60,9 @@ def list_shards(step_dir: str | Path, prefix: str, ext: str) -> list[Path]:
     expected = [step_dir / shard_name(prefix, i, count, ext) for i in range(count)]
     if paths != expected:
         names = [p.name for p in paths]
-        raise FileNotFoundError(f"{step_dir}: incomplete or mixed shard set {names}; expected {count} shards")
+        raise FileNotFoundError(
+            f"{step_dir}: incomplete or mixed shard set {names}; expected {count} shards"
+        )
     return paths
 
 
@@ -93,7 +97,9 @@ def iter_shard_rows(
         yield list(zip(*(data[c] for c in columns)))
 
 
-def iter_documents(step_dir: str | Path, columns: Sequence[str] = ("id", "text")) -> Iterator[tuple[Any, ...]]:
+def iter_documents(
+    step_dir: str | Path, columns: Sequence[str] = ("id", "text")
+) -> Iterator[tuple[Any, ...]]:
     """Every document of a clean step's ``documents-*.parquet`` shards as tuples of
     ``columns`` in global ascending ``id`` order (a k-way merge of the sorted shards; memory
     is one batch per shard). ``"id"`` must be among ``columns``.
@@ -137,7 +143,9 @@ def write_token_shards(
         ValueError: if ``sequences`` is not 2-D or ``shards`` < 1.
     """
     if sequences.ndim != 2:
-        raise ValueError(f"sequences must be 2-D [n_sequences, seq_len], got shape {sequences.shape}")
+        raise ValueError(
+            f"sequences must be 2-D [n_sequences, seq_len], got shape {sequences.shape}"
+        )
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     names = []
@@ -192,8 +200,13 @@ def load_token_sequences(
             f"but {tokenizer_hash} is required; re-tokenize with the model's tokenizer"
         )
     if seq_len is not None and meta["seq_len"] != seq_len:
-        raise TokenizerMismatch(f"{step_dir}: seq_len is {meta['seq_len']}, but {seq_len} is required")
-    parts = [np.load(path, mmap_mode="r", allow_pickle=False) for path in list_shards(step_dir, TOKENS_PREFIX, "npy")]
+        raise TokenizerMismatch(
+            f"{step_dir}: seq_len is {meta['seq_len']}, but {seq_len} is required"
+        )
+    parts = [
+        np.load(path, mmap_mode="r", allow_pickle=False)
+        for path in list_shards(step_dir, TOKENS_PREFIX, "npy")
+    ]
     for path, part in zip(list_shards(step_dir, TOKENS_PREFIX, "npy"), parts):
         if part.ndim != 2 or part.shape[1] != meta["seq_len"] or str(part.dtype) != meta["dtype"]:
             raise ValueError(

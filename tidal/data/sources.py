@@ -38,10 +38,10 @@ import posixpath
 import re
 import tarfile
 from collections import Counter
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterator
 
 Record = tuple[str, bytes]
 
@@ -125,9 +125,8 @@ def read_members(path: str | Path, match: Callable[[str], bool]) -> dict[str, by
     path = Path(path)
     with open(path, "rb") as handle:
         is_ar = handle.read(len(AR_MAGIC)) == AR_MAGIC
-    tar = _deb_data_tar(path) if is_ar else tarfile.open(path, mode="r|*")
     found: dict[str, bytes] = {}
-    with tar:
+    with _deb_data_tar(path) if is_ar else tarfile.open(path, mode="r|*") as tar:
         for member in tar:
             name = posixpath.normpath(member.name.removeprefix("./"))
             if not member.isfile() or not match(name):
@@ -222,7 +221,7 @@ def read_gcide(path: Path, members: str, skipped: Counter) -> Iterator[Record]:
             base64 number, or an entry outside the dictionary; or when the ``.dict[.dz]``
             next to an index is missing.
     """
-    wanted = lambda name: fnmatch.fnmatchcase(name, members) or name.endswith((".dict.dz", ".dict"))  # noqa: E731
+    wanted = lambda name: fnmatch.fnmatchcase(name, members) or name.endswith((".dict.dz", ".dict"))
     found = read_members(path, wanted)
     indexes = sorted((n for n in found if fnmatch.fnmatchcase(n, members)), key=lambda n: ref_sort_key(posixpath.basename(n)))
     if not indexes:
@@ -272,7 +271,7 @@ def poem_text(poem: object, where: str) -> bytes:
             ``paragraphs`` is not a list of strings.
     """
     if not isinstance(poem, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(poem).__name__}")
+        raise ValueError(f"{where}: expected a JSON object, got {type(poem).__name__}")  # noqa: TRY004 (bad input data)
     paragraphs = poem.get("paragraphs", [])
     if not isinstance(paragraphs, list) or not all(isinstance(p, str) for p in paragraphs):
         raise ValueError(f"{where}: 'paragraphs' must be a list of strings")
@@ -295,7 +294,7 @@ def read_chinese_poetry(path: Path, members: str, skipped: Counter) -> Iterator[
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: {base} is not valid JSON: {err}") from None
         if not isinstance(poems, list):
-            raise ValueError(f"{path}: {base}: expected a JSON array at top level")
+            raise ValueError(f"{path}: {base}: expected a JSON array at top level")  # noqa: TRY004 (bad input data)
         for i, poem in enumerate(poems):
             yield f"{base}#{i}", poem_text(poem, f"{path}: {base}#{i}")
 

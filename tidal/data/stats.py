@@ -62,14 +62,21 @@ def read_counts(step_dir: str | Path) -> dict:
     """
     path = Path(step_dir) / "counts.json"
     counts = read_json(path)
-    missing = [k for k in ("in", "kept", "filtered", "duplicates", "quarantined") if k not in counts]
+    missing = [
+        k for k in ("in", "kept", "filtered", "duplicates", "quarantined") if k not in counts
+    ]
     if missing:
         raise ValueError(f"{path}: missing keys {missing}")
-    accounted = counts["kept"] + sum(counts["filtered"].values()) + counts["duplicates"] + sum(
-        counts["quarantined"].values()
+    accounted = (
+        counts["kept"]
+        + sum(counts["filtered"].values())
+        + counts["duplicates"]
+        + sum(counts["quarantined"].values())
     )
     if accounted != counts["in"]:
-        raise ValueError(f"{path}: in ({counts['in']}) != kept + filtered + duplicates + quarantined ({accounted})")
+        raise ValueError(
+            f"{path}: in ({counts['in']}) != kept + filtered + duplicates + quarantined ({accounted})"
+        )
     return counts
 
 
@@ -157,7 +164,9 @@ def collect_rows(ctx: StepContext) -> list[Row]:
     keys = [(s, m) for s, m, _ in rows]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
-        raise ValueError(f"step {ctx.name}: duplicate stats rows {duplicates} (is a source named {ALL!r}?)")
+        raise ValueError(
+            f"step {ctx.name}: duplicate stats rows {duplicates} (is a source named {ALL!r}?)"
+        )
     return rows
 
 
@@ -165,7 +174,11 @@ def run(ctx: StepContext) -> dict:
     """Write ``stats.parquet`` and ``stats.json``; return ``{"rows": n}`` plus the ``all`` rows."""
     rows = collect_rows(ctx)
     table = pa.table(
-        {"source": [r[0] for r in rows], "metric": [r[1] for r in rows], "value": [r[2] for r in rows]},
+        {
+            "source": [r[0] for r in rows],
+            "metric": [r[1] for r in rows],
+            "value": [r[2] for r in rows],
+        },
         schema=SCHEMA,
     )
     pq.write_table(table, ctx.out_dir / STATS_PARQUET)

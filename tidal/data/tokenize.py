@@ -33,8 +33,6 @@ and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always writt
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,12 +40,12 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import PipelineOptions
 from tokenizers import Tokenizer
 
 import tidal.jobcli
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
+from tidal.data.beam_options import beam_options
 from tidal.data.shards import (
     DOCUMENTS_PREFIX,
     META_NAME,
@@ -59,16 +57,8 @@ from tidal.data.shards import (
 
 STEP_VERSION = 1
 FAILED_FILE = "failed_documents.json"
-BEAM_ARGS_ENV = "TIDAL_BEAM_ARGS"
 ENCODE_BATCH_DOCUMENTS = 256
 ID_DTYPE = np.uint32  # wire format of encoded documents between Beam stages
-
-
-def beam_options(extra: Sequence[str] = ()) -> PipelineOptions:
-    """Pipeline options: DirectRunner in-process unless ``$TIDAL_BEAM_ARGS`` (shell words, e.g.
-    ``--direct_num_workers=2 --direct_running_mode=multi_processing``) says otherwise."""
-    args = ["--runner=DirectRunner", "--direct_num_workers=1", *shlex.split(os.environ.get(BEAM_ARGS_ENV, "")), *extra]
-    return PipelineOptions(args)
 
 
 def encode_documents(
@@ -76,8 +66,9 @@ def encode_documents(
 ) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, str]]]:
     """Encode ``(id, text)`` documents, appending one ``eos_id`` to each.
 
-    ``encode_batch`` fails as a whole when one text cannot be encoded, so on failure every
-    document of the batch is retried alone to find the culprits.
+    Uses ``encode_batch_fast`` (ids without character offsets, about twice as fast as
+    ``encode_batch`` here). A batch fails as a whole when one text cannot be encoded, so on
+    failure every document of the batch is retried alone to find the culprits.
 
     Returns:
         ``(encoded, failed)``: ``encoded`` is ``[(id, ids)]`` with ``ids`` a 1-D ``uint32``
@@ -85,7 +76,7 @@ def encode_documents(
     """
     texts = [text for _, text in documents]
     try:
-        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+        encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)  # no offsets: ~2x
     except Exception:  # noqa: BLE001 - isolate the failing documents below
         encodings = None
     encoded, failed = [], []
@@ -105,7 +96,9 @@ def encode_documents(
     return encoded, failed
 
 
-def pack_sequences(documents: Iterable[np.ndarray], seq_len: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+def pack_sequences(
+    documents: Iterable[np.ndarray], seq_len: int, dtype: np.dtype
+) -> tuple[np.ndarray, int]:
     """Concatenate token arrays (in the given order) and cut into ``seq_len``-token rows.
 
     Returns:
@@ -149,7 +142,10 @@ class EncodeDocuments(beam.DoFn):
 
 
 def _pack_and_write(
-    encoded: list[tuple[str, bytes]], failed: list[tuple[str, str]], out_dir: str, settings: dict[str, Any]
+    encoded: list[tuple[str, bytes]],
+    failed: list[tuple[str, str]],
+    out_dir: str,
+    settings: dict[str, Any],
 ) -> None:
     """Final single-worker stage: sort by id, pack, write shards, meta.json, failures."""
     encoded = sorted(encoded)
@@ -188,7 +184,9 @@ def run(ctx: StepContext) -> dict:
         raise ValueError(f"step {ctx.name}: seq_len ({seq_len}) and shards ({shards}) must be >= 1")
     tokenizer_dir = ctx.input_dir(config.get("tokenizer", "tokenizer"))
     _, tok_meta = tokenizer_step.load(tokenizer_dir)
-    paths = [str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")]
+    paths = [
+        str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")
+    ]
     settings = {
         "seq_len": seq_len,
         "shards": shards,
@@ -199,9 +197,13 @@ def run(ctx: StepContext) -> dict:
         results = (
             pipeline
             | "DocumentShards" >> beam.Create(paths)
-            | "ReadBatches" >> beam.FlatMap(lambda path: iter_shard_rows(path, ("id", "text"), ENCODE_BATCH_DOCUMENTS))
+            | "ReadBatches"
+            >> beam.FlatMap(
+                lambda path: iter_shard_rows(path, ("id", "text"), ENCODE_BATCH_DOCUMENTS)
+            )
             | "Spread" >> beam.Reshuffle()
-            | "Encode" >> beam.ParDo(EncodeDocuments(str(tokenizer_dir), tok_meta["eos_id"])).with_outputs(
+            | "Encode"
+            >> beam.ParDo(EncodeDocuments(str(tokenizer_dir), tok_meta["eos_id"])).with_outputs(
                 EncodeDocuments.FAILED, main="encoded"
             )
         )
@@ -209,14 +211,26 @@ def run(ctx: StepContext) -> dict:
         (
             results.encoded
             | "CollectEncoded" >> beam.combiners.ToList()
-            | "PackAndWrite" >> beam.Map(
-                _pack_and_write, failed=beam.pvalue.AsSingleton(failed), out_dir=str(ctx.out_dir), settings=settings
+            | "PackAndWrite"
+            >> beam.Map(
+                _pack_and_write,
+                failed=beam.pvalue.AsSingleton(failed),
+                out_dir=str(ctx.out_dir),
+                settings=settings,
             )
         )
     meta = json.loads((ctx.out_dir / META_NAME).read_text())
     if meta["documents_failed"]:
-        ctx.log.warning("%s: %d documents failed to encode, see %s", ctx.name, meta["documents_failed"], FAILED_FILE)
-    return {"source": config.get("source", ""), **{k: v for k, v in meta.items() if k != "tokenizer_hash"}}
+        ctx.log.warning(
+            "%s: %d documents failed to encode, see %s",
+            ctx.name,
+            meta["documents_failed"],
+            FAILED_FILE,
+        )
+    return {
+        "source": config.get("source", ""),
+        **{k: v for k, v in meta.items() if k != "tokenizer_hash"},
+    }
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ another tokenizer. Training therefore must be a pure function of the config and 
 documents: documents are fed in a fixed order (sources in config order, documents in
 ascending ``id``) and the ``tokenizers`` trainer is run single-threaded
 (``TOKENIZERS_PARALLELISM=false`` for the duration of training, see
-:func:`train_tokenizer`), so two fresh processes write byte-identical files (tested).
+:func:`train_tokenizer`), so two fresh processes write byte-identical files (tested in
+tests/data/test_tokenizer.py). With tokenizers 0.23.3 the parallel trainer was also
+observed byte-identical across four fresh processes; the serial run is kept as a guard
+because DATA.md reports trainers that are not, and it costs little at this corpus size.
 
 This step is not a Beam job: ``tokenizers``' BPE trainer needs every word count in one
 process, and the text it reads is capped by ``max_documents_per_source``.
@@ -104,7 +107,9 @@ def train_tokenizer(
 
 
 def gpt2_tokenizer(
-    encoder: dict[str, int], merges: Sequence[tuple[str, str]], special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS
+    encoder: dict[str, int],
+    merges: Sequence[tuple[str, str]],
+    special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS,
 ) -> Tokenizer:
     """Build a GPT-2 byte-level BPE from ``encoder.json`` (token -> id) and the merges of
     ``vocab.bpe`` (source: OpenAI gpt-2 ``encoder.py``; "Hello world" -> [15496, 995] with the
@@ -161,7 +166,9 @@ def tokenizer_meta(tokenizer_json: bytes, special_tokens: Sequence[str]) -> dict
     ids = {token: tokenizer.token_to_id(token) for token in special_tokens}
     missing = [token for token, token_id in ids.items() if token_id is None]
     if missing:
-        raise TokenizerFileError(f"tokenizer has no special tokens {missing}; it needs {list(special_tokens)}")
+        raise TokenizerFileError(
+            f"tokenizer has no special tokens {missing}; it needs {list(special_tokens)}"
+        )
     return {
         "tokenizer_hash": sha256_bytes(tokenizer_json),
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
@@ -201,8 +208,12 @@ def build(ctx: StepContext) -> bytes:
             raise ValueError("tokenizer mode 'file' needs `path` and `sha256`")
         return _checked_bytes(config["path"], config["sha256"], "tokenizer file")
     if mode == "gpt2":
-        encoder = json.loads(_checked_bytes(config["encoder_path"], config["encoder_sha256"], "encoder.json"))
-        merges_text = _checked_bytes(config["merges_path"], config["merges_sha256"], "vocab.bpe").decode("utf-8")
+        encoder = json.loads(
+            _checked_bytes(config["encoder_path"], config["encoder_sha256"], "encoder.json")
+        )
+        merges_text = _checked_bytes(
+            config["merges_path"], config["merges_sha256"], "vocab.bpe"
+        ).decode("utf-8")
         tokenizer = gpt2_tokenizer(encoder, parse_gpt2_merges(merges_text), special_tokens)
         return tokenizer.to_str(pretty=False).encode("utf-8")
     raise ValueError(f"tokenizer mode {mode!r} is not one of 'train', 'file', 'gpt2'")
@@ -216,7 +227,12 @@ def run(ctx: StepContext) -> dict:
     meta = tokenizer_meta(data, special_tokens)
     (ctx.out_dir / TOKENIZER_FILE).write_bytes(data)
     (ctx.out_dir / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("tokenizer %s: %d tokens, eos id %d", meta["tokenizer_hash"][:12], meta["vocab_size"], meta["eos_id"])
+    ctx.log.info(
+        "tokenizer %s: %d tokens, eos id %d",
+        meta["tokenizer_hash"][:12],
+        meta["vocab_size"],
+        meta["eos_id"],
+    )
     return {k: v for k, v in meta.items() if k != "special_tokens"}
 
 

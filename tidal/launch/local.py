@@ -12,8 +12,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 TAIL_LINES = 40
 

@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="testing aid: exit after completing this step (simulates preemption)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tidal").setLevel(logging.INFO)
     from tidal.train.loader import DataContractError
     from tidal.train.trainer import ConfigError, load_spec, train
 

@@ -51,8 +51,10 @@ class Checkpointer:
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        # synchronous saves (the manifest needs finished files); leftover tmp dirs of a save cut
+        # short by a crash are removed on start
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                               create=True)
+                                               create=True, cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.step_dir / CHECKPOINT_DIR, options=options)
 
     def path(self, step: int) -> Path:

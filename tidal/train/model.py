@@ -59,7 +59,7 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @classmethod
-    def from_config(cls, model: dict[str, Any], vocab_size: int) -> "ModelConfig":
+    def from_config(cls, model: dict[str, Any], vocab_size: int) -> ModelConfig:
         """Build from the recipe's ``config["model"]`` = ``{d_model, n_layers, n_heads, d_ff}``.
 
         Raises:

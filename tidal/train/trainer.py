@@ -17,9 +17,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,13 @@ import optax
 
 from tidal.train.checkpoints import Checkpointer
 from tidal.train.loader import BatchLoader, TokenShards, eval_sequences, read_tokenizer_meta
-from tidal.train.model import ModelConfig, flops_per_token, init_params, next_token_loss, param_count
+from tidal.train.model import (
+    ModelConfig,
+    flops_per_token,
+    init_params,
+    next_token_loss,
+    param_count,
+)
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -86,7 +93,7 @@ class OptimizerConfig:
     grad_clip: float
 
     @classmethod
-    def from_config(cls, config: dict) -> "OptimizerConfig":
+    def from_config(cls, config: dict) -> OptimizerConfig:
         """Parse ``config["optimizer"]``.
 
         Raises:
@@ -94,7 +101,8 @@ class OptimizerConfig:
         """
         names = tuple(f.name for f in fields(cls))
         _check_keys(config, names, (), "'optimizer'")
-        return cls(lr=_number(config, "lr", 0.0, 10.0), min_lr_ratio=_number(config, "min_lr_ratio", 0.0, 1.0),
+        return cls(lr=_number(config, "lr", 0.0, 10.0),
+                   min_lr_ratio=_number(config, "min_lr_ratio", 0.0, 1.0),
                    warmup_steps=_positive_int(config, "warmup_steps", allow_zero=True),
                    weight_decay=_number(config, "weight_decay", 0.0, 10.0),
                    b1=_number(config, "b1", 0.0, 1.0), b2=_number(config, "b2", 0.0, 1.0),
@@ -133,7 +141,7 @@ class TrainConfig:
     tokenizer: str
 
     @classmethod
-    def from_config(cls, config: dict) -> "TrainConfig":
+    def from_config(cls, config: dict) -> TrainConfig:
         """Parse and check the step config.
 
         Raises:
@@ -141,10 +149,11 @@ class TrainConfig:
         """
         ints = ("steps", "batch_size", "checkpoint_every", "eval_every", "eval_batches", "log_every",
                 "keep_checkpoints")
-        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"), ("eval_data",), "")
+        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"), ("eval_data", "seed"), "")
         eval_data = config.get("eval_data") or {}
         if not isinstance(eval_data, dict) or not all(isinstance(v, str) for v in eval_data.values()):
-            raise ConfigError(f"train config 'eval_data' must map source -> input step name, got {eval_data!r}")
+            raise ConfigError(f"train config 'eval_data' must map source -> input step name, "
+                              f"got {eval_data!r}")
         for key in ("train_data", "tokenizer"):
             if not isinstance(config[key], str):
                 raise ConfigError(f"train config {key!r} must be an input step name, got {config[key]!r}")
@@ -169,7 +178,7 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.Gradie
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=total_steps,
         end_value=cfg.lr * cfg.min_lr_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
     parts = ([optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []) + [adamw]
     return optax.chain(*parts), schedule
@@ -261,11 +270,16 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     context = seq_len - 1
     tokens_per_step = cfg.batch_size * context
     loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
-    eval_sets = {src: eval_sequences(s, cfg.eval_batches, cfg.batch_size, vocab) for src, s in data.evals.items()}
+    eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
+                 for src, shards in data.evals.items()}
 
     tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
-    params = init_params(model_cfg, jax.random.key(_seed32(seed, 0)), context)
-    state = {"params": params, "opt_state": tx.init(params)}
+    @jax.jit
+    def init_state(key):
+        params = init_params(model_cfg, key, context)
+        return {"params": params, "opt_state": tx.init(params)}
+
+    state = init_state(jax.random.key(_seed32(seed, 0)))
     n_params = param_count(model_cfg)
 
     ckpt = Checkpointer(step_dir, cfg.keep_checkpoints, log)
@@ -278,11 +292,12 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     _truncate_metrics(metrics_path, start)
 
     @jax.jit
-    def train_step(state, batch):
+    def train_step(state, batch, index):
         loss, grads = jax.value_and_grad(lambda p: next_token_loss(p, model_cfg, batch))(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        return {"params": params, "opt_state": opt_state}, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
+        return {"params": params, "opt_state": opt_state}, stats
 
     eval_loss_fn = jax.jit(lambda params, batch: next_token_loss(params, model_cfg, batch))
 
@@ -296,24 +311,29 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     print(f"training {n_params:,} params, {cfg.steps} steps of {cfg.batch_size}x{seq_len} tokens "
           f"from step {start}", flush=True)
     last_eval: dict[str, float] = {}
+    # step timing excludes compilation (the first step), evals and checkpoint saves
     mark_time, mark_step, first_step_s = time.perf_counter(), start, None
-    run_start = None
+    timed_s, timed_steps = 0.0, 0
     with open(metrics_path, "a") as metrics_file:
         for i in range(start, cfg.steps):
-            state, stats = train_step(state, jnp.asarray(loader.batch(i)))
+            state, stats = train_step(state, jnp.asarray(loader.batch(i)), jnp.int32(i))
             done = i + 1
             if first_step_s is None:
                 jax.block_until_ready(stats["loss"])
-                first_step_s = time.perf_counter() - mark_time
-                run_start = time.perf_counter()
+                now = time.perf_counter()
+                first_step_s, mark_time, mark_step = now - mark_time, now, done
             is_last = done == cfg.steps
             eval_now = done % cfg.eval_every == 0 or is_last
             if done % cfg.log_every == 0 or eval_now:
                 loss = float(stats["loss"])
                 now = time.perf_counter()
-                step_s = (now - mark_time) / (done - mark_step)
+                if done > mark_step:
+                    step_s = (now - mark_time) / (done - mark_step)
+                    timed_s, timed_steps = timed_s + now - mark_time, timed_steps + done - mark_step
+                else:  # the first step of this process: its time is mostly compilation
+                    step_s = first_step_s
                 mark_time, mark_step = now, done
-                record = {"step": done, "loss": loss, "lr": float(schedule(i)),
+                record = {"step": done, "loss": loss, "lr": float(stats["lr"]),
                           "grad_norm": float(stats["grad_norm"]),
                           "tokens_per_second": tokens_per_step / step_s, "step_time_s": step_s}
                 if eval_now:
@@ -327,6 +347,8 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                       f"eta {_eta(step_s * (cfg.steps - done))} {evals}".rstrip(), flush=True)
             if done % cfg.checkpoint_every == 0 or is_last:
                 manifest = ckpt.save(done, state)
+            if eval_now or done % cfg.checkpoint_every == 0:  # step times exclude eval and saving
+                mark_time, mark_step = time.perf_counter(), done
             if stop_after is not None and done == stop_after:
                 ckpt.close()
                 print(f"stopped after step {done} (--stop-after)", flush=True)
@@ -346,8 +368,10 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     if last_eval:
         summary["eval_loss"] = sum(last_eval.values()) / len(last_eval)
         summary.update(last_eval)
-    if run_start is not None and cfg.steps - start > 1:
-        summary["tokens_per_second"] = tokens_per_step * (cfg.steps - start - 1) / (time.perf_counter() - run_start)
+    if timed_steps:
+        summary["tokens_per_second"] = tokens_per_step * timed_steps / timed_s
+        summary["step_time_s"] = timed_s / timed_steps
+    if first_step_s is not None:
         summary["compile_and_first_step_s"] = first_step_s
     tmp = step_dir / (SUMMARY + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")

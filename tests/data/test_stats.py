@@ -1,0 +1,208 @@
+"""Stats step: the contract's rows, typed and sorted, over a real tokenizer -> tokenize -> mix chain."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tidal.context import StepContext
+from tidal.data import mix as mix_step
+from tidal.data import stats as stats_step
+from tidal.data import tokenize as tokenize_step
+from tidal.data import tokenizer as tokenizer_step
+
+CLEAN_METRICS = {
+    "documents_in",
+    "documents_kept",
+    "documents_filtered",
+    "documents_duplicate",
+    "documents_quarantined",
+    "quarantine_rate",
+    "duplicate_rate",
+    "bytes_kept",
+    "chars_p50",
+    "chars_p90",
+}
+TOKENIZE_METRICS = {"tokens", "sequences"}
+MIX_METRICS = {"mixture_weight_requested", "mixture_weight_realized", "mixture_sequences"}
+ALL_METRICS = {"total_tokens", "quarantine_rate", "documents_in", "documents_kept"}
+
+
+def write_clean_step(
+    step_dir: Path, texts: list[str], source: str, counts: dict, shards: int = 2
+) -> Path:
+    """A clean-step-shaped directory: documents-*.parquet (id, text, source; sorted by id) + counts.json."""
+    step_dir.mkdir(parents=True)
+    rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
+    for index in range(shards):
+        part = rows[index::shards]
+        table = pa.table(
+            {
+                "id": [r[0] for r in part],
+                "text": [r[1] for r in part],
+                "source": [source] * len(part),
+            }
+        )
+        pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
+    (step_dir / "counts.json").write_text(json.dumps(counts))
+    return step_dir
+
+
+def texts_of(source: str, n: int) -> list[str]:
+    words = {
+        "en": ["data", "model", "the", "of", "token", "shard"],
+        "zh": ["数据", "模型", "训练", "春", "风"],
+    }[source]
+    return [
+        " ".join(words[(i + j) % len(words)] for j in range(3 + i % 25)) + f" {source}{i}"
+        for i in range(n)
+    ]
+
+
+def ctx(
+    name: str, kind: str, config: dict, out: Path, inputs: dict[str, Path], seed: int = 0
+) -> StepContext:
+    out.mkdir(parents=True)
+    return StepContext(f"{name}-t", name, kind, config, out, inputs, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("chain")
+    steps = {
+        "clean-en": write_clean_step(
+            root / "clean-en",
+            texts_of("en", 300),
+            "en",
+            {
+                "in": 320,
+                "kept": 300,
+                "filtered": {"min_chars": 8, "letter_fraction": 2},
+                "duplicates": 6,
+                "quarantined": {"invalid_utf8": 4},
+            },
+        ),
+        "clean-zh": write_clean_step(
+            root / "clean-zh",
+            texts_of("zh", 200),
+            "zh",
+            {"in": 200, "kept": 200, "filtered": {}, "duplicates": 0, "quarantined": {}},
+        ),
+    }
+    tok_config = {
+        "mode": "train",
+        "vocab_size": 320,
+        "min_frequency": 2,
+        "sources": ["clean-en", "clean-zh"],
+    }
+    tokenizer_step.run(ctx("tokenizer", "tokenizer", tok_config, root / "tokenizer", dict(steps)))
+    steps["tokenizer"] = root / "tokenizer"
+    for src in ("en", "zh"):
+        config = {
+            "source": src,
+            "input": f"clean-{src}",
+            "tokenizer": "tokenizer",
+            "seq_len": 32,
+            "shards": 2,
+        }
+        tokenize_step.run(
+            ctx(f"tokenize-{src}", "tokenize", config, root / f"tokenize-{src}", steps)
+        )
+        steps[f"tokenize-{src}"] = root / f"tokenize-{src}"
+    mix_config = {
+        "weights": {"en": 0.7, "zh": 0.3},
+        "inputs": {"en": "tokenize-en", "zh": "tokenize-zh"},
+        "shards": 2,
+    }
+    mix_step.run(ctx("mix", "mix", mix_config, root / "mix", steps, seed=3))
+    steps["mix"] = root / "mix"
+    steps["root"] = root
+    return steps
+
+
+STATS_CONFIG = {
+    "clean": {"en": "clean-en", "zh": "clean-zh"},
+    "tokenize": {"en": "tokenize-en", "zh": "tokenize-zh"},
+    "mix": "mix",
+}
+
+
+def test_contract_rows_present_typed_and_sorted(chain, tmp_path):
+    stats_step.run(ctx("stats", "stats", STATS_CONFIG, tmp_path / "out", chain))
+    table = pq.read_table(tmp_path / "out" / "stats.parquet")
+    assert table.schema == pa.schema(
+        [("source", pa.string()), ("metric", pa.string()), ("value", pa.float64())]
+    )
+    rows = list(zip(*(table.column(c).to_pylist() for c in ("source", "metric", "value"))))
+    assert rows == sorted(rows)
+    assert [
+        tuple(r.values()) for r in json.loads((tmp_path / "out" / "stats.json").read_text())
+    ] == rows
+    metrics = {}
+    for source, metric, value in rows:
+        metrics.setdefault(source, {})[metric] = value
+    assert set(metrics) == {"en", "zh", "all"}
+    assert set(metrics["all"]) == ALL_METRICS
+    assert set(metrics["en"]) == CLEAN_METRICS | TOKENIZE_METRICS | MIX_METRICS | {
+        "filter_rate/min_chars",
+        "filter_rate/letter_fraction",
+        "quarantine/invalid_utf8",
+    }
+    assert set(metrics["zh"]) == CLEAN_METRICS | TOKENIZE_METRICS | MIX_METRICS
+
+    en, al = metrics["en"], metrics["all"]
+    assert (en["documents_in"], en["documents_kept"], en["documents_filtered"]) == (320, 300, 10)
+    assert (en["documents_duplicate"], en["documents_quarantined"]) == (6, 4)
+    assert en["quarantine_rate"] == 4 / 320 and en["duplicate_rate"] == 6 / 320
+    assert en["filter_rate/min_chars"] == 8 / 320 and en["quarantine/invalid_utf8"] == 4
+    assert en["bytes_kept"] == sum(len(t.encode()) for t in texts_of("en", 300))
+    assert en["chars_p50"] == float(np.percentile([len(t) for t in texts_of("en", 300)], 50))
+    assert metrics["zh"]["bytes_kept"] > sum(
+        len(t) for t in texts_of("zh", 200)
+    )  # UTF-8 bytes, not chars
+    assert (
+        al["documents_in"] == 520
+        and al["documents_kept"] == 500
+        and al["quarantine_rate"] == 4 / 520
+    )
+
+    mixture = json.loads((chain["mix"] / "mixture.json").read_text())
+    tok_meta = json.loads((chain["tokenize-en"] / "meta.json").read_text())
+    assert en["tokens"] == tok_meta["n_tokens"] and en["sequences"] == tok_meta["n_sequences"]
+    assert al["total_tokens"] == mixture["n_sequences"] * 32
+    assert (
+        en["mixture_weight_requested"] == 0.7 and en["mixture_sequences"] == mixture["counts"]["en"]
+    )
+    assert abs(en["mixture_weight_realized"] - 0.7) < 0.02
+
+
+def test_stats_are_byte_identical_on_rerun(chain, tmp_path):
+    for out in ("a", "b"):
+        stats_step.run(ctx("stats", "stats", STATS_CONFIG, tmp_path / out, chain))
+    for name in ("stats.parquet", "stats.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_unbalanced_counts_are_refused(chain, tmp_path):
+    bad = write_clean_step(
+        tmp_path / "clean-bad",
+        ["some text"],
+        "bad",
+        {"in": 5, "kept": 1, "filtered": {}, "duplicates": 0, "quarantined": {}},
+    )
+    with pytest.raises(ValueError, match=r"counts\.json: in \(5\) != .* \(1\)"):
+        stats_step.run(
+            ctx(
+                "stats",
+                "stats",
+                {"clean": {"bad": "clean-bad"}},
+                tmp_path / "out",
+                {"clean-bad": bad},
+            )
+        )

@@ -1,0 +1,196 @@
+"""Tokenize step: packing, one eos per document, special-token policy, failures, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tidal.context import StepContext
+from tidal.data import tokenize as tokenize_step
+from tidal.data import tokenizer as tokenizer_step
+from tidal.data.shards import list_shards, load_token_sequences, token_dtype
+
+EOS = "<|endoftext|>"
+
+
+def write_clean_step(step_dir: Path, texts: list[str], source: str, shards: int = 2) -> Path:
+    """A clean-step-shaped directory: documents-*.parquet (id, text, source; sorted by id)."""
+    step_dir.mkdir(parents=True)
+    rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
+    for index in range(shards):
+        part = rows[index::shards]
+        table = pa.table(
+            {
+                "id": [r[0] for r in part],
+                "text": [r[1] for r in part],
+                "source": [source] * len(part),
+            }
+        )
+        pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
+    return step_dir
+
+
+def corpus(n: int = 400) -> list[str]:
+    words = [
+        "data",
+        "model",
+        "token",
+        "the",
+        "of",
+        "pipeline",
+        "数据",
+        "模型",
+        "训练",
+        "shard",
+        "seed",
+    ]
+    texts = [
+        " ".join(words[(i * 5 + j * 3) % len(words)] for j in range(1 + i % 30)) + f" {i}"
+        for i in range(n)
+    ]
+    return texts + [f"a document that mentions {EOS} literally", f"{EOS}", f"x{EOS}{EOS}y"]
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenize")
+    clean = write_clean_step(root / "clean-syn", corpus(), "syn")
+    tok = root / "tokenizer"
+    tok.mkdir()
+    config = {"mode": "train", "vocab_size": 350, "min_frequency": 2, "sources": ["clean-syn"]}
+    tokenizer_step.run(
+        StepContext("tokenizer-t", "tokenizer", "tokenizer", config, tok, {"clean-syn": clean})
+    )
+    return {"clean-syn": clean, "tokenizer": tok, "root": root}
+
+
+def run_tokenize(steps: dict[str, Path], out: Path, seq_len: int = 16, shards: int = 3) -> dict:
+    out.mkdir(parents=True)
+    config = {
+        "source": "syn",
+        "input": "clean-syn",
+        "tokenizer": "tokenizer",
+        "seq_len": seq_len,
+        "shards": shards,
+    }
+    inputs = {"clean-syn": steps["clean-syn"], "tokenizer": steps["tokenizer"]}
+    return tokenize_step.run(
+        StepContext("tokenize-syn-t", "tokenize-syn", "tokenize", config, out, inputs)
+    )
+
+
+def expected_stream(steps: dict[str, Path]) -> tuple[np.ndarray, int]:
+    """The token stream by definition: documents in id order, each + one eos."""
+    tokenizer, meta = tokenizer_step.load(steps["tokenizer"])
+    table = pa.concat_tables(
+        pq.read_table(p) for p in sorted(steps["clean-syn"].glob("documents-*.parquet"))
+    )
+    rows = sorted(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    stream = []
+    for _, text in rows:
+        stream += tokenizer.encode(text, add_special_tokens=False).ids + [meta["eos_id"]]
+    return np.array(stream), len(rows)
+
+
+def test_pack_sequences_counts_and_tail():
+    docs = [np.array([5, 6, 0]), np.array([7, 0]), np.array([8, 9, 10, 0])]
+    packed, tail = tokenize_step.pack_sequences(docs, seq_len=4, dtype=np.uint16)
+    assert (
+        packed.tolist() == [[5, 6, 0, 7], [0, 8, 9, 10]] and tail == 1 and packed.dtype == np.uint16
+    )
+    packed, tail = tokenize_step.pack_sequences([], seq_len=4, dtype=np.uint16)
+    assert packed.shape == (0, 4) and tail == 0
+    with pytest.raises(ValueError, match="does not fit in uint16"):
+        tokenize_step.pack_sequences([np.array([70000])], seq_len=1, dtype=np.uint16)
+
+
+def test_step_packs_documents_in_id_order_with_one_eos_each(steps, tmp_path):
+    summary = run_tokenize(steps, tmp_path / "out", seq_len=16, shards=3)
+    stream, n_docs = expected_stream(steps)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    tok_meta = json.loads((steps["tokenizer"] / "tokenizer_meta.json").read_text())
+    assert meta == {
+        "tokenizer_hash": tok_meta["tokenizer_hash"],
+        "seq_len": 16,
+        "dtype": "uint16",
+        "n_sequences": len(stream) // 16,
+        "n_tokens": len(stream) // 16 * 16,
+        "n_documents": n_docs,
+        "vocab_size": tok_meta["vocab_size"],
+        "tokens_dropped_tail": len(stream) % 16,
+        "documents_failed": 0,
+    }
+    assert summary["n_sequences"] == meta["n_sequences"]
+    shards = list_shards(tmp_path / "out", "tokens", "npy")
+    assert [p.name for p in shards] == [f"tokens-0000{i}-of-00003.npy" for i in range(3)]
+    sizes = [np.load(p).shape[0] for p in shards]
+    assert (
+        max(sizes) - min(sizes) <= 1 and sum(sizes) == meta["n_sequences"]
+    )  # contiguous, balanced
+    tokens = load_token_sequences(
+        tmp_path / "out", tokenizer_hash=tok_meta["tokenizer_hash"], seq_len=16
+    )
+    assert tokens.dtype == np.uint16 and tokens.shape == (meta["n_sequences"], 16)
+    assert np.array_equal(tokens.reshape(-1), stream[: meta["n_tokens"]])
+    # exactly one eos per document: literal "<|endoftext|>" text never becomes the eos id
+    assert int((stream == tok_meta["eos_id"]).sum()) == n_docs
+    assert json.loads((tmp_path / "out" / "failed_documents.json").read_text()) == []
+
+
+def test_rerun_is_byte_identical_and_independent_of_input_sharding(steps, tmp_path):
+    run_tokenize(steps, tmp_path / "a")
+    run_tokenize(steps, tmp_path / "b")
+    resharded = write_clean_step(tmp_path / "clean-3", corpus(), "syn", shards=3)
+    run_tokenize({**steps, "clean-syn": resharded}, tmp_path / "c")
+    for name in ["meta.json", "failed_documents.json"] + [
+        f"tokens-0000{i}-of-00003.npy" for i in range(3)
+    ]:
+        assert (
+            (tmp_path / "a" / name).read_bytes()
+            == (tmp_path / "b" / name).read_bytes()
+            == (tmp_path / "c" / name).read_bytes()
+        ), name
+
+
+def test_failing_document_is_counted_not_dropped(steps):
+    tokenizer, meta = tokenizer_step.load(steps["tokenizer"])
+    docs = [("id1", "fine text"), ("id2", "bad \ud800 surrogate"), ("id3", "more text")]
+    encoded, failed = tokenize_step.encode_documents(tokenizer, docs, meta["eos_id"])
+    assert [doc_id for doc_id, _ in encoded] == ["id1", "id3"]
+    assert all(
+        ids[-1] == meta["eos_id"] and (ids == meta["eos_id"]).sum() == 1 for _, ids in encoded
+    )
+    assert [doc_id for doc_id, _ in failed] == ["id2"] and "TypeError" in failed[0][1]
+
+
+def test_unsorted_document_shard_is_refused(steps, tmp_path):
+    bad = tmp_path / "clean-bad"
+    bad.mkdir()
+    pq.write_table(
+        pa.table({"id": ["b", "a"], "text": ["x", "y"], "source": ["s", "s"]}),
+        bad / "documents-00000-of-00001.parquet",
+    )
+    with pytest.raises(ValueError, match=r"documents-00000-of-00001\.parquet: row 1 id 'a'"):
+        run_tokenize({**steps, "clean-syn": bad}, tmp_path / "out")
+
+
+def test_dtype_follows_vocab_size():
+    assert token_dtype(65535) == np.uint16 and token_dtype(65536) == np.uint32
+    assert token_dtype(151669) == np.uint32
+
+
+@pytest.mark.slow
+def test_multi_process_direct_runner_gives_the_same_bytes(steps, tmp_path, monkeypatch):
+    run_tokenize(steps, tmp_path / "in_process")
+    monkeypatch.setenv(
+        "TIDAL_BEAM_ARGS", "--direct_num_workers=2 --direct_running_mode=multi_processing"
+    )
+    run_tokenize(steps, tmp_path / "two_workers")
+    for path in sorted((tmp_path / "in_process").iterdir()):
+        assert path.read_bytes() == (tmp_path / "two_workers" / path.name).read_bytes(), path.name

@@ -1,0 +1,138 @@
+"""The whole DAG through real Airflow (`airflow dags test`, SQLite) on a slice of real text.
+
+Runs the tiny recipe with smaller source slices and fewer training steps, then asserts
+what a user would check: the MLflow run and its hash tags, a passing gate, a checkpoint
+whose manifest matches its files, a falling training loss; then runs the DAG again and
+checks every step was skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, TINY
+
+pytestmark = pytest.mark.e2e
+VENV_BIN = Path(sys.executable).parent
+
+
+def slice_recipe(path: Path, storage: Path) -> None:
+    data = yaml.safe_load(TINY.read_text())
+    data["name"] = "tiny_ci"
+    data["sources"]["brown"]["max_documents"] = 120
+    data["sources"]["gcide"]["max_documents"] = 4000
+    data["sources"]["songci"]["max_documents"] = 3000
+    data["tokenizer"]["vocab_size"] = 1024
+    data["gate"]["min_total_tokens"] = 100_000
+    data["gate"]["mixture_tolerance"] = 0.02
+    data["train"].update(steps=60, checkpoint_every=20, eval_every=30, log_every=10, batch_size=8)
+    data["train"]["model"] = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256}
+    data["storage_root"] = str(storage)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e")
+    recipes = base / "recipes"
+    recipes.mkdir()
+    slice_recipe(recipes / "tiny_ci.yaml", base / "storage")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(base / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "TIDAL_RECIPES_DIR": str(recipes),
+        "RAYON_NUM_THREADS": "1",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("TIDAL_STORAGE_ROOT", None)
+    migrate = subprocess.run(
+        [str(VENV_BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    return {"env": env, "recipe": recipes / "tiny_ci.yaml", "storage": base / "storage"}
+
+
+def dags_test(env: dict) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [str(VENV_BIN / "airflow"), "dags", "test", "tidal_tiny_ci"],
+        env=env, capture_output=True, text=True, timeout=1500, cwd=REPO, check=False,
+    )
+    return proc, time.perf_counter() - started
+
+
+def parent_and_children(pipe):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(pipe.tracking_uri)
+    exp = client.get_experiment_by_name("tidal-tiny_ci")
+    parents = client.search_runs(
+        [exp.experiment_id], "tags.`tidal.run_key` != ''", order_by=["attributes.start_time DESC"]
+    )
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    return client, parents, {c.data.tags["mlflow.runName"]: c for c in children}
+
+
+def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
+    from tidal.hashing import verify_manifest
+    from tidal.pipeline import Pipeline
+
+    first, first_s = dags_test(airflow_env["env"])
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, log[-6000:]
+
+    pipe = Pipeline.load(airflow_env["recipe"])
+    assert all(pipe.storage.is_committed(s.step_id) for s in pipe.graph)
+
+    client, parents, children = parent_and_children(pipe)
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["tidal.recipe_hash"] == pipe.recipe_hash
+    assert parent.data.params["train.steps"] == "60"
+    assert parent.info.status == "FINISHED"
+    assert set(children) == {s.name for s in pipe.graph}
+    for step in pipe.graph:
+        tags = children[step.name].data.tags
+        assert tags["tidal.step_id"] == step.step_id and tags["tidal.status"] == "run"
+        assert parent.data.tags[f"tidal.step_id.{step.name}"] == step.step_id
+
+    tokenizer_meta = json.loads((pipe.storage.step_dir(pipe.graph["tokenizer"].step_id) / "tokenizer_meta.json").read_text())
+    assert children["tokenizer"].data.tags["tidal.tokenizer_hash"] == tokenizer_meta["tokenizer_hash"]
+    for src in ("brown", "gcide", "songci", "udhr"):
+        assert len(children[f"fetch-{src}"].data.tags["tidal.archive_sha256"]) == 64
+
+    gate = json.loads((pipe.storage.step_dir(pipe.graph["gate"].step_id) / "gate_result.json").read_text())
+    assert gate["success"] is True and gate["results"]
+
+    train_dir = pipe.storage.step_dir(pipe.graph["train"].step_id)
+    ckpt_manifest = json.loads((train_dir / "checkpoint_manifest.json").read_text())
+    ckpt_dir = train_dir / "checkpoints" / str(ckpt_manifest["step"])
+    assert ckpt_manifest["step"] == 60
+    assert verify_manifest(ckpt_dir, ckpt_manifest) == []
+    train_tags = children["train"].data.tags
+    assert train_tags["tidal.checkpoint_root_hash"] == ckpt_manifest["root_hash"]
+    assert verify_manifest(train_dir, json.loads((train_dir / "manifest.json").read_text())) == []
+
+    losses = [m.value for m in client.get_metric_history(children["train"].info.run_id, "loss")]
+    assert len(losses) >= 5
+    assert losses[-1] < losses[0] - 1.0, losses
+    summary = json.loads((train_dir / "summary.json").read_text())
+    assert summary["tokens_seen"] == 60 * 8 * (128 - 1) or summary["tokens_seen"] == 60 * 8 * 128
+    assert 0 < summary["eval_loss"] < 20
+
+    second, second_s = dags_test(airflow_env["env"])
+    assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
+    _, parents, children = parent_and_children(pipe)
+    assert len(parents) == 2
+    assert {c.data.tags["tidal.status"] for c in children.values()} == {"skip"}
+    print(f"RESULT e2e_first_run_s={first_s:.1f} e2e_cached_run_s={second_s:.1f} ratio={second_s / first_s:.3f}")
