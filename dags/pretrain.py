@@ -1,4 +1,8 @@
-"""One DAG per recipe in ``recipes/`` (or ``$TIDAL_RECIPES_DIR``): one task per tidal step."""
+"""Airflow DAG file: one DAG per recipe in ``recipes/`` (or ``$TIDAL_RECIPES_DIR``), one task per step.
+
+Thin on purpose (Airflow's dag-processor parses it often): it reads recipe YAML and plans
+step graphs; every heavy import happens inside tasks.
+"""
 
 import os
 from pathlib import Path
