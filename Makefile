@@ -46,7 +46,8 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 	@echo "== airflow dags test tidal_tiny (log: $(AIRFLOW_HOME)/demo.log)"
 	@start=$$(date +%s); \
 	  $(VENV)/bin/airflow dags test tidal_tiny > $(AIRFLOW_HOME)/demo.log 2>&1; rc=$$?; \
-	  grep -E "tidal\.(runner|step)|Marking task|progress|step [0-9]+/" $(AIRFLOW_HOME)/demo.log | sed -E 's/^.*(INFO|WARNING|ERROR) - //' | tail -40; \
+	  grep -E "\[tidal\.runner\]|eval_loss/|TidalStepOperator\].*(skip|run) |ERROR|error" $(AIRFLOW_HOME)/demo.log \
+	    | grep -v "TidalStepOperator.*run " | sed -E 's/ +\[[a-z_.]+\] loc=.*$$//; s/^[0-9T:.-]+Z \[[a-z ]+\] //' | cut -c1-160 | tail -45; \
 	  echo "== airflow dags test finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
 	  $(VENV)/bin/tidal report $(RECIPE); exit $$rc
 

@@ -110,7 +110,9 @@ class Pipeline:
         parent = self.parent_run(run_key)
         if parent is None:
             return
-        tags = {"tidal.recipe_hash": self.recipe_hash}
+        from tidal.provenance import git_sha
+
+        tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
         for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash"):
             if isinstance(result.summary.get(key), str):
                 tags[f"tidal.{key}"] = result.summary[key]
