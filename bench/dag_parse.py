@@ -42,9 +42,9 @@ def cold_seconds(path: Path) -> float:
     import sys
 
     code = (
-        "import sys, time; import airflow.sdk; sys.path.insert(0, %r)\n"
-        "from bench.dag_parse import parse_seconds\nprint(parse_seconds(__import__('pathlib').Path(%r)))"
-    ) % (str(REPO), str(path))
+        f"import sys, time; import airflow.sdk; sys.path.insert(0, {str(REPO)!r})\n"
+        f"from bench.dag_parse import parse_seconds\nprint(parse_seconds(__import__('pathlib').Path({str(path)!r})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     return float(out.stdout.strip().splitlines()[-1])
 
