@@ -113,7 +113,7 @@ class Pipeline:
         from tidal.provenance import git_sha
 
         tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
-        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash"):
+        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256"):
             if isinstance(result.summary.get(key), str):
                 tags[f"tidal.{key}"] = result.summary[key]
         step_json = result.out_dir / "step.json"

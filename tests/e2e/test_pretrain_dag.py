@@ -16,27 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO
+from tests.e2e.slices import write_slice_recipe
 
 pytestmark = pytest.mark.e2e
 VENV_BIN = Path(sys.executable).parent
-
-
-def slice_recipe(path: Path, storage: Path) -> None:
-    data = yaml.safe_load(TINY.read_text())
-    data["name"] = "tiny_ci"
-    data["sources"]["brown"]["max_documents"] = 120
-    data["sources"]["gcide"]["max_documents"] = 4000
-    data["sources"]["songci"]["max_documents"] = 3000
-    data["tokenizer"]["vocab_size"] = 1024
-    data["gate"]["min_total_tokens"] = 100_000
-    data["gate"]["mixture_tolerance"] = 0.02
-    data["train"].update(steps=60, checkpoint_every=20, eval_every=30, log_every=10, batch_size=8)
-    data["train"]["model"] = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256}
-    data["storage_root"] = str(storage)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +29,7 @@ def airflow_env(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     recipes = base / "recipes"
     recipes.mkdir()
-    slice_recipe(recipes / "tiny_ci.yaml", base / "storage")
+    write_slice_recipe(recipes / "tiny_ci.yaml", base / "storage", scale=2)
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(base / "airflow"),

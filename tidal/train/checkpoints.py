@@ -133,3 +133,23 @@ class Checkpointer:
         """Wait for pending work and release orbax resources."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def tree_sha256(tree: Any) -> str:
+    """Content hash of a pytree of arrays, independent of how a checkpoint lays it out on disk.
+
+    orbax/OCDBT file names and ``_CHECKPOINT_METADATA`` timestamps differ between identical
+    runs, so the checkpoint manifest's root hash does too; this hash does not. It covers,
+    for every leaf in tree order, its key path, dtype, shape and raw bytes (host copy).
+    """
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        array = np.asarray(jax.device_get(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape}\n".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tidal.train.checkpoints import Checkpointer
+from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.loader import BatchLoader, TokenShards, eval_sequences, read_tokenizer_meta
 from tidal.train.model import (
     ModelConfig,
@@ -253,7 +253,8 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         The summary (also written to ``summary.json``): ``steps``, ``tokens_seen`` (predicted
         token positions, ``steps * B * (S - 1)``), ``final_train_loss`` (nats/token),
         ``eval_loss`` (mean over sources) and ``eval_loss/<src>``, ``param_count``,
-        ``flops_per_token``, ``checkpoint_step``, ``checkpoint_root_hash`` and, when steps ran
+        ``flops_per_token``, ``checkpoint_step``, ``checkpoint_root_hash``, ``params_sha256``
+        (:func:`tree_sha256` of the final parameters: equal across identical runs) and, when steps ran
         in this process, ``tokens_per_second`` after the first (compiling) step.
 
     Raises:
@@ -362,6 +363,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         "param_count": n_params, "flops_per_token": flops_per_token(model_cfg, context),
         "seq_len": seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest["root_hash"],
+        "params_sha256": tree_sha256(state["params"]),
     }
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
