@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from tests.conftest import REPO
 from tests.e2e.slices import write_slice_recipe
 
@@ -120,4 +122,17 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     _, parents, children = parent_and_children(pipe)
     assert len(parents) == 2
     assert {c.data.tags["tidal.status"] for c in children.values()} == {"skip"}
+
+    # A failing gate fails the DAG run with a readable summary; upstream data steps are reused.
+    data = yaml.safe_load(airflow_env["recipe"].read_text())
+    data["gate"]["min_total_tokens"] = 10**12
+    airflow_env["recipe"].write_text(yaml.safe_dump(data, sort_keys=False))
+    failing, _ = dags_test(airflow_env["env"])
+    log = failing.stdout + failing.stderr
+    assert failing.returncode != 0
+    assert "GateFailed" in log and "total_tokens [source=all]: expected >= 1e+12, got" in log
+    strict = Pipeline.load(airflow_env["recipe"])
+    assert not strict.storage.is_committed(strict.graph["gate"].step_id)
+    assert not strict.storage.is_committed(strict.graph["train"].step_id)
+    assert strict.graph["stats"].step_id == pipe.graph["stats"].step_id
     print(f"RESULT e2e_first_run_s={first_s:.1f} e2e_cached_run_s={second_s:.1f} ratio={second_s / first_s:.3f}")
