@@ -21,7 +21,12 @@ def build_dag(recipe_path: Path) -> DAG:
     """
     from tidal.planner import build_graph
     from tidal.recipe import load_recipe
+    from tidal.scaling.suite import is_suite_file
 
+    if is_suite_file(recipe_path):  # `kind: scaling_suite`: grid DAG (operators/suite_factory.py)
+        from operators.suite_factory import build_suite_dag
+
+        return build_suite_dag(Path(recipe_path))
     recipe = load_recipe(recipe_path)
     graph = build_graph(recipe)
     with DAG(
@@ -45,6 +50,8 @@ def build_dag(recipe_path: Path) -> DAG:
                 task_id=step.name, recipe_path=str(recipe_path), step_name=step.name,
                 doc_md=f"step `{step.step_id}` ({step.kind})",
             )
+            if not (step.kind == "train" and recipe.train.resources.launcher == "gke")
+            else _gke_train_group(step=step, recipe=recipe, recipe_path=str(recipe_path))
             for step in graph
         }
         for step in graph:
@@ -53,6 +60,13 @@ def build_dag(recipe_path: Path) -> DAG:
         report = TidalReportOperator(task_id="report", recipe_path=str(recipe_path))
         list(tasks.values()) >> report
     return dag
+
+
+def _gke_train_group(**kwargs):
+    """The training step as a GKE task group (operators/gke.py); imported only when a recipe asks."""
+    from operators.gke import gke_train_group
+
+    return gke_train_group(**kwargs)
 
 
 def build_dags(recipes_dir: Path) -> dict[str, DAG]:

@@ -67,3 +67,30 @@ def test_yaml_syntax_error_names_line(tmp_path):
 def test_missing_file():
     with pytest.raises(RecipeError, match="cannot read recipe"):
         load_recipe("/nonexistent/recipe.yaml")
+
+
+def test_duplicate_yaml_key_is_refused(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(TINY.read_text().replace("seed: 20261130", "seed: 20261130\nseed: 7"))
+    with pytest.raises(RecipeError, match=r"dup.yaml: line \d+, column \d+ YAML syntax error: duplicate key 'seed'"):
+        load_recipe(path)
+
+
+def test_booleans_and_numeric_strings_are_not_integers(tiny_data):
+    with pytest.raises(RecipeError, match="train.steps: Input should be a valid integer"):
+        parse_recipe(tiny_data, "t.yaml", overrides={"train.steps": True})
+    with pytest.raises(RecipeError, match=r"gate.min_total_tokens: .*YAML read '1e12' as text"):
+        parse_recipe(tiny_data, "t.yaml", overrides={"gate.min_total_tokens": "1e12"})
+
+
+def test_empty_recipe(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(RecipeError, match="empty.yaml: the recipe is empty"):
+        load_recipe(tmp_path / "empty.yaml")
+
+
+def test_cross_field_error_has_no_pydantic_prefix(tiny_data):
+    tiny_data["mixture"]["weights"]["wiki"] = 0.5
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(tiny_data, "t.yaml")
+    assert "Value error" not in str(err.value)

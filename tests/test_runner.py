@@ -63,6 +63,22 @@ def test_failed_step_leaves_nothing_committed(tmp_path):
         run_step(step, storage)
     assert not storage.is_committed(step.step_id)
     assert not storage.step_dir(step.step_id).exists()
+    [kept] = storage.failed_attempts(step.step_id)
+    assert (kept / "part-0.txt").is_file() and not (kept / "_SUCCESS").exists()
+
+
+def test_commit_clears_failed_attempts_and_forced_copies(tmp_path, monkeypatch):
+    storage = LocalStorage(tmp_path)
+    failing = make_step()
+    monkeypatch.setenv("TIDAL_FIXTURE_FAIL_AT", "1")
+    with pytest.raises(RuntimeError):
+        run_step(failing, storage)
+    assert storage.failed_attempts(failing.step_id)
+    monkeypatch.delenv("TIDAL_FIXTURE_FAIL_AT")  # the fault was in the environment: fixed
+    run_step(failing, storage)
+    assert storage.is_committed(failing.step_id) and storage.failed_attempts(failing.step_id) == []
+    run_step(failing, storage, force=True)
+    assert list((tmp_path / SCRATCH).glob("*.discarded.*")) == []
 
 
 def test_blocked_when_input_missing(tmp_path):
@@ -102,6 +118,7 @@ def test_killed_step_is_not_committed_and_rerun_completes(tmp_path):
     result = run_step(step, storage)
     assert result.status == "run" and storage.is_committed(step.step_id)
     assert len(list(storage.step_dir(step.step_id).glob("part-*.txt"))) == 20
+    assert list(scratch.iterdir()) == []  # the killed attempt's scratch was cleared
 
 
 def test_force_recomputes(tmp_path):

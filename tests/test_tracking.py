@@ -118,3 +118,24 @@ def test_unreachable_server_buffers_then_replays(store, tmp_path, monkeypatch):
     run = client.get_run(real_parent)
     assert run.data.params["seed"] == "7" and run.info.status == "FAILED"
     assert run.data.tags["tidal.step_id.gate"] == "gate-0123456789ab"
+
+
+def test_unreachable_uri_is_not_retried_again_within_the_hold(tmp_path, monkeypatch):
+    """After one full round of failed retries, later calls go straight to the pending buffer."""
+    import time
+
+    from tidal import tracking
+
+    monkeypatch.setattr(tracking, "_unreachable_until", {})
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    down = Tracker("http://127.0.0.1:9", EXPERIMENT, pending_dir=tmp_path, attempts=2, backoff_s=0.2)
+    started = time.perf_counter()
+    down.parent_run("dagrun-a", {}, {})
+    first = time.perf_counter() - started
+    assert first >= 0.2  # slept between its two tries
+    started = time.perf_counter()
+    for index in range(5):
+        down.log_step(PENDING_PREFIX + "dagrun-a", f"s{index}", f"s{index}-0123456789ab", "fetch", "skip", {}, None, [], {})
+    assert time.perf_counter() - started < first  # five calls, no retries, no sleeps
+    assert len(list(tmp_path.glob("*.json"))) == 6

@@ -49,8 +49,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
     run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
-    names = [args.step] if args.step else [s.name for s in pipe.graph]
-    forced = set(args.force or [])
+    names = [pipe.graph.find(args.step).name] if args.step else [s.name for s in pipe.graph]
+    forced = {pipe.graph.find(name).name for name in args.force or []}
     started = time.perf_counter()
     for name in names:
         result = pipe.run(name, run_key=run_key, force=name in forced)
@@ -78,6 +78,27 @@ def _cmd_archives(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_forecast(args: argparse.Namespace) -> int:
+    from tidal.pipeline import Pipeline
+    from tidal.scaling.forecast import ForecastUnavailable, forecast_suite, format_forecast
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    try:
+        result = forecast_suite(pipe, args.flops)
+    except (ForecastUnavailable, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_forecast(result))
+    return 0
+
+
+def _cmd_recipe_schema(args: argparse.Namespace) -> int:
+    from tidal.recipe import Recipe
+
+    print(json.dumps(Recipe.model_json_schema(), indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``tidal`` command."""
     parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
@@ -100,13 +121,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-key", help="MLflow parent run key (default: the newest run)"
     )
     add("archives", _cmd_archives, "download the recipe's pinned source archives and check sha256")
+    forecast = add("forecast", _cmd_forecast, "scaling suite: N*, D* and predicted loss at a compute budget")
+    forecast.add_argument("--flops", type=float, required=True, help="training compute C in FLOPs, e.g. 1e21")
+    forecast.add_argument("--json", action="store_true", help="print the forecast as JSON")
+    schema = sub.add_parser("recipe-schema", help="print the JSON schema of a recipe (every field, its type and help)")
+    schema.set_defaults(func=_cmd_recipe_schema)
     return parser
 
 
+# Errors that describe bad input or a failed check, not a bug: one line, no traceback.
+# Matched by class name so that catching them imports nothing heavy.
+USER_ERRORS = frozenset({
+    "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "GateFailed", "StatsIncomplete",
+    "TrainingFailed", "TokenizerMismatch", "DataContractError", "ConfigError", "MixtureError",
+    "TokenizerFileError", "GateConfigError",
+})
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tidal`` console script; exit status 2 on a bad recipe."""
+    """Entry point of the ``tidal`` console script.
+
+    Exit status: 0 ok; 1 a step or check failed (one ``error:`` line, no traceback);
+    2 bad recipe or unknown step name; 130 interrupted (Ctrl-C).
+    """
+    from tidal.logs import quiet_libraries
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_libraries()
     try:
         return args.func(args)
     except RecipeError as err:
@@ -115,6 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as err:
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing partial was committed; rerun to continue", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `tidal plan ... | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as err:
+        if not {cls.__name__ for cls in type(err).__mro__} & USER_ERRORS:
+            raise
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,14 +2,23 @@
 
 This is the standalone face of a step kind, for debugging a job outside Airflow and for
 cluster runners. It builds the same :class:`~tidal.context.StepContext` the step runner
-builds, but does not commit (no manifest, no ``_SUCCESS``): use ``tidal run`` for that.
+builds, but does not commit (no manifest, no ``_SUCCESS``): use ``tidal run`` for that, or
+the Beam provider path (:mod:`tidal.launch.beam_job`), which runs this command and commits.
+
+Other ``--options`` of a Beam job (clean, tokenize) are Beam pipeline options
+(``--runner=DataflowRunner --project=P``); they are added after ``$TIDAL_BEAM_ARGS``
+(:mod:`tidal.data.beam_options`; later wins) and never enter the step config.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -20,16 +29,30 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
     """Parse the command line, run ``module.run`` once, print and return its summary.
 
     Raises:
-        SystemExit: on a malformed ``--input`` (must be ``NAME=DIR``) or unreadable config.
+        SystemExit: on a malformed ``--input`` (must be ``NAME=DIR``), a missing or unreadable
+            config, or unknown arguments to a job that is not a Beam job.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {module.__name__}", description=module.__doc__)
+    spec = getattr(module, "__spec__", None)  # with `python -m`, __name__ is "__main__"
+    prog = f"python -m {spec.name if spec is not None else module.__name__}"
+    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__, allow_abbrev=False)
     parser.add_argument("--config", required=True, help="step config: a JSON file or inline JSON")
     parser.add_argument("--input", action="append", default=[], help="NAME=DIR of an input step's output")
     parser.add_argument("--out", required=True, type=Path, help="directory to write outputs into")
     parser.add_argument("--seed", type=int, default=0, help="step seed (normally derived from the recipe)")
     parser.add_argument("--name", default=kind, help="step name (default: the kind)")
-    args = parser.parse_args(argv)
-    text = Path(args.config).read_text() if Path(args.config).is_file() else args.config
+    args, pipeline_args = parser.parse_known_args(argv)
+    if pipeline_args:
+        from tidal.launch.beam_job import BEAM_KINDS
+
+        if kind not in BEAM_KINDS or any(not a.startswith("--") for a in pipeline_args):
+            parser.error(f"unrecognized arguments: {' '.join(pipeline_args)} (only the Beam jobs "
+                         f"{', '.join(sorted(BEAM_KINDS))} take --pipeline_options)")
+    if Path(args.config).is_file():
+        text = Path(args.config).read_text()
+    elif not args.config.lstrip().startswith(("{", "[")):
+        parser.error(f"--config {args.config}: file not found (give a JSON file or inline JSON)")
+    else:
+        text = args.config
     try:
         config = json.loads(text)
     except json.JSONDecodeError as err:
@@ -46,6 +69,27 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         step_id=f"{args.name}-manual", name=args.name, kind=kind, config=config,
         out_dir=args.out, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
     )
-    summary = module.run(ctx)
+    with _pipeline_options(pipeline_args):
+        summary = module.run(ctx)
     print(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+
+@contextlib.contextmanager
+def _pipeline_options(args: list[str]) -> Iterator[None]:
+    """While active, ``$TIDAL_BEAM_ARGS`` also holds ``args`` (after what it held: later wins)."""
+    if not args:
+        yield
+        return
+    from tidal.data.beam_options import BEAM_ARGS_ENV
+
+    old = os.environ.get(BEAM_ARGS_ENV)
+    os.environ[BEAM_ARGS_ENV] = shlex.join([*shlex.split(old or ""), *args])
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(BEAM_ARGS_ENV, None)
+        else:
+            os.environ[BEAM_ARGS_ENV] = old

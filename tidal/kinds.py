@@ -37,6 +37,7 @@ KINDS: dict[str, KindSpec] = {
     "stats": KindSpec("tidal.data.stats", 1),
     "gate": KindSpec("tidal.gates", 1),
     "train": KindSpec("tidal.train", 1, resumable=True),
+    "scaling_fit": KindSpec("tidal.scaling.fit_step", 1),
 }
 
 

@@ -27,7 +27,8 @@ class Pipeline:
 
     ``storage_root`` and ``tracking_uri`` come, in order of precedence, from the arguments,
     the environment (``TIDAL_STORAGE_ROOT``, ``MLFLOW_TRACKING_URI``) and the recipe.
-    Relative storage roots resolve against the recipe file's parent's parent (the repo).
+    A relative storage root resolves against the directory of the recipe file (so
+    ``recipes/tiny.yaml`` says ``../.tidal``); ``TIDAL_STORAGE_ROOT`` against the cwd.
     """
 
     recipe_path: Path
@@ -46,9 +47,19 @@ class Pipeline:
         import os
 
         path = Path(recipe_path).resolve()
+        from tidal.scaling.suite import is_suite_file
+
+        if cls is Pipeline and is_suite_file(path):  # a scaling suite (tidal/scaling/pipeline.py)
+            from tidal.scaling.pipeline import SuitePipeline
+
+            return SuitePipeline.load_suite(path, overrides, storage_root)
         recipe = load_recipe(path, overrides)
-        root = storage_root or os.environ.get("TIDAL_STORAGE_ROOT") or recipe.storage_root
-        storage = LocalStorage.from_uri(root, base=path.parent.parent)
+        override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        storage = (
+            LocalStorage.from_uri(override)
+            if override
+            else LocalStorage.from_uri(recipe.storage_root, base=path.parent)
+        )
         return cls(path, recipe, storage, os.environ.get("MLFLOW_TRACKING_URI") or recipe.tracking_uri)
 
     @cached_property
@@ -100,10 +111,29 @@ class Pipeline:
     def run(self, name: str, run_key: str | None = None, force: bool = False) -> StepResult:
         """Run one step (or skip it if committed) and record it under ``run_key``'s parent run."""
         step = self.graph[name]
-        result = run_step(step, self.storage, force=force)
+        try:
+            result = run_step(step, self.storage, force=force)
+        except Exception as err:
+            if run_key is not None:
+                self._track_failure(step, run_key, err)
+            raise
         if run_key is not None:
             self._track(result, run_key)
         return result
+
+    def _track_failure(self, step, run_key: str, err: Exception) -> None:
+        """Record a failed step as a nested run (status ``failed``) with the kept evidence."""
+        parent = self.parent_run(run_key)
+        if parent is None:
+            return
+        attempts = self.storage.failed_attempts(step.step_id)
+        evidence = [attempts[-1] / n for n in _ARTIFACTS.get(step.kind, ())] if attempts else []
+        self.tracker().log_step(
+            parent, step.name, step.step_id, step.kind, "failed",
+            {"error": f"{type(err).__name__}: {err}"[:4000]},
+            artifacts=[p for p in evidence if p.exists()],
+            tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
+        )
 
     def _track(self, result: StepResult, run_key: str) -> None:
         tracker = self.tracker()
@@ -137,6 +167,7 @@ _ARTIFACTS = {
     "stats": ("stats.json", "step.json"),
     "gate": ("gate_result.json", "data_docs"),
     "train": ("summary.json", "checkpoint_manifest.json", "step.json", "manifest.json"),
+    "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
 
 

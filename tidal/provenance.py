@@ -18,7 +18,12 @@ KEY_PACKAGES = (
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
-    """The commit of the tidal checkout (``+dirty`` if it has uncommitted changes), or ``unknown``."""
+    """The commit of the tidal checkout (``+dirty`` if it has uncommitted changes), else
+    ``$TIDAL_GIT_SHA`` (set in the images, which carry no .git), else ``unknown``."""
+    import os
+
+    if os.environ.get("TIDAL_GIT_SHA"):
+        return os.environ["TIDAL_GIT_SHA"]
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(

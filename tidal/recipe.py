@@ -3,7 +3,7 @@
 Invariant: a recipe is validated completely before anything runs. Unknown fields and bad
 values are refused with the file, the dotted path of the field and the reason, so that a
 typo never silently falls back to a default. Fields that only say *where* or *how fast*
-(``storage_root``, ``tracking_uri``, ``train.resources``) are kept apart from what is
+(``storage_root``, ``tracking_uri``, ``train.resources``, ``beam``) are kept apart from what is
 computed: the planner never puts them into a step config, so they never change a step id.
 """
 
@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Strict as StrictType
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
-PositiveInt = Annotated[int, Field(gt=0)]
+# Integers are strict: YAML `true` is not 1, and "1e12" (a YAML 1.1 *string*) is not a number.
+PositiveInt = Annotated[int, StrictType(), Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
@@ -91,7 +93,7 @@ class TokenizerConfig(Strict):
 class TokenizeConfig(Strict):
     """Encoding and packing into fixed-length sequences."""
 
-    seq_len: Annotated[int, Field(ge=8, le=65536)] = Field(
+    seq_len: Annotated[int, StrictType(), Field(ge=8, le=65536)] = Field(
         default=128, description="tokens per packed sequence"
     )
     shards: PositiveInt = Field(default=1, description="token shard count per source")
@@ -146,18 +148,122 @@ class OptimizerConfig(Strict):
 
     lr: Annotated[float, Field(gt=0.0, lt=1.0)] = 3e-3
     min_lr_ratio: Fraction = 0.1
-    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    warmup_steps: Annotated[int, StrictType(), Field(ge=0)] = 20
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.1
     b1: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
     b2: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
     grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
 
 
+class AcceleratorConfig(Strict):
+    """What the training pods run on; names and shapes are checked against tidal/launch/resources.py."""
+
+    kind: Literal["cpu", "gpu", "tpu"] = Field(default="cpu", description="cpu, gpu or tpu")
+    type: str | None = Field(
+        default=None, description="GKE accelerator name: tpu-v5-lite-podslice (v5e), nvidia-h100-80gb, ..."
+    )
+    topology: str | None = Field(default=None, description="TPU slice topology, e.g. 2x4 or 2x2x2")
+    slices: PositiveInt = Field(default=1, description="TPU slices (more than 1: multislice over DCN)")
+    count: PositiveInt = Field(default=1, description="GPUs per node (nvidia.com/gpu limit)")
+    nodes: PositiveInt = Field(default=1, description="GPU/CPU nodes (more than 1: multi-node JobSet)")
+
+    @model_validator(mode="after")
+    def _known_hardware(self) -> AcceleratorConfig:
+        from tidal.launch.resources import gpu_type, tpu_slice
+
+        if self.kind == "tpu":
+            if self.type is None or self.topology is None:
+                raise ValueError("a tpu accelerator needs both `type` and `topology`")
+            _, topo = tpu_slice(self.type, self.topology)
+            if self.slices > 1 and not topo.multi_host:
+                raise ValueError(f"multislice needs multi-host slices; {self.topology} is one host (GKE Multislice)")
+            if self.nodes != 1 or self.count != 1:
+                raise ValueError("a tpu accelerator is sized by `topology` and `slices`, not `nodes`/`count`")
+        elif self.kind == "gpu":
+            if self.type is None:
+                raise ValueError("a gpu accelerator needs `type`")
+            gpu_type(self.type, self.count)
+        elif self.type is not None or self.topology is not None:
+            raise ValueError("a cpu accelerator takes no `type` or `topology`")
+        return self
+
+
 class ResourceConfig(Strict):
     """Where training runs. Not hashed: it changes where and how fast, not what."""
 
-    launcher: Literal["local"] = Field(default="local", description="local subprocess for now")
-    kind: Literal["cpu"] = "cpu"
+    launcher: Literal["local", "gke"] = Field(
+        default="local", description="local subprocess, or pods on GKE (KubernetesPodOperator / JobSet)"
+    )
+    accelerator: AcceleratorConfig = AcceleratorConfig()
+    spot: bool = Field(default=False, description="schedule on GKE Spot VMs (selector + toleration)")
+    priority_class: str | None = Field(default=None, description="Kubernetes PriorityClass name")
+    image: str = Field(default="tidal-train:latest", description="container image of the training pods")
+    namespace: str = Field(default="tidal", description="Kubernetes namespace of the training pods")
+    service_account: str = Field(
+        default="tidal-train", description="Kubernetes service account bound to a GCP one (Workload Identity)"
+    )
+    deadline_seconds: PositiveInt = Field(
+        default=86_400, description="activeDeadlineSeconds: the cluster kills the run after this long"
+    )
+    grace_seconds: PositiveInt = Field(
+        default=600, description="terminationGracePeriodSeconds: time to checkpoint after SIGTERM"
+    )
+    max_restarts: Annotated[int, StrictType(), Field(ge=0)] = Field(
+        default=3, description="JobSet failurePolicy.maxRestarts (multi-host: all workers restart together)"
+    )
+    cpu: str = Field(default="2", description="CPU request per pod (Kubernetes quantity)")
+    memory: str = Field(default="8Gi", description="memory request = limit per pod (Kubernetes quantity)")
+
+
+# Beam runners a data step may name (`beam.runner`). FnApiRunner is the in-process batch engine
+# that Beam's DirectRunner itself uses; the DirectRunner first tries PrismRunner, which downloads a
+# Go binary at run time (see tidal/data/beam_options.py), so tidal names FnApiRunner by default.
+BEAM_RUNNERS = ("FnApiRunner", "DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
+                "PortableRunner")
+# Arguments of the job command line itself (tidal/jobcli.py); pipeline options cannot set them.
+BEAM_JOB_ARGS = ("config", "input", "out", "seed", "name", "runner")
+
+
+class BeamConfig(Strict):
+    """How the Beam data steps (clean, tokenize) run. Not hashed: runners never change the bytes."""
+
+    launcher: Literal["inprocess", "provider"] = Field(
+        default="inprocess",
+        description="inprocess: inside the step task ($TIDAL_BEAM_ARGS); provider: the Beam provider's "
+        "BeamRunPythonPipelineOperator runs `python -m tidal.data.<kind>` (operators/beam.py)",
+    )
+    runner: str = Field(default="FnApiRunner", description=f"Beam runner (launcher: provider): {', '.join(BEAM_RUNNERS)}")
+    pipeline_options: dict[str, str | bool | int | float] = Field(
+        default_factory=dict,
+        description="Beam pipeline options for the runner (launcher: provider), e.g. project, region, "
+        "temp_location, sdk_container_image, flink_master",
+    )
+
+    @field_validator("runner")
+    @classmethod
+    def _known_runner(cls, runner: str) -> str:
+        if runner not in BEAM_RUNNERS:
+            raise ValueError(f"unknown Beam runner {runner!r}; valid: {', '.join(BEAM_RUNNERS)}")
+        return runner
+
+    @field_validator("pipeline_options")
+    @classmethod
+    def _option_names(cls, options: dict) -> dict:
+        import re
+
+        for key in options:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key):
+                raise ValueError(f"pipeline option {key!r}: write the bare name (temp_location), no dashes or '='")
+            if key in BEAM_JOB_ARGS:
+                raise ValueError(f"pipeline option {key!r} is set by tidal (job arguments and `beam.runner`)")
+        return options
+
+    @model_validator(mode="after")
+    def _provider_only(self) -> BeamConfig:
+        if self.launcher == "inprocess" and (self.runner != "FnApiRunner" or self.pipeline_options):
+            raise ValueError("`runner` and `pipeline_options` apply to `launcher: provider`; in-process Beam "
+                             "steps take runner options from $TIDAL_BEAM_ARGS")
+        return self
 
 
 class TrainConfig(Strict):
@@ -181,7 +287,7 @@ class Recipe(Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="DAG id suffix: tidal_<name>")
     version: PositiveInt = Field(description="bump when the recipe's intent changes")
     description: str = ""
-    seed: Annotated[int, Field(ge=0)] = Field(description="every step seed derives from it")
+    seed: Annotated[int, StrictType(), Field(ge=0)] = Field(description="every step seed derives from it")
     sources: dict[str, Source] = Field(min_length=1)
     clean: CleanConfig = CleanConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -190,8 +296,12 @@ class Recipe(Strict):
     evaluation: EvaluationConfig
     gate: GateConfig
     train: TrainConfig = TrainConfig()
-    storage_root: str = Field(default=".tidal", description="where step outputs live (not hashed)")
+    storage_root: str = Field(
+        default=".tidal",
+        description="where step outputs live, relative to the recipe file's directory (not hashed)",
+    )
     tracking_uri: str | None = Field(default=None, description="MLflow URI (not hashed)")
+    beam: BeamConfig = Field(default_factory=BeamConfig, description="where Beam data steps run (not hashed)")
 
     @model_validator(mode="after")
     def _sources_exist(self) -> Recipe:
@@ -221,11 +331,36 @@ def _format_errors(path: str, err: ValidationError) -> str:
         loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
         got = item.get("input")
         shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {got!r})"
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")
+        if isinstance(got, str) and _looks_numeric(got):
+            message += f" (YAML read {got!r} as text: write plain digits, or a float like 1.0e+12)"
         if item["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; see `tidal recipe-schema`)"
         lines.append(f"  {loc}: {message}{shown}")
     return "\n".join(lines)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None) -> Recipe:
@@ -239,6 +374,8 @@ def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | 
     Raises:
         RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``.
     """
+    if data is None:
+        raise RecipeError(f"{path}: the recipe is empty")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     data = _apply_overrides(data, overrides or {}, path)
@@ -276,7 +413,7 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     except OSError as err:
         raise RecipeError(f"{path}: cannot read recipe: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

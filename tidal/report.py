@@ -7,6 +7,7 @@ exists) and the MLflow parent run (what this particular DAG run did: ``run`` or 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -39,11 +40,15 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         report["checkpoints"] = str(storage.step_dir(train.step_id) / "checkpoints")
     gate = graph["gate"]
     gate_file = storage.step_dir(gate.step_id) / "gate_result.json"
-    report["gate"] = (
-        ("passed" if json.loads(gate_file.read_text())["success"] else "failed")
-        if storage.is_committed(gate.step_id) and gate_file.is_file()
-        else "not passed (gate step not committed)"
-    )
+    if storage.is_committed(gate.step_id) and gate_file.is_file():
+        report["gate"] = "passed" if json.loads(gate_file.read_text())["success"] else "failed"
+    else:
+        report["gate"] = "not passed (gate step not committed)"
+        failed = [p / "gate_result.json" for p in storage.failed_attempts(gate.step_id)]
+        failed = [p for p in failed if p.is_file()]
+        if failed:
+            result = json.loads(failed[-1].read_text())
+            report["gate"] = f"FAILED ({failed[-1].parent})\n    " + result["summary"].replace("\n", "\n    ")
     if finish and report.get("mlflow_run_id"):
         pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
@@ -52,6 +57,9 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
 def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:
     """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty if unreachable)."""
     report["mlflow_uri"] = pipe.tracking_uri
+    if pipe.tracking_uri.startswith("sqlite:///") and not Path(pipe.tracking_uri.removeprefix("sqlite:///")).exists():
+        report["mlflow_error"] = "no MLflow store yet (nothing has run with tracking)"
+        return {}
     try:
         from mlflow.tracking import MlflowClient
 
@@ -59,11 +67,17 @@ def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> 
         experiment = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
         if experiment is None:
             return {}
-        query = "tags.`tidal.run_key` != ''" if run_key is None else f"tags.`tidal.run_key` = '{run_key}'"
+        query = f"tags.`tidal.recipe_hash` = '{pipe.recipe_hash}'"
+        if run_key is not None:
+            query += f" and tags.`tidal.run_key` = '{run_key}'"
         parents = client.search_runs(
             [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
         )
         if not parents:
+            report["mlflow_error"] = (
+                f"no MLflow run with key {run_key!r} for this recipe" if run_key
+                else "no MLflow run of this exact recipe yet (runs of other versions are not shown)"
+            )
             return {}
         parent = parents[0]
         report["mlflow_run_id"] = parent.info.run_id

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from typing import Any
 from tidal.context import StepContext
 from tidal.hashing import write_manifest
 from tidal.kinds import kind_spec
+from tidal.logs import quiet_libraries
 from tidal.provenance import environment, git_sha
 from tidal.steps import Step, derive_seed
 from tidal.storage import SUCCESS, LocalStorage
@@ -81,6 +81,7 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
         raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
 
     spec = kind_spec(step.kind)
+    quiet_libraries()
     module = spec.load()
     if getattr(module, "STEP_VERSION", spec.version) != spec.version:
         raise RuntimeError(
@@ -94,7 +95,29 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
         storage.clear_uncommitted(step.step_id)
         work_dir = storage.new_scratch(step.step_id)
 
-    ctx = StepContext(
+    ctx = make_context(step, storage, work_dir)
+    started_at = _now()
+    log.info("running %s (%s)", step.step_id, step.kind)
+    try:
+        summary = module.run(ctx) or {}
+    except BaseException:
+        if not spec.resumable and work_dir.exists():
+            kept = storage.keep_failed(work_dir, step.step_id)
+            log.error("step %s failed; its partial output is kept at %s (never counts as committed)",
+                      step.step_id, kept)
+        raise
+    seconds = time.perf_counter() - started
+    manifest = write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds)
+    if not spec.resumable:
+        storage.commit_scratch(work_dir, step.step_id)
+    storage.clear_attempts(step.step_id)
+    log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
+    return StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+
+
+def make_context(step: Step, storage: LocalStorage, work_dir: Path) -> StepContext:
+    """The :class:`StepContext` of ``step`` writing into ``work_dir`` (inputs: committed dirs)."""
+    return StepContext(
         step_id=step.step_id,
         name=step.name,
         kind=step.kind,
@@ -105,15 +128,26 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
         seed=derive_seed(int(step.config.get("seed", 0)), step.name),
         log=logging.getLogger(f"tidal.step.{step.name}"),
     )
-    started_at = _now()
-    log.info("running %s (%s)", step.step_id, step.kind)
-    try:
-        summary = module.run(ctx) or {}
-    except BaseException:
-        if not spec.resumable:
-            shutil.rmtree(work_dir, ignore_errors=True)
-        raise
-    seconds = time.perf_counter() - started
+
+
+def write_commit(
+    step: Step,
+    storage: LocalStorage,
+    work_dir: Path,
+    summary: dict[str, Any],
+    *,
+    started_at: str,
+    seconds: float,
+    provenance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``manifest.json``, then ``step.json``, then ``_SUCCESS`` (last) into ``work_dir``.
+
+    Shared by in-process runs and runs elsewhere (a pod: :mod:`tidal.launch.remote`), so both
+    commit byte-for-byte the same way. ``provenance`` adds fields (e.g. launcher, workload).
+
+    Returns:
+        The manifest written.
+    """
     (work_dir / SUCCESS).unlink(missing_ok=True)
     manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS))
     record = {
@@ -129,14 +163,12 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
             "ended_at": _now(),
             "seconds": round(seconds, 3),
             "pid": os.getpid(),
+            **(provenance or {}),
         },
     }
     (work_dir / STEP_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     _write_marker(work_dir / SUCCESS, manifest["root_hash"])
-    if not spec.resumable:
-        storage.commit_scratch(work_dir, step.step_id)
-    log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
-    return StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+    return manifest
 
 
 def _write_marker(path: Path, content: str) -> None:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 SUCCESS = "_SUCCESS"
 SCRATCH = ".scratch"
+FAILED = ".failed"
 
 
 class StorageError(RuntimeError):
@@ -59,7 +61,15 @@ class LocalStorage:
         return (self.root / step_id / SUCCESS).is_file()
 
     def new_scratch(self, step_id: str) -> Path:
-        """A fresh, empty scratch directory for one attempt at ``step_id``."""
+        """A fresh, empty scratch directory for one attempt at ``step_id``.
+
+        Scratch left by earlier attempts of the same step whose process is gone (killed
+        or crashed) is removed first; a live concurrent attempt's scratch is left alone.
+        """
+        for stale in (self.root / SCRATCH).glob(f"{step_id}.*.*"):
+            pid = stale.name[len(step_id) + 1:].split(".")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
         path = self.root / SCRATCH / f"{step_id}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         path.mkdir(parents=True)
         return path
@@ -88,6 +98,25 @@ class LocalStorage:
             raise
         return True
 
+    def keep_failed(self, scratch: Path, step_id: str) -> Path:
+        """Move a failed attempt's scratch to ``{root}/.failed/{step_id}.{n}`` for inspection.
+
+        It never counts as committed; it is removed when the step next commits.
+        """
+        target = self.root / FAILED / f"{step_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(scratch, target)
+        return target
+
+    def failed_attempts(self, step_id: str) -> list[Path]:
+        """Kept failed attempts of ``step_id``, oldest first."""
+        return sorted((self.root / FAILED).glob(f"{step_id}.*"))
+
+    def clear_attempts(self, step_id: str) -> None:
+        """Remove kept failed attempts and forced-aside copies of a step that has committed."""
+        for path in [*self.failed_attempts(step_id), *(self.root / SCRATCH).glob(f"{step_id}.discarded.*")]:
+            shutil.rmtree(path, ignore_errors=True)
+
     def discard(self, step_id: str) -> Path | None:
         """Move a committed step aside (for a forced rerun); returns where it went."""
         path = self.step_dir(step_id)
@@ -97,3 +126,14 @@ class LocalStorage:
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.rename(path, trash)
         return trash
+
+
+def _alive(pid: int) -> bool:
+    """True if a process with ``pid`` exists (signal 0 probes without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

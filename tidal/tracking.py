@@ -114,6 +114,16 @@ class TrackingUnavailable(RuntimeError):
     """MLflow did not answer after all retries (used internally; public methods buffer instead)."""
 
 
+# Circuit breaker: once a tracking URI has failed every retry, later calls in this process
+# go straight to the pending buffer for this long (seconds) instead of waiting again.
+UNREACHABLE_HOLD_S = 60.0
+_unreachable_until: dict[str, float] = {}
+# Defaults for MLflow's HTTP client when the environment does not set them: MLflow's own
+# defaults (7 retries with exponential backoff, 120 s timeout) make one outage cost minutes
+# per call. Env vars set by the user always win.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 class Tracker:
     """Logs DAG runs and steps to one MLflow experiment; never raises on MLflow failures.
 
@@ -141,6 +151,9 @@ class Tracker:
                 os.environ.get("TIDAL_TRACKING_PENDING_DIR", "mlflow-pending"))
         self.pending_dir = Path(pending_dir)
         self.attempts = max(1, attempts if attempts is not None else (3 if db else 1))
+        if not db:
+            for key, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(key, value)
         self.backoff_s = backoff_s
         self._client_obj = None
         self._experiment_id: str | None = None
@@ -163,6 +176,8 @@ class Tracker:
         Raises:
             TrackingUnavailable: every try failed; chained to the last error.
         """
+        if time.monotonic() < _unreachable_until.get(self.uri, 0.0):
+            raise TrackingUnavailable(f"mlflow {what} skipped: {self.uri} was unreachable moments ago")
         delay = self.backoff_s
         for attempt in range(1, self.attempts + 1):
             try:
@@ -173,6 +188,7 @@ class Tracker:
                 if attempt < self.attempts:
                     time.sleep(delay)
                     delay *= 2
+        _unreachable_until[self.uri] = time.monotonic() + UNREACHABLE_HOLD_S
         raise TrackingUnavailable(f"mlflow {what} failed {self.attempts} times: {last}") from last
 
     def _experiment(self) -> str:
@@ -283,7 +299,8 @@ class Tracker:
         Args:
             parent_run_id: from :meth:`parent_run` (a ``pending:`` placeholder is accepted).
             step_name, step_id, kind: the step's name, content address and kind.
-            status: ``"run"`` (computed now) or ``"skip"`` (already committed).
+            status: ``"run"`` (computed now), ``"skip"`` (already committed) or ``"failed"``
+                (the nested run is then marked FAILED; ``summary["error"]`` says why).
             summary: flat dict; numbers become metrics (step 0), everything else tags.
             history: rows with an int ``"step"`` key (e.g. ``{"step": 10, "loss": 3.2,
                 "tokens_per_second": 1e4}``); every other numeric key is a metric at that step.
@@ -341,7 +358,8 @@ class Tracker:
                 else:
                     log.warning("tracking: artifact %s of step %s does not exist; skipped", path, step_name)
             self._retry("tag parent", lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
-            self._retry("finish step run", lambda: self._client().set_terminated(run_id, "FINISHED"))
+            final = "FAILED" if status == "failed" else "FINISHED"
+            self._retry("finish step run", lambda: self._client().set_terminated(run_id, final))
         except TrackingUnavailable:
             try:  # best effort: leave no half-logged child; the buffered payload recreates it
                 self._client().delete_run(run_id)

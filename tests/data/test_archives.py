@@ -34,7 +34,7 @@ def test_download_then_cache_hit(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["demo-pkg-1.0.0.tgz"]  # no temp dirs left
 
 
-def test_mismatch_names_package_and_hashes_and_deletes_file(tmp_path):
+def test_mismatch_names_package_and_hashes_and_discards_download(tmp_path):
     spec = spec_for()
     bad = b"tampered"
     with pytest.raises(ArchiveError) as err:
@@ -90,3 +90,23 @@ def test_cli_uses_cache_and_reports_errors(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "demo-pkg-1.0.0.tgz")
     assert archives.main(["--spec", json.dumps(spec_for(kind="pip")), "--cache", str(tmp_path)]) == 1
     assert "kind" in capsys.readouterr().err
+
+
+def test_wrong_pin_keeps_the_good_cached_file(tmp_path):
+    """A typo in the recipe's sha256 must not destroy a correct cached archive (offline!)."""
+    (tmp_path / "demo-pkg-1.0.0.tgz").write_bytes(PAYLOAD)
+    wrong = spec_for(sha256="0" * 64)
+    with pytest.raises(ArchiveError, match="pin is probably wrong"):
+        ensure_archive(wrong, tmp_path, writer(PAYLOAD, []))
+    assert (tmp_path / "demo-pkg-1.0.0.tgz").read_bytes() == PAYLOAD
+
+
+def test_wrong_pin_offline_keeps_cache_and_says_why(tmp_path):
+    (tmp_path / "demo-pkg-1.0.0.tgz").write_bytes(PAYLOAD)
+
+    def offline(spec, dest):
+        raise ArchiveError("npm pack demo-pkg@1.0.0 failed: network unreachable")
+
+    with pytest.raises(ArchiveError, match="downloading again failed: npm pack"):
+        ensure_archive(spec_for(sha256="0" * 64), tmp_path, offline)
+    assert (tmp_path / "demo-pkg-1.0.0.tgz").read_bytes() == PAYLOAD

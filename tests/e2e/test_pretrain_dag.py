@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from tests.conftest import REPO
@@ -135,4 +134,11 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     assert not strict.storage.is_committed(strict.graph["gate"].step_id)
     assert not strict.storage.is_committed(strict.graph["train"].step_id)
     assert strict.graph["stats"].step_id == pipe.graph["stats"].step_id
+    # the evidence is kept (never committed) and recorded in MLflow as a FAILED nested run
+    [kept] = strict.storage.failed_attempts(strict.graph["gate"].step_id)
+    assert json.loads((kept / "gate_result.json").read_text())["success"] is False
+    _, _, children = parent_and_children(strict)
+    assert children["gate"].info.status == "FAILED"
+    assert children["gate"].data.tags["tidal.status"] == "failed"
+    assert "total_tokens" in children["gate"].data.tags["error"]
     print(f"RESULT e2e_first_run_s={first_s:.1f} e2e_cached_run_s={second_s:.1f} ratio={second_s / first_s:.3f}")

@@ -136,32 +136,44 @@ def ensure_archive(spec: dict[str, Any], cache: Path | None = None, downloader: 
     Raises:
         ValueError: for a malformed spec.
         ArchiveError: when the download fails, or the downloaded file's sha256 differs
-            from the pin (the message names package, version, expected and actual hash;
-            the bad file is deleted). A cached file with the wrong hash is deleted and
-            downloaded again.
+            from the pin (the message names package, version, expected and actual hash).
+            A cached file is never deleted on a mismatch: the archive is downloaded again
+            into a temporary file and replaces the cached one only if it matches the pin;
+            if the registry serves the same bytes as the cache, the error says the recipe's
+            pin looks wrong.
     """
     validate_spec(spec)
     cache = Path(cache) if cache is not None else cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / spec["filename"]
-    if target.is_file():
-        if sha256_file(target) == spec["sha256"]:
-            return target
-        target.unlink()
+    label = f"{spec['package']}@{spec['version']} ({spec['filename']})"
+    cached = sha256_file(target) if target.is_file() else None
+    if cached == spec["sha256"]:
+        return target
     downloader = downloader or download
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
     try:
-        downloader(spec, tmp)
+        try:
+            downloader(spec, tmp)
+        except ArchiveError as err:
+            if cached is not None:
+                raise ArchiveError(
+                    f"{label}: cached file {target} has sha256 {cached}, the recipe pins "
+                    f"{spec['sha256']}, and downloading again failed: {err}"
+                ) from None
+            raise
         fetched = tmp / spec["filename"]
         if not fetched.is_file():
-            raise ArchiveError(f"{spec['package']}@{spec['version']}: download did not produce {spec['filename']!r}")
+            raise ArchiveError(f"{label}: download did not produce {spec['filename']!r}")
         actual = sha256_file(fetched)
         if actual != spec["sha256"]:
-            fetched.unlink()
-            raise ArchiveError(
-                f"{spec['package']}@{spec['version']} ({spec['filename']}): sha256 mismatch, "
-                f"expected {spec['sha256']}, got {actual}; the bad file was deleted"
+            hint = (
+                f"; the registry serves the same bytes as the cached {target}, so the recipe's "
+                "pin is probably wrong (check the sha256 in the recipe)"
+                if actual == cached
+                else "; the download was discarded"
             )
+            raise ArchiveError(f"{label}: sha256 mismatch, recipe pins {spec['sha256']}, got {actual}{hint}")
         os.replace(fetched, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

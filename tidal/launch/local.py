@@ -10,12 +10,40 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 TAIL_LINES = 40
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _load_prctl():
+    """libc's ``prctl``, resolved in the parent: the child may not import or take locks."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: deliver SIGTERM to the trainer if its launcher dies (even by SIGKILL).
+
+    Without it a killed launcher leaves an orphan trainer writing into a step directory that
+    the rerun is about to resume in. SIGTERM lets the trainer stop like a preempted pod.
+    Only a plain C call happens here (no imports, no locks), so it is safe after fork.
+    """
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class TrainingFailed(RuntimeError):
@@ -55,7 +83,8 @@ def run_entrypoint(step_dir: str | Path, *, log: logging.Logger | None = None,
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     proc = subprocess.Popen(entrypoint_command(step_dir, extra_args), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, env=full_env)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, env=full_env,
+                            preexec_fn=_die_with_parent if _PRCTL else None)  # noqa: PLW1509 - C call only
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -1,0 +1,319 @@
+"""helm/tidal: values files against values.schema.json, rendered manifests against Kubernetes.
+
+There is no helm binary here, so templates are rendered by ``render`` below: a deliberately
+tiny subset of Helm's template language (value lookups, ``| quote``, ``toYaml ... | nindent N``,
+``if``/``end`` and Go's ``{{-``/``-}}`` whitespace trimming). Anything else in a template fails
+the test instead of being guessed at, and a lookup of a value that does not exist fails too
+(Helm would print an empty string). The rendered objects are validated with
+kubernetes-validate (strict: unknown fields fail) for the chart's oldest and newest Kubernetes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "tidal"
+VALUES_FILES = ("values.yaml", "values-dev.yaml", "values-prod.yaml")
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # Chart.yaml kubeVersion floor, kubernetes-validate's newest
+RELEASE = {"Name": "tidal", "Namespace": "airflow", "Service": "Helm"}
+
+ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)
+
+
+class UnsupportedTemplate(ValueError):
+    """A template uses Helm features outside what ``render`` implements."""
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Helm's coalescing of a values file over the chart defaults: maps merge, the rest replace."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def chart_values(name: str) -> dict:
+    """What Helm would hand the templates for ``-f name`` (values.yaml alone for itself)."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return defaults if name == "values.yaml" else deep_merge(defaults, yaml.safe_load((CHART / name).read_text()))
+
+
+def lookup(path: str, context: dict):
+    if not path.startswith("."):
+        raise UnsupportedTemplate(f"not a value path: {path!r}")
+    node = context
+    for part in path[1:].split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"{path}: no such value")
+        node = node[part]
+    return node
+
+
+def scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)) or value is None:
+        raise UnsupportedTemplate(f"printing a {type(value).__name__} needs toYaml")
+    return str(value)
+
+
+def render(template: str, values: dict) -> str:
+    """Render the subset of Helm templates this chart uses; raise on anything else."""
+    context = {"Values": values, "Release": RELEASE,
+               "Chart": yaml.safe_load((CHART / "Chart.yaml").read_text())}
+    context["Chart"] = {key[0].upper() + key[1:]: value for key, value in context["Chart"].items()}
+    out, emitting, pos, trim_next = "", [True], 0, False
+    for match in ACTION.finditer(template):
+        text = template[pos:match.start()]
+        if trim_next:
+            text = text.lstrip()
+        if all(emitting):
+            out += text
+        trim_left, action, trim_next = match[1] == "-", match[2], match[3] == "-"
+        pos = match.end()
+        if trim_left:
+            out = out.rstrip()
+        if m := re.fullmatch(r"if\s+(\.\S+)", action):
+            emitting.append(bool(lookup(m[1], context)))
+        elif action == "end":
+            if len(emitting) == 1:
+                raise UnsupportedTemplate("`end` without `if`")
+            emitting.pop()
+        elif m := re.fullmatch(r"toYaml\s+(\.\S+)\s*\|\s*nindent\s+(\d+)", action):
+            if all(emitting):
+                dumped = yaml.safe_dump(lookup(m[1], context), default_flow_style=False, sort_keys=False)
+                out += "".join("\n" + " " * int(m[2]) + line for line in dumped.rstrip("\n").split("\n"))
+        elif m := re.fullmatch(r"(\.[A-Za-z][\w.]*)(\s*\|\s*quote)?", action):
+            if all(emitting):
+                text = scalar(lookup(m[1], context))
+                out += json.dumps(text) if m[2] else text
+        else:
+            raise UnsupportedTemplate(f"unsupported template action {{{{ {action} }}}}")
+    if len(emitting) != 1:
+        raise UnsupportedTemplate("`if` without `end`")
+    tail = template[pos:]
+    return out + (tail.lstrip() if trim_next else tail)
+
+
+def manifests(values_file: str) -> list[dict]:
+    """Every Kubernetes object the chart's own templates render to with ``values_file``."""
+    values = chart_values(values_file)
+    objects = []
+    for template in sorted((CHART / "templates").glob("*.yaml")):
+        objects += [doc for doc in yaml.safe_load_all(render(template.read_text(), values)) if doc]
+    return objects
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    document = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    return document
+
+
+def schema_errors(schema: dict, values: dict) -> list[str]:
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(values)]
+
+
+# --- Chart.yaml --------------------------------------------------------------------------------
+
+def test_chart_depends_on_a_pinned_official_airflow_chart():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    (airflow,) = [dep for dep in chart["dependencies"] if dep["name"] == "airflow"]
+    assert airflow["repository"] == "https://airflow.apache.org"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", airflow["version"]), "pin an exact chart version, not a range"
+    # Airflow 3 support arrived in chart 1.16.0; 1.22.0 added workers.kubernetes.serviceAccount.
+    assert tuple(map(int, airflow["version"].split("."))) >= (1, 22, 0)
+
+
+# --- values.schema.json ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_values_files_match_the_schema(schema, values_file):
+    assert schema_errors(schema, chart_values(values_file)) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda v: v["mlflow"].update(artifactDestination="gs://b/x"), "artifactDestination"),
+        (lambda v: v.update(trainig={"namespace": "x"}), "trainig"),
+        (lambda v: v["serviceAccounts"]["train"].update(gcpServiceaccount="a@b.iam.gserviceaccount.com"),
+         "gcpServiceaccount"),
+        (lambda v: v["mlflow"].update(replicas="2"), "mlflow.replicas"),
+        (lambda v: v["training"].update(createNamespace="yes"), "training.createNamespace"),
+        (lambda v: v["training"]["priority"].update(high=1.5), "training.priority.high"),
+        (lambda v: v["training"].update(podSecurity="strict"), "training.podSecurity"),
+        (lambda v: v["training"].update(namespace="Tidal_Train"), "training.namespace"),
+        (lambda v: v["serviceAccounts"]["mlflow"].update(gcpServiceAccount="tidal-mlflow"),
+         "serviceAccounts.mlflow.gcpServiceAccount"),
+        (lambda v: v["mlflow"].update(artifactsDestination="/var/mlflow"), "mlflow.artifactsDestination"),
+        (lambda v: v["mlflow"]["resources"]["requests"].update(gpu=1), "gpu"),
+        (lambda v: v["mlflow"].pop("backendStoreSecret"), "backendStoreSecret"),
+    ],
+    ids=["typo-mlflow-key", "typo-top-level-key", "typo-nested-key", "replicas-string", "bool-string",
+         "priority-float", "bad-enum", "bad-namespace", "bad-gsa", "local-artifacts", "unknown-resource",
+         "missing-secret"],
+)
+def test_schema_rejects_typos_and_bad_types(schema, mutate, expected):
+    values = chart_values("values-prod.yaml")
+    mutate(values)
+    errors = schema_errors(schema, values)
+    assert errors, "expected a validation error"
+    assert any(expected in error for error in errors), errors
+
+
+# --- rendered manifests ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_manifests_are_valid_kubernetes(values_file, kubernetes_version):
+    objects = manifests(values_file)
+    kinds = sorted(obj["kind"] for obj in objects)
+    assert kinds == ["Deployment", "Namespace", "PriorityClass", "PriorityClass", "Role", "RoleBinding",
+                     "Service", "ServiceAccount", "ServiceAccount"]
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{values_file}: {obj['kind']}/{obj['metadata']['name']}: {error.message} "
+                        f"at {'.'.join(map(str, error.path))}")
+
+
+def test_renderer_refuses_what_it_does_not_implement():
+    values = chart_values("values.yaml")
+    for template in ('{{ include "tidal.labels" . }}', "{{ range .Values.x }}", "{{ .Values.nope }}",
+                     "{{ if .Values.mlflow.enabled }}"):
+        with pytest.raises((UnsupportedTemplate, KeyError)):
+            render(template, values)
+    assert render("a: {{ .Values.mlflow.port | quote }}\n{{- if .Values.mlflow.enabled }}\nb: 1\n{{- end }}",
+                  values) == 'a: "5000"\nb: 1'
+
+
+def test_training_role_is_least_privilege():
+    (role,) = by_kind(manifests("values-prod.yaml"), "Role")
+    crud = ["create", "get", "list", "watch", "delete"]
+    assert role["metadata"]["namespace"] == chart_values("values-prod.yaml")["training"]["namespace"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": crud},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": crud},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": crud},
+    ]
+    assert not by_kind(manifests("values-prod.yaml"), "ClusterRole")
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_role_binding_names_the_airflow_service_accounts_the_airflow_chart_creates(values_file):
+    """The RoleBinding's subjects are the worker and triggerer accounts configured under airflow:."""
+    values = chart_values(values_file)
+    (binding,) = by_kind(manifests(values_file), "RoleBinding")
+    subjects = {(s["name"], s["namespace"]) for s in binding["subjects"]}
+    airflow = values["airflow"]
+    worker = airflow["workers"]["kubernetes"]["serviceAccount"]
+    triggerer = airflow["triggerer"]["serviceAccount"]
+    assert worker["create"] and triggerer["create"]
+    assert subjects == {(worker["name"], RELEASE["Namespace"]), (triggerer["name"], RELEASE["Namespace"])}
+    assert binding["metadata"]["namespace"] == values["training"]["namespace"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_service_accounts_carry_workload_identity(values_file):
+    values = chart_values(values_file)
+    accounts = by_kind(manifests(values_file), "ServiceAccount")
+    airflow_accounts = [values["airflow"]["workers"]["kubernetes"]["serviceAccount"],
+                        values["airflow"]["triggerer"]["serviceAccount"]]
+    pattern = re.compile(r"^[^@\s]+@[^@\s]+\.iam\.gserviceaccount\.com$")
+    for account in [a["metadata"] for a in accounts] + airflow_accounts:
+        assert pattern.match(account["annotations"]["iam.gke.io/gcp-service-account"]), account
+    assert all(a["automountServiceAccountToken"] is False for a in accounts)
+    (train,) = [a for a in accounts if a["metadata"]["namespace"] == values["training"]["namespace"]]
+    assert train["metadata"]["name"] == values["serviceAccounts"]["train"]["name"]
+
+
+def test_priority_classes_for_on_demand_and_spot_training():
+    classes = {pc["metadata"]["name"]: pc for pc in by_kind(manifests("values.yaml"), "PriorityClass")}
+    assert set(classes) == {"tidal-train-high", "tidal-train-spot"}
+    assert classes["tidal-train-high"]["value"] > classes["tidal-train-spot"]["value"]
+    assert classes["tidal-train-spot"]["preemptionPolicy"] == "Never"
+    assert not any(pc["globalDefault"] for pc in classes.values())
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_mlflow_server_postgres_from_secret_artifacts_proxied_to_bucket_hardened(values_file):
+    values = chart_values(values_file)
+    objects = manifests(values_file)
+    (deployment,) = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": values["mlflow"]["backendStoreSecret"]["name"],
+                   "key": values["mlflow"]["backendStoreSecret"]["key"]}
+    assert "value" not in env["MLFLOW_BACKEND_STORE_URI"]
+    assert container["command"] == ["mlflow"] and container["args"][0] == "server"
+    assert "--serve-artifacts" in container["args"]
+    assert f"--artifacts-destination={values['mlflow']['artifactsDestination']}" in container["args"]
+    assert not any("backend-store-uri" in arg for arg in container["args"]), "the URI holds a password"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    hardened = container["securityContext"]
+    assert hardened["allowPrivilegeEscalation"] is False and hardened["readOnlyRootFilesystem"] is True
+    assert hardened["capabilities"]["drop"] == ["ALL"]
+    assert pod["serviceAccountName"] == values["serviceAccounts"]["mlflow"]["name"]
+    (service,) = by_kind(objects, "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["metadata"]["name"] == values["mlflow"]["name"]
+
+
+# --- the airflow: section (passed to the official chart) ---------------------------------------
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_airflow_values_kubernetes_executor_pod_launching_statsd_dags(values_file):
+    values = chart_values(values_file)
+    airflow = values["airflow"]
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked = max((p["version"] for p in lock["package"] if p["name"] == "apache-airflow"),
+                 key=lambda v: tuple(map(int, v.split("."))))
+    assert airflow["airflowVersion"] == locked
+    assert airflow["executor"] == "KubernetesExecutor"
+    assert airflow["allowPodLaunching"] is True
+    assert airflow["statsd"]["enabled"] is True
+    assert airflow["defaultAirflowRepository"].endswith("/tidal/airflow")
+    git_sync = airflow["dags"]["gitSync"]
+    if git_sync["enabled"]:
+        assert git_sync["repo"] and git_sync["subPath"] == "dags"
+    else:  # baked into the image by images/airflow.Dockerfile
+        assert "COPY --chown=50000:0 dags/ /opt/airflow/dags/" in (ROOT / "images/airflow.Dockerfile").read_text()
+    env = {e["name"]: e["value"] for e in airflow["env"]}
+    assert env["MLFLOW_TRACKING_URI"] == f"http://{values['mlflow']['name']}:{values['mlflow']['port']}"
+    assert env["TIDAL_TRAIN_NAMESPACE"] == values["training"]["namespace"]
+
+
+def test_readme_deploy_guide_covers_node_pools_chart_and_first_run():
+    readme = (ROOT / "README.md").read_text()
+    guide = readme[readme.index("## Deploy on GKE"):]
+    for step in ("--machine-type ct5lp-hightpu-4t --tpu-topology 2x4", "--accelerator type=nvidia-h100-80gb,count=8",
+                 "--spot", "--workload-pool=", "roles/iam.workloadIdentityUser", "helm dependency build helm/tidal",
+                 "helm install tidal helm/tidal", "airflow dags trigger tidal_tiny"):
+        assert step in guide, step

@@ -1,0 +1,265 @@
+"""Kubernetes workloads for the training entrypoint: a Pod, or a JobSet of Indexed Jobs.
+
+Invariant: the container runs exactly the local command, ``python -m tidal.train STEP_URI``
+(:func:`tidal.launch.local.entrypoint_command` without the interpreter path), with the same
+``PYTHONUNBUFFERED`` environment; a launcher only decides where and how many. Everything
+hardware-specific is read from the tables in :mod:`tidal.launch.resources`; every manifest is
+plain JSON data (dicts, lists, strings, ints), so it can be validated against the Kubernetes
+OpenAPI schema, diffed against golden YAML, and handed to any client unchanged.
+
+Shapes (GKE "Plan TPUs", "Deploy TPU Multislice", JobSet v1alpha2 API):
+
+* one pod: CPU, GPU on one node, or a single-host TPU slice (``hosts == 1``);
+* a JobSet with one replicated job ``slice`` of ``slices`` replicas, each an Indexed Job of
+  ``hosts`` pods: multi-host TPU slices and multislice. GKE's TPU webhook injects
+  ``TPU_WORKER_ID`` / ``TPU_WORKER_HOSTNAMES`` (and ``MEGASCALE_*`` for multislice) into pods
+  of an Indexed Job with stable hostnames, so ``jax.distributed.initialize()`` takes no
+  arguments. The JobSet gives the headless service and hostnames and restarts all workers
+  together (``failurePolicy.maxRestarts``), which a TPU slice needs;
+* a JobSet with one replicated job ``workers`` of ``nodes`` pods: multi-node GPU/CPU, with
+  ``JAX_COORDINATOR_ADDRESS`` (pod 0's stable hostname), ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` (the Job completion index, through the downward API).
+
+Hardening (checked on every manifest by :func:`tidal.launch.hardening.violations`): non-root
+uid 1000, read-only root file system with ``emptyDir`` at ``/tmp`` and ``/dev/shm``, no
+privilege escalation, all capabilities dropped, seccomp ``RuntimeDefault``, no service-account
+token (Workload Identity reaches buckets through the GKE metadata server without one), and
+secrets only through ``secretKeyRef``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tidal.launch.resources import (
+    GPU_ACCELERATOR_LABEL,
+    GPU_RESOURCE,
+    SPOT_LABEL,
+    TPU_ACCELERATOR_LABEL,
+    TPU_RESOURCE,
+    TPU_TOPOLOGY_LABEL,
+    gpu_type,
+    tpu_slice,
+)
+from tidal.recipe import ResourceConfig
+
+POD_COMMAND = ("python", "-m", "tidal.train")
+CONTAINER = "train"
+UID = 1000
+COORDINATOR_PORT = 8476
+TPU_RUNTIME_PORT = 8471
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+TMP_SIZE = "10Gi"
+SHM_SIZE = "1Gi"
+# A JobSet pod's hostname is {jobset}-{replicated job}-{job index}-{pod index}: keep it <= 63.
+MAX_JOBSET_NAME = 40
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+SECRET_NAME_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
+
+
+class SpecError(ValueError):
+    """A workload cannot be built as asked (bad name, secret in a literal env var)."""
+
+
+def pod_count(resources: ResourceConfig) -> tuple[int, int]:
+    """``(replicas, pods per replica)`` of the workload: ``(1, 1)`` means a single pod.
+
+    TPU: ``(slices, hosts per slice)``; GPU/CPU: ``(1, nodes)``.
+    """
+    acc = resources.accelerator
+    if acc.kind == "tpu":
+        _, topo = tpu_slice(acc.type, acc.topology)
+        return acc.slices, topo.hosts
+    return 1, acc.nodes
+
+
+def is_single_pod(resources: ResourceConfig) -> bool:
+    """True when the workload is one pod (KubernetesPodOperator); else a JobSet."""
+    return pod_count(resources) == (1, 1)
+
+
+def workload(resources: ResourceConfig, *, name: str, step_uri: str, labels: Mapping[str, str] | None = None,
+             env: Mapping[str, str] | None = None,
+             secret_env: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The manifest that trains ``step_uri`` on ``resources``: a ``v1/Pod`` or a JobSet.
+
+    Args:
+        resources: the recipe's ``train.resources``.
+        name: workload name, a DNS-1123 label (at most 40 characters for a JobSet).
+        step_uri: the step directory holding ``spec.json`` (the entrypoint's one argument).
+        labels: extra labels for every object and pod (e.g. step id, recipe), to find them again.
+        env: extra plain environment variables; names that look like secrets are refused.
+        secret_env: env var name -> ``(secret name, key)``, injected with ``secretKeyRef``.
+
+    Raises:
+        SpecError: bad name or a secret-looking literal env var.
+        tidal.launch.resources.UnknownAccelerator: hardware not in the tables.
+    """
+    if is_single_pod(resources):
+        return pod_manifest(resources, name=name, step_uri=step_uri, labels=labels, env=env, secret_env=secret_env)
+    return jobset(resources, name=name, step_uri=step_uri, labels=labels, env=env, secret_env=secret_env)
+
+
+def pod_manifest(resources: ResourceConfig, *, name: str, step_uri: str, labels: Mapping[str, str] | None = None,
+                 env: Mapping[str, str] | None = None,
+                 secret_env: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """A single ``v1/Pod`` (restartPolicy Never; Airflow task retries restart it)."""
+    _check_name(name, 63)
+    all_labels = _labels(labels)
+    spec = pod_spec(resources, step_uri=step_uri, env=env, secret_env=secret_env)
+    spec["activeDeadlineSeconds"] = resources.deadline_seconds
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": resources.namespace, "labels": all_labels},
+            "spec": spec}
+
+
+def indexed_job(resources: ResourceConfig, *, name: str, step_uri: str, pods: int,
+                labels: Mapping[str, str] | None = None, extra_env: list[dict[str, Any]] | None = None,
+                env: Mapping[str, str] | None = None,
+                secret_env: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """A ``batch/v1`` Indexed Job of ``pods`` pods that all run at once and all must succeed.
+
+    Used as the job template of a JobSet replicated job; on its own it needs a headless
+    Service and ``subdomain`` for stable hostnames (JobSet provides both).
+    """
+    _check_name(name, 63)
+    all_labels = _labels(labels)
+    spec = pod_spec(resources, step_uri=step_uri, env=env, secret_env=secret_env, extra_env=extra_env)
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": resources.namespace, "labels": all_labels},
+            "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed",
+                     "backoffLimit": 0, "activeDeadlineSeconds": resources.deadline_seconds,
+                     "template": {"metadata": {"labels": dict(all_labels)}, "spec": spec}}}
+
+
+def jobset(resources: ResourceConfig, *, name: str, step_uri: str, labels: Mapping[str, str] | None = None,
+           env: Mapping[str, str] | None = None,
+           secret_env: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """A ``jobset.x-k8s.io/v1alpha2`` JobSet: one replicated job of Indexed Jobs (see module doc)."""
+    _check_name(name, MAX_JOBSET_NAME)
+    replicas, pods = pod_count(resources)
+    tpu = resources.accelerator.kind == "tpu"
+    rjob = "slice" if tpu else "workers"
+    extra_env = [] if tpu else _coordinator_env(name, rjob, pods)
+    job = indexed_job(resources, name=rjob, step_uri=step_uri, pods=pods, labels=labels,
+                      extra_env=extra_env, env=env, secret_env=secret_env)
+    annotations = {EXCLUSIVE_TOPOLOGY: "cloud.google.com/gke-nodepool"} if tpu else {}
+    metadata = {"name": name, "namespace": resources.namespace, "labels": _labels(labels)}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": metadata,
+            "spec": {"failurePolicy": {"maxRestarts": resources.max_restarts},
+                     "network": {"enableDNSHostnames": True},
+                     "successPolicy": {"operator": "All", "targetReplicatedJobs": [rjob]},
+                     "replicatedJobs": [{"name": rjob, "replicas": replicas,
+                                         "template": {"metadata": {"labels": dict(job["metadata"]["labels"])},
+                                                      "spec": job["spec"]}}]}}
+
+
+def pod_spec(resources: ResourceConfig, *, step_uri: str, env: Mapping[str, str] | None = None,
+             secret_env: Mapping[str, tuple[str, str]] | None = None,
+             extra_env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The hardened pod spec shared by every workload shape (no ``activeDeadlineSeconds``:
+    a Pod carries it itself, a Job in its own spec)."""
+    selector, tolerations, extended, ports = _placement(resources)
+    requests = {"cpu": resources.cpu, "memory": resources.memory, **extended}
+    limits = {"memory": resources.memory, **extended}
+    container = {
+        "name": CONTAINER,
+        "image": resources.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(POD_COMMAND),
+        "args": [step_uri],
+        "env": _env(env, secret_env, extra_env),
+        "resources": {"requests": requests, "limits": limits},
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if ports:
+        container["ports"] = [{"containerPort": port, "name": pname} for pname, port in ports]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": resources.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": resources.grace_seconds,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}],
+    }
+    if selector:
+        spec["nodeSelector"] = selector
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if resources.priority_class:
+        spec["priorityClassName"] = resources.priority_class
+    return spec
+
+
+def _placement(resources: ResourceConfig):
+    """nodeSelector, tolerations, extended resources and named ports from the hardware tables."""
+    acc = resources.accelerator
+    selector: dict[str, str] = {}
+    tolerations: list[dict[str, str]] = []
+    extended: dict[str, str] = {}
+    ports: list[tuple[str, int]] = []
+    if acc.kind == "tpu":
+        tpu, topo = tpu_slice(acc.type, acc.topology)
+        selector |= {TPU_ACCELERATOR_LABEL: tpu.gke_accelerator, TPU_TOPOLOGY_LABEL: topo.topology}
+        tolerations.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        extended[TPU_RESOURCE] = str(topo.chips_per_host)
+        if topo.multi_host or acc.slices > 1:
+            ports.append(("tpu-runtime", TPU_RUNTIME_PORT))
+    elif acc.kind == "gpu":
+        gpu = gpu_type(acc.type, acc.count)
+        selector[GPU_ACCELERATOR_LABEL] = gpu.gke_accelerator
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        extended[GPU_RESOURCE] = str(acc.count)
+    if acc.kind != "tpu" and acc.nodes > 1:
+        ports.append(("coordinator", COORDINATOR_PORT))
+    if resources.spot:
+        selector[SPOT_LABEL] = "true"
+        tolerations.append({"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    return selector, tolerations, extended, ports
+
+
+def _coordinator_env(jobset_name: str, rjob: str, pods: int) -> list[dict[str, Any]]:
+    """JAX multi-process env for GPU/CPU: pod 0 of job 0 coordinates (JobSet stable DNS)."""
+    host = f"{jobset_name}-{rjob}-0-0.{jobset_name}"
+    return [{"name": "JAX_COORDINATOR_ADDRESS", "value": f"{host}:{COORDINATOR_PORT}"},
+            {"name": "JAX_NUM_PROCESSES", "value": str(pods)},
+            {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
+
+
+def _env(env: Mapping[str, str] | None, secret_env: Mapping[str, tuple[str, str]] | None,
+         extra_env: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    base = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache"}
+    for key, value in (env or {}).items():
+        if SECRET_NAME_PATTERN.search(key):
+            raise SpecError(f"env var {key!r} looks like a secret: pass it as secret_env "
+                            f"{{{key!r}: (secret_name, key)}} so it is read through secretKeyRef")
+        base[key] = value
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(base.items())]
+    out += extra_env or []
+    for key, (secret, item) in sorted((secret_env or {}).items()):
+        out.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": item}}})
+    return out
+
+
+def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "tidal", "app.kubernetes.io/component": "train", **(labels or {})}
+
+
+def _check_name(name: str, limit: int) -> None:
+    if len(name) > limit or not _DNS_LABEL.match(name):
+        raise SpecError(f"workload name {name!r} must be a DNS-1123 label of at most {limit} characters "
+                        "(lower-case letters, digits, '-'; starting with a letter)")

@@ -1,0 +1,345 @@
+"""Scaling-suite files: an isoFLOP grid of training runs on one base recipe's data.
+
+A suite file is YAML with top-level ``kind: scaling_suite``. It names a base recipe (``base``,
+resolved relative to the suite file) whose data steps (fetch … gate) are reused unchanged —
+same configs, same step ids, so the data is computed once and shared with the base recipe's
+own DAG — and a grid: compute budgets C (FLOPs) and, per budget, model sizes ``d{d_model}l{n_layers}``.
+Each grid point becomes one ``train`` step named ``train-c{budget}-d{d}l{L}`` (e.g.
+``train-c3e13-d64l2``), and one ``fit`` step (kind ``scaling_fit``) reads them all. Growing
+the grid adds only the new train steps and a new fit step; every other id stays.
+
+Per grid point (C, model), with context T = ``tokenize.seq_len - 1`` predicted tokens per
+sequence (what the trainer counts) and V the base recipe's ``tokenizer.vocab_size``:
+
+* FLOPs per token ``f = flops_per_token(model, T)``, the trainer's MFU formula
+  (:func:`tidal.train.model.flops_per_token`: Kaplan et al. 2020 + PaLM attention term);
+* tokens ``D = C / f``; batch ``B`` by the batch rule below; steps ``S = round(D / (B·T))``
+  (at least ``rules.min_steps``, else the point is refused); trained tokens are ``S·B·T``,
+  so the realized C differs from the nominal one by the rounding (the fit uses the realized).
+
+Optimizer settings scale from the reference configuration, the base recipe's ``train``
+section (width ``d_ref``, ``lr_ref``, ``B_ref``, ``S_ref``, ``warmup_ref``; reference tokens
+``D_ref = S_ref·B_ref·T``), by these rules:
+
+* **learning rate** ``lr = lr_ref · (d_ref / d)^p``, ``p = rules.lr_width_exponent``
+  (default 0.5). µP (Yang et al. 2022, "Tensor Programs V", Table 3) prescribes ``1/d`` for
+  Adam on hidden weights under its own parametrization; this model uses the standard
+  parametrization with one global learning rate, where the optimum moves more slowly with
+  width (Everett et al. 2024, "Scaling Exponents Across Parameterizations and Optimizers"),
+  so the default takes the square root; ``p = 0`` keeps ``lr_ref``.
+* **batch size** ``B = 2^round(log2(B_ref · (D / D_ref)^q))`` clipped to
+  ``[rules.batch_min, rules.batch_max]``, ``q = rules.batch_token_exponent`` (default 0.4).
+  The optimal and the critical batch size grow as a power of the training tokens D, not of
+  the model size (Zhang et al. 2024, "How Does Critical Batch Size Scale in Pre-training?";
+  Bergsma et al. 2025, "Power Lines"); ``q = 0`` fixes the batch at ``B_ref``.
+* **warmup** ``round(w · S)`` steps with ``w = rules.warmup_fraction`` (default
+  ``warmup_ref / S_ref``); the cosine decay spans the whole run, matching each run's length
+  as Hoffmann et al. 2022 (§3.1, Figure A1) require for the isoFLOP curves to be valid.
+* everything else (``min_lr_ratio``, weight decay, Adam betas, clipping) as the reference.
+
+Checkpoint and eval cadence are one checkpoint and one eval at the end (plus every
+``train.checkpoint_every`` steps when set), with ``train.eval_batches`` batches per source.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tidal.recipe import Recipe, RecipeError, load_recipe
+from tidal.steps import Step, StepGraph
+
+SUITE_KIND = "scaling_suite"
+FIT_STEP = "fit"
+MODEL_NAME = re.compile(r"^d(\d+)l(\d+)$")
+
+
+class SuiteError(RecipeError):
+    """A suite file is invalid; the message names the file, the field and the rule."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    """One isoFLOP curve: a compute budget and the model sizes trained at it."""
+
+    flops: Annotated[float, Field(gt=0)] = Field(description="training FLOPs of every run of this budget")
+    models: list[str] = Field(min_length=1, description="model presets d{d_model}l{n_layers}, e.g. d64l2")
+
+    @model_validator(mode="after")
+    def _names(self) -> Budget:
+        bad = [m for m in self.models if not MODEL_NAME.match(m)]
+        if bad:
+            raise ValueError(f"model names {bad} do not match d{{d_model}}l{{n_layers}} (e.g. d64l2)")
+        dup = sorted({m for m in self.models if self.models.count(m) > 1})
+        if dup:
+            raise ValueError(f"models {dup} listed twice for budget {self.flops:g}")
+        return self
+
+
+class ModelRules(_Strict):
+    """How a preset ``d{d}l{L}`` becomes a model shape."""
+
+    head_dim: Annotated[int, Field(gt=0)] = Field(default=16, description="n_heads = d_model / head_dim")
+    ffn_ratio: Annotated[float, Field(gt=0)] = Field(default=4.0, description="d_ff = ffn_ratio * d_model")
+
+
+class ScalingRules(_Strict):
+    """Exponents and bounds of the optimizer scaling rules (module docstring gives sources)."""
+
+    lr_width_exponent: Annotated[float, Field(ge=0, le=2)] = 0.5
+    batch_token_exponent: Annotated[float, Field(ge=0, le=1)] = 0.4
+    batch_min: Annotated[int, Field(gt=0)] = 4
+    batch_max: Annotated[int, Field(gt=0)] = 256
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] | None = None
+    min_steps: Annotated[int, Field(gt=0)] = 20
+
+
+class SuiteTrain(_Strict):
+    """Training cadence of the grid runs (not scaled)."""
+
+    eval_batches: Annotated[int, Field(gt=0)] = 8
+    checkpoint_every: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="default: one checkpoint at the end")
+    log_every: Annotated[int, Field(gt=0)] = 10
+
+
+class FitConfig(_Strict):
+    """What the fit step fits and forecasts."""
+
+    loss: Literal["eval_loss", "final_train_loss"] = Field(
+        default="eval_loss",
+        description="eval_loss: the same fixed held-out sequences for every run, so run-to-run "
+                    "differences are the model's; final_train_loss is one batch and noisier")
+    n_boot: Annotated[int, Field(ge=10)] = 200
+    forecast_flops: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    holdout: bool = Field(default=True, description="leave-the-largest-budget-out validation")
+
+
+class Suite(_Strict):
+    """A scaling suite: base recipe, grid, rules, fit settings."""
+
+    kind: Literal["scaling_suite"]
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="DAG id suffix: tidal_<name>")
+    version: Annotated[int, Field(gt=0)]
+    description: str = ""
+    base: str = Field(description="base recipe YAML, relative to the suite file")
+    budgets: list[Budget] = Field(min_length=1)
+    models: ModelRules = ModelRules()
+    rules: ScalingRules = ScalingRules()
+    train: SuiteTrain = SuiteTrain()
+    fit: FitConfig = FitConfig()
+    storage_root: str | None = Field(default=None, description="default: the base recipe's (not hashed)")
+    tracking_uri: str | None = Field(default=None, description="default: the base recipe's (not hashed)")
+
+    @model_validator(mode="after")
+    def _unique_budgets(self) -> Suite:
+        tags = [budget_tag(b.flops) for b in self.budgets]
+        dup = sorted({t for t in tags if tags.count(t) > 1})
+        if dup:
+            raise ValueError(f"budgets {dup} are listed twice (budgets are compared at 3 significant digits)")
+        return self
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One planned run: its step name, shape, FLOPs and optimizer settings.
+
+    Attributes:
+        name: step name ``train-c{budget}-d{d}l{L}``.
+        budget: nominal C (FLOPs); flops: planned realized C = steps·B·T·f.
+        model: ``{d_model, n_layers, n_heads, d_ff}``; n_params: N (parameters).
+        flops_per_token: f (FLOPs per trained token); tokens: planned D = steps·B·T.
+        batch_size, steps, warmup_steps, lr: the scaled optimizer settings.
+    """
+
+    name: str
+    budget: float
+    model: dict[str, int]
+    n_params: int
+    flops_per_token: int
+    tokens: int
+    flops: float
+    batch_size: int
+    steps: int
+    warmup_steps: int
+    lr: float
+
+
+def budget_tag(flops: float) -> str:
+    """``3e13`` for 3.0e13, ``1p5e13`` for 1.5e13 (3 significant digits)."""
+    mantissa, exponent = f"{flops:.2e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".").replace(".", "p")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def is_suite_file(path: str | Path) -> bool:
+    """True when ``path`` is YAML whose top level has ``kind: scaling_suite`` (cheap check)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == SUITE_KIND
+
+
+def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
+    """Read and validate a suite file and its base recipe.
+
+    Raises:
+        SuiteError: unreadable file, bad fields (file and dotted field path), a bad base recipe,
+            or a grid point that cannot be planned (too few steps, bad shape).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SuiteError(f"{path}: cannot read suite: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise SuiteError(f"{path}: YAML syntax error: {err}") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: a suite must be a YAML mapping")
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as err:
+        lines = [f"{path}: {err.error_count()} problem(s) in the suite:"]
+        for item in err.errors():
+            loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            msg = "unknown field" if item["type"] == "extra_forbid" or item["type"] == "extra_forbidden" else item["msg"]
+            lines.append(f"  {loc}: {msg}")
+        raise SuiteError("\n".join(lines)) from None
+    base_path = (path.parent / suite.base).resolve()
+    try:
+        base = load_recipe(base_path)
+    except RecipeError as err:
+        raise SuiteError(f"{path}: base recipe {suite.base!r}: {err}") from None
+    if base.tokenizer.mode != "train":
+        raise SuiteError(f"{path}: base recipe {suite.base!r} must train its tokenizer "
+                         "(the planned FLOPs need its vocab_size)")
+    plan_grid(suite, base, where=str(path))
+    return suite, base
+
+
+def param_count(d_model: int, n_layers: int, d_ff: int, vocab: int) -> int:
+    """N of the trainer's model; mirrors :func:`tidal.train.model.param_count` (which imports
+    JAX, too heavy for DAG parsing); ``tests/scaling/test_suite.py`` checks they agree."""
+    d = d_model
+    return vocab * d + n_layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d + d * vocab
+
+
+def flops_per_token(d_model: int, n_layers: int, d_ff: int, vocab: int, context: int) -> int:
+    """Training FLOPs per token; mirrors :func:`tidal.train.model.flops_per_token` (the MFU
+    formula: ``6·N_matmul + 12·L·d·T``); a test checks they agree."""
+    d = d_model
+    n_matmul = n_layers * (4 * d * d + 3 * d * d_ff) + d * vocab
+    return 6 * n_matmul + 12 * n_layers * d * context
+
+
+def model_shape(name: str, rules: ModelRules) -> dict[str, int]:
+    """``d64l2`` -> ``{d_model: 64, n_layers: 2, n_heads: 64/head_dim, d_ff: ffn_ratio·64}``.
+
+    Raises:
+        ValueError: d_model not a multiple of head_dim, or an odd head_dim (RoPE rotates pairs).
+    """
+    match = MODEL_NAME.match(name)
+    if not match:
+        raise ValueError(f"model {name!r} does not match d{{d_model}}l{{n_layers}}")
+    d, layers = int(match.group(1)), int(match.group(2))
+    if d % rules.head_dim or rules.head_dim % 2 or d == 0 or layers == 0:
+        raise ValueError(f"model {name!r}: d_model {d} must be a positive multiple of the even "
+                         f"head_dim {rules.head_dim}, n_layers positive")
+    return {"d_model": d, "n_layers": layers, "n_heads": d // rules.head_dim,
+            "d_ff": round(rules.ffn_ratio * d)}
+
+
+def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPoint]:
+    """Every grid point, budgets ascending then models as listed.
+
+    Raises:
+        SuiteError: a point with fewer than ``rules.min_steps`` steps or a bad model name.
+    """
+    ref = base.train
+    rules = suite.rules
+    context = base.tokenize.seq_len - 1
+    vocab = base.tokenizer.vocab_size
+    d_ref, lr_ref, b_ref = ref.model.d_model, ref.optimizer.lr, ref.batch_size
+    tokens_ref = ref.steps * b_ref * context
+    warmup_fraction = rules.warmup_fraction if rules.warmup_fraction is not None else ref.optimizer.warmup_steps / ref.steps
+    points = []
+    for budget in sorted(suite.budgets, key=lambda b: b.flops):
+        for name in budget.models:
+            try:
+                shape = model_shape(name, suite.models)
+            except ValueError as err:
+                raise SuiteError(f"{where}: budgets[{budget.flops:g}]: {err}") from None
+            fpt = flops_per_token(shape["d_model"], shape["n_layers"], shape["d_ff"], vocab, context)
+            tokens = budget.flops / fpt
+            raw_batch = b_ref * (tokens / tokens_ref) ** rules.batch_token_exponent
+            batch = int(min(max(2 ** round(math.log2(raw_batch)), rules.batch_min), rules.batch_max))
+            steps = round(tokens / (batch * context))
+            if steps < rules.min_steps:
+                raise SuiteError(f"{where}: budget {budget.flops:g} with model {name}: {steps} steps of "
+                                 f"{batch}x{context} tokens (f = {fpt:,} FLOPs/token) is below "
+                                 f"rules.min_steps={rules.min_steps}; raise the budget or drop the model")
+            warmup = min(round(warmup_fraction * steps), steps - 1)
+            lr = lr_ref * (d_ref / shape["d_model"]) ** rules.lr_width_exponent
+            points.append(GridPoint(
+                name=f"train-c{budget_tag(budget.flops)}-{name}", budget=float(budget.flops), model=shape,
+                n_params=param_count(shape["d_model"], shape["n_layers"], shape["d_ff"], vocab),
+                flops_per_token=fpt, tokens=steps * batch * context, flops=float(steps * batch * context * fpt),
+                batch_size=batch, steps=steps, warmup_steps=warmup, lr=float(f"{lr:.6g}")))
+    return points
+
+
+def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
+    """The suite's steps: the base recipe's data steps (same ids), one train step per grid
+    point, then the ``fit`` step reading every train step."""
+    from tidal.planner import build_graph
+
+    base_graph = build_graph(base)
+    base_train = base_graph["train"]
+    data_steps = [s for s in base_graph if s.name != "train"]
+    inputs = base_train.inputs
+    ref_cfg = dict(base_train.config)
+    points = plan_grid(suite, base)
+    trains = []
+    for p in points:
+        optimizer = {**ref_cfg["optimizer"], "lr": p.lr, "warmup_steps": p.warmup_steps}
+        config = {**ref_cfg, "model": p.model, "optimizer": optimizer, "steps": p.steps,
+                  "batch_size": p.batch_size, "eval_every": p.steps, "eval_batches": suite.train.eval_batches,
+                  "checkpoint_every": min(suite.train.checkpoint_every or p.steps, p.steps),
+                  "log_every": min(suite.train.log_every, p.steps)}
+        trains.append(Step(name=p.name, kind="train", config=config, inputs=inputs))
+    fit = Step(
+        name=FIT_STEP,
+        kind="scaling_fit",
+        config={
+            "seed": base.seed,
+            "loss": suite.fit.loss,
+            "n_boot": suite.fit.n_boot,
+            "holdout": suite.fit.holdout,
+            "forecast_flops": sorted(suite.fit.forecast_flops),
+            "runs": {p.name: {"budget": p.budget, "model": p.model, "planned_flops": p.flops,
+                              "planned_tokens": p.tokens} for p in points},
+        },
+        inputs=tuple(trains),
+    )
+    return StepGraph((*data_steps, *trains, fit))
+
+
+def train_step_names(graph: StepGraph) -> list[str]:
+    """Names of the grid's train steps (what the DAG maps over)."""
+    return [s.name for s in graph if s.kind == "train"]
+
+
+def suite_summary(suite: Suite, base: Recipe) -> dict[str, Any]:
+    """Plain-data view of the grid (for ``tidal plan`` and tests)."""
+    return {"suite": suite.name, "base": base.name,
+            "points": [p.__dict__ for p in plan_grid(suite, base)]}
