@@ -6,11 +6,15 @@ Beam, JAX, GX or MLflow import happens while parsing.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from operators.step import TidalReportOperator, TidalStepOperator
+from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepOperator
+
+log = logging.getLogger(__name__)
 
 
 def build_dag(recipe_path: Path) -> DAG:
@@ -70,9 +74,38 @@ def _gke_train_group(**kwargs):
 
 
 def build_dags(recipes_dir: Path) -> dict[str, DAG]:
-    """Every ``*.yaml`` recipe in ``recipes_dir`` as ``{dag_id: DAG}``."""
-    dags = {}
+    """Every ``*.yaml`` recipe in ``recipes_dir`` as ``{dag_id: DAG}``.
+
+    One broken recipe must not hide the others (an exception here would make the whole
+    DAG file an import error): an invalid recipe, or a second recipe claiming a DAG id
+    already taken, becomes a ``tidal_broken_<file>`` DAG whose doc and only task show the
+    error, and the error is logged by the dag-processor.
+    """
+    dags: dict[str, DAG] = {}
+    sources: dict[str, Path] = {}
     for path in sorted(recipes_dir.glob("*.yaml")):
-        dag = build_dag(path)
+        try:
+            dag = build_dag(path)
+            if dag.dag_id in dags:
+                raise ValueError(f"{path}: DAG id {dag.dag_id!r} is already defined by {sources[dag.dag_id]}")
+        except Exception as err:  # noqa: BLE001 - any recipe error: show it, keep the other DAGs
+            log.error("recipe %s is broken: %s", path, err)
+            dag = broken_recipe_dag(path, f"{type(err).__name__}: {err}")
         dags[dag.dag_id] = dag
+        sources[dag.dag_id] = path
     return dags
+
+
+def broken_recipe_dag(path: Path, error: str) -> DAG:
+    """A one-task DAG that shows why ``path`` could not become a pipeline DAG."""
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
+    with DAG(
+        dag_id=f"tidal_broken_{stem}",
+        description=f"recipe {path.name} is invalid",
+        schedule=None,
+        catchup=False,
+        tags=["tidal", "broken-recipe"],
+        doc_md=f"**Recipe `{path}` is invalid; fix it and this DAG is replaced by the pipeline.**\n\n```\n{error}\n```",
+    ) as dag:
+        BrokenRecipeOperator(task_id="recipe_error", error=error)
+    return dag

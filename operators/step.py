@@ -75,3 +75,18 @@ class TidalReportOperator(BaseOperator):
         if report["missing"]:
             raise AirflowFailException(f"steps not committed: {report['missing']}")
         return {k: v for k, v in report.items() if k in ("steps_run", "steps_skipped", "tokens_seen")}
+
+
+class BrokenRecipeOperator(BaseOperator):
+    """The only task of a broken recipe's DAG: fails with the validation error."""
+
+    ui_color = "#ffb3b3"
+
+    def __init__(self, *, error: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error = error
+
+    def execute(self, context: Any) -> None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(self.error)
