@@ -12,7 +12,7 @@ Per grid point (C, model), with context T = ``tokenize.seq_len - 1`` predicted t
 sequence (what the trainer counts) and V the base recipe's ``tokenizer.vocab_size``:
 
 * FLOPs per token ``f = flops_per_token(model, T)``, the trainer's MFU formula
-  (:func:`tidal.train.model.flops_per_token`: Kaplan et al. 2020 + PaLM attention term);
+  (:func:`tidal.train.flops.flops_per_token`: Kaplan et al. 2020 + PaLM attention term);
 * tokens ``D = C / f``; batch ``B`` by the batch rule below; steps ``S = round(D / (B·T))``
   (at least ``rules.min_steps``, else the point is refused); trained tokens are ``S·B·T``,
   so the realized C differs from the nominal one by the rounding (the fit uses the realized).
@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tidal.recipe import Recipe, RecipeError, load_recipe
 from tidal.steps import Step, StepGraph
+from tidal.train.flops import ModelConfig, flops_per_token, param_count
 
 SUITE_KIND = "scaling_suite"
 FIT_STEP = "fit"
@@ -227,21 +228,6 @@ def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
     return suite, base
 
 
-def param_count(d_model: int, n_layers: int, d_ff: int, vocab: int) -> int:
-    """N of the trainer's model; mirrors :func:`tidal.train.model.param_count` (which imports
-    JAX, too heavy for DAG parsing); ``tests/scaling/test_suite.py`` checks they agree."""
-    d = d_model
-    return vocab * d + n_layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d + d * vocab
-
-
-def flops_per_token(d_model: int, n_layers: int, d_ff: int, vocab: int, context: int) -> int:
-    """Training FLOPs per token; mirrors :func:`tidal.train.model.flops_per_token` (the MFU
-    formula: ``6·N_matmul + 12·L·d·T``); a test checks they agree."""
-    d = d_model
-    n_matmul = n_layers * (4 * d * d + 3 * d * d_ff) + d * vocab
-    return 6 * n_matmul + 12 * n_layers * d * context
-
-
 def model_shape(name: str, rules: ModelRules) -> dict[str, int]:
     """``d64l2`` -> ``{d_model: 64, n_layers: 2, n_heads: 64/head_dim, d_ff: ffn_ratio·64}``.
 
@@ -279,7 +265,8 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
                 shape = model_shape(name, suite.models)
             except ValueError as err:
                 raise SuiteError(f"{where}: budgets[{budget.flops:g}]: {err}") from None
-            fpt = flops_per_token(shape["d_model"], shape["n_layers"], shape["d_ff"], vocab, context)
+            model = ModelConfig(vocab_size=vocab, **shape)
+            fpt = flops_per_token(model, context)
             tokens = budget.flops / fpt
             raw_batch = b_ref * (tokens / tokens_ref) ** rules.batch_token_exponent
             batch = int(min(max(2 ** round(math.log2(raw_batch)), rules.batch_min), rules.batch_max))
@@ -292,7 +279,7 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
             lr = lr_ref * (d_ref / shape["d_model"]) ** rules.lr_width_exponent
             points.append(GridPoint(
                 name=f"train-c{budget_tag(budget.flops)}-{name}", budget=float(budget.flops), model=shape,
-                n_params=param_count(shape["d_model"], shape["n_layers"], shape["d_ff"], vocab),
+                n_params=param_count(model),
                 flops_per_token=fpt, tokens=steps * batch * context, flops=float(steps * batch * context * fpt),
                 batch_size=batch, steps=steps, warmup_steps=warmup, lr=float(f"{lr:.6g}")))
     return points
