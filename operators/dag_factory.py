@@ -23,6 +23,7 @@ def build_dag(recipe_path: Path) -> DAG:
     Raises:
         tidal.recipe.RecipeError: the recipe is invalid (Airflow shows it as an import error).
     """
+    from tidal.launch.beam_job import BEAM_KINDS
     from tidal.planner import build_graph
     from tidal.recipe import load_recipe
     from tidal.scaling.suite import is_suite_file
@@ -55,7 +56,8 @@ def build_dag(recipe_path: Path) -> DAG:
                 doc_md=f"step `{step.step_id}` ({step.kind})",
             )
             if not (step.kind == "train" and recipe.train.resources.launcher == "gke")
-            else _gke_train_group(step=step, recipe=recipe, recipe_path=str(recipe_path))
+            and not (step.kind in BEAM_KINDS and recipe.beam.launcher == "provider")
+            else _remote_group(step=step, recipe=recipe, recipe_path=str(recipe_path))
             for step in graph
         }
         for step in graph:
@@ -71,6 +73,15 @@ def _gke_train_group(**kwargs):
     from operators.gke import gke_train_group
 
     return gke_train_group(**kwargs)
+
+
+def _remote_group(*, step, **kwargs):
+    """A step run elsewhere, as a task group: training on GKE, or a Beam job (operators/beam.py)."""
+    if step.kind == "train":
+        return _gke_train_group(step=step, **kwargs)
+    from operators.beam import beam_step_group
+
+    return beam_step_group(step=step, **kwargs)
 
 
 def build_dags(recipes_dir: Path) -> dict[str, DAG]:

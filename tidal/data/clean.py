@@ -344,7 +344,20 @@ def run(ctx: StepContext) -> dict:
     """
     cfg = CleanConfig.from_config(ctx.config)
     raw_path = ctx.input_dir(cfg.input) / RAW_FILE
-    counts = clean(raw_path, ctx.out_dir, cfg, log=ctx.log)
+    clean(raw_path, ctx.out_dir, cfg, log=ctx.log)
+    summary = summarize(ctx.config, ctx.out_dir)
+    ctx.log.info("clean %s: %s", cfg.source, summary)
+    return summary
+
+
+def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+    """The summary :func:`run` returns, from a finished job's ``counts.json`` (checked again).
+
+    Also what commits a job that ran elsewhere (:mod:`tidal.launch.beam_job`).
+    """
+    cfg = CleanConfig.from_config(config)
+    counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
+    check_counts(counts)
     summary = {
         "in": counts["in"],
         "kept": counts["kept"],
@@ -355,7 +368,6 @@ def run(ctx: StepContext) -> dict:
     }
     summary.update({f"filtered_{rule}": n for rule, n in sorted(counts["filtered"].items())})
     summary.update({f"quarantined_{reason}": n for reason, n in sorted(counts["quarantined"].items())})
-    ctx.log.info("clean %s: %s", cfg.source, summary)
     return summary
 
 

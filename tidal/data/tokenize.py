@@ -227,6 +227,15 @@ def run(ctx: StepContext) -> dict:
             meta["documents_failed"],
             FAILED_FILE,
         )
+    return summarize(config, ctx.out_dir)
+
+
+def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+    """The summary :func:`run` returns, from a finished job's ``meta.json``.
+
+    Also what commits a job that ran elsewhere (:mod:`tidal.launch.beam_job`).
+    """
+    meta = json.loads((Path(out_dir) / META_NAME).read_text())
     return {
         "source": config.get("source", ""),
         **{k: v for k, v in meta.items() if k != "tokenizer_hash"},
