@@ -67,9 +67,10 @@ def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> 
         experiment = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
         if experiment is None:
             return {}
-        query = f"tags.`tidal.recipe_hash` = '{pipe.recipe_hash}'"
-        if run_key is not None:
-            query += f" and tags.`tidal.run_key` = '{run_key}'"
+        # parent runs carry tidal.run_key; nested step runs carry the recipe hash too, but no key
+        query = f"tags.`tidal.recipe_hash` = '{pipe.recipe_hash}' and " + (
+            f"tags.`tidal.run_key` = '{run_key}'" if run_key is not None else "tags.`tidal.run_key` != ''"
+        )
         parents = client.search_runs(
             [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
         )

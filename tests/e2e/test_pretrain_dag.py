@@ -116,6 +116,14 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     assert summary["tokens_seen"] == 60 * 8 * (128 - 1) or summary["tokens_seen"] == 60 * 8 * 128
     assert 0 < summary["eval_loss"] < 20
 
+    report = subprocess.run(
+        [str(VENV_BIN / "tidal"), "report", str(airflow_env["recipe"])],
+        env=airflow_env["env"], capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert f"run key tidal_tiny_ci__{parent.data.tags['tidal.run_key'].split('__', 1)[1]}" in report.stdout
+    assert "steps run:     17" in report.stdout and "gate:          passed" in report.stdout
+
     second, second_s = dags_test(airflow_env["env"])
     assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
     _, parents, children = parent_and_children(pipe)
