@@ -56,6 +56,25 @@ def read_step_json(out_dir: Path) -> dict[str, Any]:
     return json.loads((out_dir / STEP_JSON).read_text())
 
 
+def needs_run(step: Step, storage: LocalStorage, *, force: bool = False) -> bool:
+    """Whether ``step`` must be computed: False if committed (and not forced).
+
+    ``force`` first moves a committed output aside. Shared by in-process runs and the
+    prepare tasks of runs elsewhere (:mod:`tidal.launch.remote`, :mod:`tidal.launch.beam_job`).
+
+    Raises:
+        StepBlocked: it must run but an input step is not committed.
+    """
+    if force:
+        storage.discard(step.step_id)
+    elif storage.is_committed(step.step_id):
+        return False
+    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
+    if missing:
+        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
+    return True
+
+
 def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepResult:
     """Run ``step`` unless it is committed; commit its output atomically.
 
@@ -70,15 +89,9 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
     """
     started = time.perf_counter()
     out_dir = storage.step_dir(step.step_id)
-    if force:
-        storage.discard(step.step_id)
-    elif storage.is_committed(step.step_id):
+    if not needs_run(step, storage, force=force):
         summary = read_step_json(out_dir).get("summary", {})
         return StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - started, out_dir, summary)
-
-    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
-    if missing:
-        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
 
     spec = kind_spec(step.kind)
     quiet_libraries()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.data.builders import write_clean_step
 from tidal.context import StepContext
 from tidal.data import mix as mix_step
 from tidal.data import stats as stats_step
@@ -32,26 +32,6 @@ CLEAN_METRICS = {
 TOKENIZE_METRICS = {"tokens", "sequences"}
 MIX_METRICS = {"mixture_weight_requested", "mixture_weight_realized", "mixture_sequences"}
 ALL_METRICS = {"total_tokens", "quarantine_rate", "documents_in", "documents_kept"}
-
-
-def write_clean_step(
-    step_dir: Path, texts: list[str], source: str, counts: dict, shards: int = 2
-) -> Path:
-    """A clean-step-shaped directory: documents-*.parquet (id, text, source; sorted by id) + counts.json."""
-    step_dir.mkdir(parents=True)
-    rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
-    for index in range(shards):
-        part = rows[index::shards]
-        table = pa.table(
-            {
-                "id": [r[0] for r in part],
-                "text": [r[1] for r in part],
-                "source": [source] * len(part),
-            }
-        )
-        pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
-    (step_dir / "counts.json").write_text(json.dumps(counts))
-    return step_dir
 
 
 def texts_of(source: str, n: int) -> list[str]:

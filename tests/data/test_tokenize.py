@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -11,29 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.data.builders import write_clean_step
 from tidal.context import StepContext
 from tidal.data import tokenize as tokenize_step
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.shards import list_shards, load_token_sequences, token_dtype
 
 EOS = "<|endoftext|>"
-
-
-def write_clean_step(step_dir: Path, texts: list[str], source: str, shards: int = 2) -> Path:
-    """A clean-step-shaped directory: documents-*.parquet (id, text, source; sorted by id)."""
-    step_dir.mkdir(parents=True)
-    rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
-    for index in range(shards):
-        part = rows[index::shards]
-        table = pa.table(
-            {
-                "id": [r[0] for r in part],
-                "text": [r[1] for r in part],
-                "source": [source] * len(part),
-            }
-        )
-        pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
-    return step_dir
 
 
 def corpus(n: int = 400) -> list[str]:

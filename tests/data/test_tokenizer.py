@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from tests.data.builders import write_clean_step
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
 from tidal.hashing import sha256_file
@@ -25,23 +23,6 @@ MIXED = [
     "Mixed 中文 and English: 数据 pipeline, ümlauts, emoji 🙂, and  double  spaces.",
     "Numbers 3.14159 and symbols <> {} [] ~ @ # $ % ^ & * ( ) — “quotes”.",
 ]
-
-
-def write_clean_step(step_dir: Path, texts: list[str], source: str, shards: int = 2) -> Path:
-    """A clean-step-shaped directory: documents-*.parquet (id, text, source; sorted by id)."""
-    step_dir.mkdir(parents=True)
-    rows = sorted({hashlib.sha256(t.encode()).hexdigest(): t for t in texts}.items())
-    for index in range(shards):
-        part = rows[index::shards]
-        table = pa.table(
-            {
-                "id": [r[0] for r in part],
-                "text": [r[1] for r in part],
-                "source": [source] * len(part),
-            }
-        )
-        pq.write_table(table, step_dir / f"documents-{index:05d}-of-{shards:05d}.parquet")
-    return step_dir
 
 
 def corpus(n: int = 300) -> list[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidal.kinds import kind_spec
-from tidal.runner import STEP_JSON, StepBlocked, StepResult, make_context, write_commit
+from tidal.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
 
 BEAM_KINDS = frozenset({"clean", "tokenize"})
 JOB_SUFFIX = ".job"
@@ -88,13 +88,8 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
         raise ValueError(f"step {name} is a {step.kind} step; Beam kinds: {sorted(BEAM_KINDS)}")
     storage = pipe.storage
     base = {"step_id": step.step_id, "started_at": _now()}
-    if force:
-        storage.discard(step.step_id)
-    elif storage.is_committed(step.step_id):
+    if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
-    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
-    if missing:
-        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
     storage.clear_uncommitted(step.step_id)
     work_dir = storage.new_scratch(step.step_id)  # also removes stale scratch and job dirs (dead pid)
     ctx = make_context(step, storage, work_dir)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tidal.pipeline import Pipeline
-from tidal.runner import STEP_JSON, StepBlocked, StepResult, make_context, write_commit
+from tidal.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
 
 SUMMARY = "summary.json"
 
@@ -54,13 +54,8 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     storage = pipe.storage
     out_dir = storage.step_dir(step.step_id)
     base = {"step_id": step.step_id, "step_uri": str(out_dir), "started_at": _now()}
-    if force:
-        storage.discard(step.step_id)
-    elif storage.is_committed(step.step_id):
+    if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
-    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
-    if missing:
-        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
     from tidal.train import write_spec  # light: no JAX (see tidal/train/__init__.py)
 
     out_dir.mkdir(parents=True, exist_ok=True)
