@@ -11,8 +11,12 @@ the base recipe are reused), then reads the fit step's ``fits.json`` and prints
 at that budget's (N, D) grid against the best observed loss there. ``interval_covers``: the
 95 % bootstrap interval of that prediction covers the observed loss; ``pred_interval_covers``:
 the wider prediction interval (adds run-to-run residual noise) does. Target (issue 6): within
-1 % and covered. ``--reduced`` writes a smaller suite next to a temp dir (budgets 2.5e11 …
-2e12, widths 32 … 96; about a third of the compute) to check the machinery quickly.
+1 % and covered. ``degenerate3``: the approach-3 fit on all runs is implausible (an exponent
+outside 0.05 … 1.5 or on a bound, E ≈ 0; :func:`tidal.scaling.approach3.degeneracy_flags`);
+``holdout_degenerate``: the same for the fit without the largest budget. A degenerate fit is
+printed as such: a small ``heldout_rel_error`` from it validates nothing. ``--reduced`` drops
+the largest budget (about half the compute; the hold-out then has 2 budgets to fit, so
+approach 2 is flagged) to check the machinery quickly.
 """
 
 from __future__ import annotations
@@ -30,16 +34,15 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-REDUCED_BUDGETS = [2.5e11, 5e11, 1e12, 2e12]
-REDUCED_MODELS = ["d32l2", "d48l2", "d64l2", "d96l2"]
 
 
 def reduced_suite(suite_path: Path, out_dir: Path) -> Path:
-    """A smaller copy of ``suite_path`` (same base recipe, so the same data steps)."""
+    """A smaller copy of ``suite_path`` without its largest budget (same base recipe, so the
+    same data steps; the same grid points keep their step ids)."""
     data = yaml.safe_load(suite_path.read_text())
     data["name"] = data["name"] + "_reduced"
     data["base"] = str((suite_path.parent / data["base"]).resolve())
-    data["budgets"] = [{"flops": c, "models": REDUCED_MODELS} for c in REDUCED_BUDGETS]
+    data["budgets"] = sorted(data["budgets"], key=lambda b: float(b["flops"]))[:-1]
     path = out_dir / "suite-reduced.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     fits = json.loads((fit_dir / "fits.json").read_text())
     for flag in fits["flags"]:
         print(f"flag: {flag}")
+    for iso in fits.get("approach2", {}).get("budgets", []):
+        status = iso["flag"] or "interior minimum"
+        n_opt = float("nan") if iso["n_opt"] is None else iso["n_opt"]
+        print(f"isoFLOP {iso['budget']:.3g}: N* = {n_opt:.4g} ({status})")
     best = fits["holdout"]["best"]
     front = fits["holdout"].get("frontier") or {}
     print(f"held-out budget {best['budget']:.3g}: predicted {best['predicted']:.4f} "
@@ -83,12 +90,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"frontier L(C) at it: predicted {front['predicted']:.4f} [{front['lo']:.4f}, {front['hi']:.4f}] "
               f"actual {front['actual']:.4f} ({front['actual_from']})")
     point = {k: (float("nan") if v is None else v) for k, v in fits["point"].items()}
-    print(f"approach 3: E={point['E']:.3f} alpha={point['alpha']:.3f} beta={point['beta']:.3f}; "
-          f"approach 2: N* ~ C^{point['a_N']:.3f}, D* ~ C^{point['a_D']:.3f} (nan: not fitted, see flags); "
+    ci = {row["param"]: (row["lo95"], row["hi95"]) for row in fits["params"]}
+
+    def est(key: str) -> str:
+        lo, hi = (float("nan") if v is None else v for v in ci.get(key, (None, None)))
+        return f"{point[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    a3 = fits["approach3"]
+    print(f"loss fitted: {fits['loss']}; N: {fits.get('n_params', 'total')} parameters")
+    print(f"approach 3: E={est('E')} alpha={est('alpha')} beta={est('beta')} (95 % bootstrap)")
+    print(f"approach 2: N* ~ C^{est('a_N')}, D* ~ C^{est('a_D')} (nan: not fitted, see flags); "
           f"plots in {fit_dir / 'plots'}")
+    degenerate = bool(a3.get("degenerate"))
+    held_degenerate = bool(fits["holdout"].get("degenerate"))
+    if degenerate or held_degenerate:
+        which = " and ".join(w for w, bad in (("the fit on all runs", degenerate),
+                                              ("the hold-out fit", held_degenerate)) if bad)
+        print(f"WARNING: DEGENERATE approach-3 fit ({which}): the law is not physically meaningful "
+              "and the hold-out error below validates nothing")
     print(f"RESULT heldout_rel_error={best['rel_error']:.4f} interval_covers={best['covers']} "
           f"pred_interval_covers={best['pred_covers']} frontier_rel_error={(front.get('rel_error') or float('nan')):.4f} "
-          f"frontier_covers={front.get('covers')} runs={fits['n_runs']} steps_run={ran} "
+          f"frontier_covers={front.get('covers')} degenerate3={degenerate} holdout_degenerate={held_degenerate} "
+          f"flags={len(fits['flags'])} runs={fits['n_runs']} steps_run={ran} "
           f"train_s={train_s:.0f} wall_s={wall:.0f} reduced={args.reduced}")
     return 0
 

@@ -16,6 +16,7 @@ import pytest
 from tidal.scaling.fits import (
     Runs,
     ScalingFitError,
+    degeneracy_flags,
     fit_approach2,
     fit_approach3,
     fit_parabola,
@@ -38,6 +39,7 @@ def test_recovers_exponents_with_covering_intervals(law_name):
         lo, hi = fit.interval(key)
         assert lo <= law[key] <= hi, (key, lo, hi)
     assert fit.point["E"] == pytest.approx(law["E"], rel=0.05)
+    assert fit.approach3["degenerate"] is False and not fit.approach3["flags"]
     # approach 2: N* ∝ C^(β/(α+β)) (Hoffmann et al. 2022, eq. 4)
     assert fit.point["a_N"] == pytest.approx(law["beta"] / (law["alpha"] + law["beta"]), abs=0.05)
     assert fit.point["a_N"] + fit.point["a_D"] == pytest.approx(1.0, abs=0.02)  # C = 6ND
@@ -105,6 +107,31 @@ def test_too_few_usable_budgets_raise_with_reasons():
         fit_approach3(runs.take(np.arange(4)))
     fit = fit_suite(two, n_boot=10)  # approach 2 impossible: flagged, its parameters NaN
     assert any("approach 2 not fitted" in f for f in fit.flags) and math.isnan(fit.point["a_N"])
+
+
+def test_degenerate_approach3_fit_is_flagged():
+    """Losses that depend on D alone (as in a suite fitted on an out-of-distribution eval):
+    the fit can only make α ~ 0 or push E to 0; either is flagged, never silent."""
+    grid = _small_grid()
+    loss = 0.001 + 5e6 / grid.d ** 2.0  # E ~ 0, no N term, β = 2
+    runs = Runs.make(grid.n, grid.d, grid.c, loss, grid.budget, grid.names)
+    fit = fit_approach3(runs)
+    assert fit["degenerate"] is True
+    assert any("plausible range" in f or "below 0.05" in f or "at its bound" in f for f in fit["flags"])
+    suite = fit_suite(runs, n_boot=10)
+    assert suite.approach3["degenerate"] and any(f.startswith("approach 3") for f in suite.flags)
+    from tidal.scaling.forecast import format_forecast
+
+    text = format_forecast({"suite": "s", "flops": 1e21, "fit_step": "fit-x", "n_runs": len(runs.n),
+                            "loss": "train_loss_tail", "flags": suite.flags, "degenerate": True,
+                            "forecast": forecast(suite, 1e21)})
+    assert "DEGENERATE" in text and "approach 3:" in text
+    # the rules themselves, on hand-made parameters
+    good = {"E": 1.7, "A": 400.0, "B": 400.0, "alpha": 0.34, "beta": 0.28}
+    assert degeneracy_flags(good, 2.0) == []
+    assert any("alpha" in f for f in degeneracy_flags({**good, "alpha": 0.008}, 2.0))
+    assert any("beta" in f for f in degeneracy_flags({**good, "beta": 2.04}, 2.0))
+    assert any("E = " in f for f in degeneracy_flags({**good, "E": 0.001}, 2.0))
 
 
 @pytest.mark.slow

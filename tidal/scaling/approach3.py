@@ -27,6 +27,14 @@ GRID_A = GRID_B = np.arange(0.0, 25.01, 5.0)
 GRID_STARTS_MAIN = 20          # L-BFGS runs from the best grid points (main fit)
 GRID_STARTS_BOOT = 1           # ... and per bootstrap replicate (plus the main optimum)
 BOUNDS3 = [(-20.0, 60.0), (-20.0, 60.0), (-20.0, 5.0), (0.0, 5.0), (0.0, 5.0)]  # a, b, e, α, β
+# Plausibility of a fitted law (see :func:`degeneracy_flags`). Published language-model fits
+# have α, β in about 0.07 … 0.8 (Kaplan et al. 2020: α_N = 0.076, α_D = 0.095; Hoffmann et al.
+# 2022: 0.34, 0.28; Besiroglu et al. 2024: 0.35, 0.37); outside 0.05 … 1.5 one term has
+# collapsed onto the other (e.g. α ≈ 0: loss independent of N; β ≈ 2: a D-only fit).
+PLAUSIBLE_EXPONENTS = (0.05, 1.5)
+# The irreducible loss E is the entropy of text, well above zero nats: a fitted E below this
+# fraction of the smallest observed loss means the fit traded E for a steep power law.
+MIN_E_FRACTION = 0.05
 
 
 def _huber_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, logl: np.ndarray,
@@ -99,13 +107,39 @@ def fit_approach3(runs: Runs, *, starts: int = GRID_STARTS_MAIN, extra_start: np
         if best is None or res.fun < best.fun:
             best = res
     a, b, e, alpha, beta = (float(t) for t in best.x)
+    out = {"E": math.exp(e), "A": math.exp(a), "B": math.exp(b), "alpha": alpha, "beta": beta,
+           "theta": [a, b, e, alpha, beta], "objective": float(best.fun),
+           "converged": bool(best.success)}
+    flags = degeneracy_flags(out, float(np.min(runs.loss)))
+    return {**out, "flags": flags, "degenerate": bool(flags)}
+
+
+def degeneracy_flags(params: dict[str, Any], min_loss: float) -> list[str]:
+    """Why a fitted ``{E, A, B, alpha, beta, theta}`` is not a usable scaling law (empty: usable).
+
+    Flags (each names the parameter and the rule): a parameter of ``theta`` on its L-BFGS-B
+    bound (:data:`BOUNDS3`); α or β outside :data:`PLAUSIBLE_EXPONENTS`; E below
+    :data:`MIN_E_FRACTION` of ``min_loss`` (the smallest observed loss). A fit with any flag is
+    *degenerate*: it may still interpolate the runs, but its N/D trade-off and forecasts are
+    not meaningful.
+    """
     flags = []
-    for name, value, (low, high) in zip(("log A", "log B", "log E", "alpha", "beta"), best.x, BOUNDS3, strict=True):
-        if value <= low + 1e-6 or value >= high - 1e-6:
-            flags.append(f"approach 3: {name} = {value:.4g} at its bound [{low}, {high}]")
-    return {"E": math.exp(e), "A": math.exp(a), "B": math.exp(b), "alpha": alpha, "beta": beta,
-            "theta": [a, b, e, alpha, beta], "objective": float(best.fun),
-            "converged": bool(best.success), "flags": flags}
+    theta = params.get("theta")
+    if theta is not None:
+        for name, value, (low, high) in zip(("log A", "log B", "log E", "alpha", "beta"), theta, BOUNDS3,
+                                            strict=True):
+            if value <= low + 1e-6 or value >= high - 1e-6:
+                flags.append(f"approach 3: {name} = {value:.4g} at its bound [{low}, {high}]")
+    low, high = PLAUSIBLE_EXPONENTS
+    for name in ("alpha", "beta"):
+        value = params[name]
+        if not low <= value <= high:
+            flags.append(f"approach 3: {name} = {value:.4g} outside the plausible range [{low}, {high}] "
+                         "(degenerate fit)")
+    if params["E"] < MIN_E_FRACTION * min_loss:
+        flags.append(f"approach 3: E = {params['E']:.4g} below {MIN_E_FRACTION:g} x the smallest observed loss "
+                     f"{min_loss:.4g} (degenerate fit: irreducible loss ~ 0)")
+    return flags
 
 
 def loss3(params: dict[str, float], n, d) -> np.ndarray:

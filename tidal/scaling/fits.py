@@ -39,6 +39,9 @@ from tidal.scaling.approach3 import (
     GRID_STARTS_BOOT,
     GRID_STARTS_MAIN,
     HUBER_DELTA,
+    MIN_E_FRACTION,
+    PLAUSIBLE_EXPONENTS,
+    degeneracy_flags,
     fit_approach3,
     loss3,
     optimal_allocation3,
@@ -57,9 +60,10 @@ from tidal.scaling.runs import Runs, ScalingFitError
 
 __all__ = [
     "BOUNDS3", "GRID_A", "GRID_ALPHA", "GRID_B", "GRID_BETA", "GRID_E", "GRID_STARTS_BOOT",
-    "GRID_STARTS_MAIN", "HUBER_DELTA", "MIN_SIZES_PER_BUDGET", "PARAM_KEYS",
+    "GRID_STARTS_MAIN", "HUBER_DELTA", "MIN_E_FRACTION", "MIN_SIZES_PER_BUDGET", "PARAM_KEYS",
+    "PLAUSIBLE_EXPONENTS",
     "Approach2", "IsoFlop", "Runs", "ScalingFitError", "SuiteFit",
-    "fit_approach2", "fit_approach3", "fit_frontier", "fit_parabola", "fit_suite", "forecast",
+    "degeneracy_flags", "fit_approach2", "fit_approach3", "fit_frontier", "fit_parabola", "fit_suite", "forecast",
     "forecast_params", "frontier_loss", "holdout_largest", "loss3", "optimal_allocation3",
     "percentile_interval", "power_law", "predict_runs3", "stratified_resample",
 ]

@@ -17,8 +17,9 @@ def forecast_suite(pipe: Any, flops: float) -> dict[str, Any]:
     """Forecast a run of ``flops`` FLOPs from the committed fit of ``pipe`` (a suite pipeline).
 
     Returns:
-        ``{"suite", "flops", "fit_step", "loss", "flags", "forecast": {quantity: {estimate,
-        lo95, hi95}}}`` with quantities as in :func:`tidal.scaling.fits.forecast`.
+        ``{"suite", "flops", "fit_step", "loss", "flags", "degenerate", "forecast": {quantity:
+        {estimate, lo95, hi95}}}`` with quantities as in :func:`tidal.scaling.fits.forecast`;
+        ``degenerate``: the approach-3 fit is implausible (its reasons are among ``flags``).
 
     Raises:
         ForecastUnavailable: not a suite, or its fit step is not committed.
@@ -40,6 +41,7 @@ def forecast_suite(pipe: Any, flops: float) -> dict[str, Any]:
     point = {k: (float("nan") if fits["point"][k] is None else fits["point"][k]) for k in PARAM_KEYS}
     return {"suite": pipe.suite.name, "flops": flops, "fit_step": step.step_id, "loss": fits["loss"],
             "flags": fits["flags"], "n_runs": fits["n_runs"],
+            "degenerate": bool(fits.get("approach3", {}).get("degenerate", False)),
             "forecast": forecast_params(point, boot, fits["c_per_nd"], flops)}
 
 
@@ -59,6 +61,9 @@ def format_forecast(result: dict[str, Any]) -> str:
              row("N_opt parameters (approach 3)", "n_opt3", ".4g"),
              row("D_opt tokens (approach 3)", "d_opt3", ".4g"),
              row("loss at N_opt, D_opt (approach 3)", "loss3", ".4f")]
+    if result.get("degenerate"):
+        lines.append("  WARNING: the approach-3 fit is DEGENERATE (see flags): its N_opt, D_opt and loss "
+                     "are not meaningful")
     if result["flags"]:
         lines.append(f"  {len(result['flags'])} flag(s) on the fit:")
         lines += [f"    - {flag}" for flag in result["flags"]]

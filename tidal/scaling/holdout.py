@@ -25,6 +25,8 @@ def holdout_largest(runs: Runs, *, n_boot: int = 200, seed: int = 0) -> dict[str
       against the held-out budget's parabola minimum (or its best observed loss when its
       parabola is flagged).
     * ``runs``: per held-out run, predicted and observed loss.
+    * ``flags`` of the fit without C_max, and ``degenerate``: its approach-3 fit is degenerate
+      (:func:`tidal.scaling.approach3.degeneracy_flags`), so a small error is no validation.
 
     Raises:
         ScalingFitError: fewer than two budgets, or the rest cannot be fitted.
@@ -48,6 +50,7 @@ def holdout_largest(runs: Runs, *, n_boot: int = 200, seed: int = 0) -> dict[str
     best["covers"] = bool(best["lo"] <= actual <= best["hi"])
     best["pred_covers"] = bool(best["pred_lo"] <= actual <= best["pred_hi"])
     out: dict[str, Any] = {"held_out_budget": held, "best": best, "flags": fit.flags,
+                           "degenerate": bool(fit.approach3.get("degenerate", False)),
                            "runs": [{"name": test.names[i], "n": float(test.n[i]), "d": float(test.d[i]),
                                      "actual": float(test.loss[i]), "predicted": float(pred["estimate"][i]),
                                      "lo": float(pred["lo"][i]), "hi": float(pred["hi"][i]),

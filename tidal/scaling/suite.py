@@ -31,11 +31,24 @@ section (width ``d_ref``, ``lr_ref``, ``B_ref``, ``S_ref``, ``warmup_ref``; refe
   ``[rules.batch_min, rules.batch_max]``, ``q = rules.batch_token_exponent`` (default 0.4).
   The optimal and the critical batch size grow as a power of the training tokens D, not of
   the model size (Zhang et al. 2024, "How Does Critical Batch Size Scale in Pre-training?";
-  Bergsma et al. 2025, "Power Lines"); ``q = 0`` fixes the batch at ``B_ref``.
+  Bergsma et al. 2025, "Power Lines"); ``q = 0`` fixes the batch at ``B_ref``. With
+  ``rules.batch_multiple = m`` B rounds to the nearest multiple of m instead: at a few hundred
+  steps a factor-2 jump in B between neighbouring runs of one budget halves one run's step
+  count and bends its isoFLOP curve.
 * **warmup** ``round(w · S)`` steps with ``w = rules.warmup_fraction`` (default
   ``warmup_ref / S_ref``); the cosine decay spans the whole run, matching each run's length
   as Hoffmann et al. 2022 (§3.1, Figure A1) require for the isoFLOP curves to be valid.
 * everything else (``min_lr_ratio``, weight decay, Adam betas, clipping) as the reference.
+
+Parameter count N (``fit.n_params``): ``total`` (default) counts every parameter, embeddings and
+output head included, as Hoffmann et al. 2022 do (Pearce & Song 2024, "Reconciling Kaplan and
+Chinchilla Scaling Laws", §2, trace part of the Kaplan/Chinchilla gap to exactly this choice);
+it matches the FLOPs formula, which counts the output head's matmul. ``non_embedding`` is Kaplan
+et al. 2020's N (§2.1: without the embedding matrices; here also without the untied head).
+With a 4,096-token vocabulary and widths of 16 … 64 the embedding and head are 60 … 97 % of N
+and most of the FLOPs, so the compute-optimal models of CPU-sized budgets are very narrow; a
+grid must sample both flanks of each isoFLOP curve (the fit flags curves that do not) and, for
+the ``train_loss_tail`` loss, keep every run under one epoch of the mixture.
 
 Checkpoint and eval cadence are one checkpoint and one eval at the end (plus every
 ``train.checkpoint_every`` steps when set), with ``train.eval_batches`` batches per source.
@@ -100,6 +113,8 @@ class ScalingRules(_Strict):
     batch_token_exponent: Annotated[float, Field(ge=0, le=1)] = 0.4
     batch_min: Annotated[int, Field(gt=0)] = 4
     batch_max: Annotated[int, Field(gt=0)] = 256
+    batch_multiple: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="round B to a multiple of this instead of a power of two")
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] | None = None
     min_steps: Annotated[int, Field(gt=0)] = 20
 
@@ -114,12 +129,20 @@ class SuiteTrain(_Strict):
 
 
 class FitConfig(_Strict):
-    """What the fit step fits and forecasts."""
+    """What the fit step fits and forecasts (:mod:`tidal.scaling.fit_step` gives the details)."""
 
-    loss: Literal["eval_loss", "final_train_loss"] = Field(
-        default="eval_loss",
-        description="eval_loss: the same fixed held-out sequences for every run, so run-to-run "
-                    "differences are the model's; final_train_loss is one batch and noisier")
+    loss: Literal["train_loss_tail", "eval_loss", "final_train_loss"] = Field(
+        default="train_loss_tail",
+        description="train_loss_tail: mean training loss over the last tail_fraction of each run; "
+                    "while a run sees < 1 epoch every batch is unseen in-distribution data, so this "
+                    "estimates held-out loss (runs past one epoch are flagged). eval_loss: the base "
+                    "recipe's final eval (may be out of distribution); final_train_loss: one batch")
+    tail_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.2, description="train_loss_tail averages the logged steps after (1 - this) x steps")
+    n_params: Literal["total", "non_embedding"] = Field(
+        default="total",
+        description="N fitted: total parameters (Hoffmann et al. 2022) or without the embedding "
+                    "and output head (Kaplan et al. 2020)")
     n_boot: Annotated[int, Field(ge=10)] = 200
     forecast_flops: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
     holdout: bool = Field(default=True, description="leave-the-largest-budget-out validation")
@@ -269,7 +292,11 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
             fpt = flops_per_token(model, context)
             tokens = budget.flops / fpt
             raw_batch = b_ref * (tokens / tokens_ref) ** rules.batch_token_exponent
-            batch = int(min(max(2 ** round(math.log2(raw_batch)), rules.batch_min), rules.batch_max))
+            if rules.batch_multiple:
+                rounded = rules.batch_multiple * max(1, round(raw_batch / rules.batch_multiple))
+            else:
+                rounded = 2 ** round(math.log2(raw_batch))
+            batch = int(min(max(rounded, rules.batch_min), rules.batch_max))
             steps = round(tokens / (batch * context))
             if steps < rules.min_steps:
                 raise SuiteError(f"{where}: budget {budget.flops:g} with model {name}: {steps} steps of "
@@ -310,6 +337,8 @@ def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
         config={
             "seed": base.seed,
             "loss": suite.fit.loss,
+            "tail_fraction": suite.fit.tail_fraction,
+            "n_params": suite.fit.n_params,
             "n_boot": suite.fit.n_boot,
             "holdout": suite.fit.holdout,
             "forecast_flops": sorted(suite.fit.forecast_flops),
