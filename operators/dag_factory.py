@@ -17,6 +17,22 @@ from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepO
 log = logging.getLogger(__name__)
 
 
+def pipeline_dag_args(graph) -> dict:
+    """DAG arguments every tidal pipeline DAG shares: manual trigger, one run at a time, and
+    the ``force_steps`` trigger param listing the graph's step names."""
+    return {
+        "schedule": None,
+        "catchup": False,
+        "max_active_runs": 1,
+        "params": {
+            "force_steps": Param(
+                [], type="array", items={"type": "string", "enum": [s.name for s in graph]},
+                description="steps to recompute even if committed",
+            ),
+        },
+    }
+
+
 def build_dag(recipe_path: Path) -> DAG:
     """The DAG ``tidal_{recipe.name}`` for one recipe file.
 
@@ -35,20 +51,12 @@ def build_dag(recipe_path: Path) -> DAG:
     recipe = load_recipe(recipe_path)
     graph = build_graph(recipe)
     with DAG(
+        **pipeline_dag_args(graph),
         dag_id=f"tidal_{recipe.name}",
         description=recipe.description or f"tidal recipe {recipe.name}",
-        schedule=None,
-        catchup=False,
-        max_active_runs=1,
         tags=["tidal", f"recipe:{recipe.name}"],
         doc_md=f"Recipe `{recipe_path.name}` v{recipe.version}. Steps are content-addressed: "
         "committed steps are skipped, so clearing a failed task redoes only missing work.",
-        params={
-            "force_steps": Param(
-                [], type="array", items={"type": "string", "enum": [s.name for s in graph]},
-                description="steps to recompute even if committed",
-            ),
-        },
     ) as dag:
         tasks = {
             step.name: TidalStepOperator(

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
+from operators.dag_factory import pipeline_dag_args
 from operators.step import TidalStepOperator
 
 
@@ -30,17 +31,13 @@ def build_suite_dag(suite_path: Path) -> DAG:
     graph = build_suite_graph(suite, base)
     grid = train_step_names(graph)
     with DAG(
+        **pipeline_dag_args(graph),
         dag_id=f"tidal_{suite.name}",
         description=suite.description or f"tidal scaling suite {suite.name}",
-        schedule=None,
-        catchup=False,
-        max_active_runs=1,
         tags=["tidal", "scaling", f"recipe:{base.name}"],
         doc_md=f"Scaling suite `{suite.name}` v{suite.version} on recipe `{base.name}`: "
                f"{len(grid)} training runs over {len(suite.budgets)} compute budgets, then the fit. "
                "Steps are content-addressed: committed runs are skipped.",
-        params={"force_steps": Param([], type="array", items={"type": "string", "enum": [s.name for s in graph]},
-                                     description="steps to recompute even if committed")},
     ) as dag:
         tasks = {}
         for step in graph:

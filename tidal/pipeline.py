@@ -118,7 +118,7 @@ class Pipeline:
                 self._track_failure(step, run_key, err)
             raise
         if run_key is not None:
-            self._track(result, run_key)
+            self.record(result, run_key)
         return result
 
     def _track_failure(self, step, run_key: str, err: Exception) -> None:
@@ -135,7 +135,8 @@ class Pipeline:
             tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
         )
 
-    def _track(self, result: StepResult, run_key: str) -> None:
+    def record(self, result: StepResult, run_key: str) -> None:
+        """Record a finished or skipped step as a nested MLflow run under ``run_key``'s parent."""
         tracker = self.tracker()
         parent = self.parent_run(run_key)
         if parent is None:

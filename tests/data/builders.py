@@ -10,6 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+# Words of the synthetic English/Chinese test corpora.
+CORPUS_WORDS = ["data", "model", "token", "the", "of", "pipeline", "数据", "模型", "训练", "shard", "seed"]
+
+
 def write_clean_step(
     step_dir: Path, texts: list[str], source: str, counts: dict | None = None, shards: int = 2
 ) -> Path:
@@ -26,3 +30,29 @@ def write_clean_step(
     if counts is not None:
         (step_dir / "counts.json").write_text(json.dumps(counts))
     return step_dir
+
+
+def make_tar(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
+    """A tar archive (gzip by default) holding ``members`` (name -> bytes), in memory."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def make_deb(members: dict[str, bytes]) -> bytes:
+    """A minimal .deb: ar archive with debian-binary, control.tar.xz and data.tar.xz."""
+    parts = [("debian-binary", b"2.0\n"), ("control.tar.xz", make_tar({}, "w:xz")),
+             ("data.tar.xz", make_tar(members, "w:xz"))]
+    out = [b"!<arch>\n"]
+    for name, data in parts:
+        header = (name.encode().ljust(16) + b"0".ljust(12) + b"0".ljust(6) + b"0".ljust(6)
+                  + b"100644".ljust(8) + str(len(data)).encode().ljust(10) + b"`\n")
+        out += [header, data, b"\n" if len(data) % 2 else b""]
+    return b"".join(out)

@@ -2,36 +2,17 @@
 
 import gzip
 import hashlib
-import io
 import json
 import subprocess
 import sys
-import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.data.builders import make_deb, make_tar
 from tidal.context import StepContext
 from tidal.data import fetch
-
-
-def make_tar(members, mode="w:gz"):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def make_deb(members):
-    out = [b"!<arch>\n"]
-    for name, data in [("debian-binary", b"2.0\n"), ("data.tar.xz", make_tar(members, "w:xz"))]:
-        out += [name.encode().ljust(16) + b"0".ljust(12) + b"0".ljust(6) + b"0".ljust(6) + b"100644".ljust(8)
-                + str(len(data)).encode().ljust(10) + b"`\n", data, b"\n" if len(data) % 2 else b""]
-    return b"".join(out)
 
 
 @pytest.fixture

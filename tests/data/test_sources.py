@@ -3,13 +3,12 @@ when they are in the archive cache (skipped otherwise)."""
 
 import gzip
 import hashlib
-import io
 import json
-import tarfile
 from collections import Counter
 
 import pytest
 
+from tests.data.builders import make_deb, make_tar
 from tidal.data.archives import cache_dir
 from tidal.data.sources import (
     DICTD_B64,
@@ -20,28 +19,6 @@ from tidal.data.sources import (
     read_source,
     ref_sort_key,
 )
-
-
-def make_tar(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def make_deb(members: dict[str, bytes]) -> bytes:
-    """A minimal .deb: ar archive with debian-binary, control.tar.xz and data.tar.xz."""
-    parts = [("debian-binary", b"2.0\n"), ("control.tar.xz", make_tar({}, "w:xz")),
-             ("data.tar.xz", make_tar(members, "w:xz"))]
-    out = [b"!<arch>\n"]
-    for name, data in parts:
-        header = (name.encode().ljust(16) + b"0".ljust(12) + b"0".ljust(6) + b"0".ljust(6)
-                  + b"100644".ljust(8) + str(len(data)).encode().ljust(10) + b"`\n")
-        out += [header, data, b"\n" if len(data) % 2 else b""]
-    return b"".join(out)
 
 
 def b64(n: int) -> str:

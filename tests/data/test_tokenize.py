@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.data.builders import write_clean_step
+from tests.data.builders import CORPUS_WORDS, write_clean_step
 from tidal.context import StepContext
 from tidal.data import tokenize as tokenize_step
 from tidal.data import tokenizer as tokenizer_step
@@ -20,19 +20,7 @@ EOS = "<|endoftext|>"
 
 
 def corpus(n: int = 400) -> list[str]:
-    words = [
-        "data",
-        "model",
-        "token",
-        "the",
-        "of",
-        "pipeline",
-        "数据",
-        "模型",
-        "训练",
-        "shard",
-        "seed",
-    ]
+    words = CORPUS_WORDS
     texts = [
         " ".join(words[(i * 5 + j * 3) % len(words)] for j in range(1 + i % 30)) + f" {i}"
         for i in range(n)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.builders import write_clean_step
+from tests.data.builders import CORPUS_WORDS, write_clean_step
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
 from tidal.hashing import sha256_file
@@ -27,19 +27,7 @@ MIXED = [
 
 def corpus(n: int = 300) -> list[str]:
     """Deterministic synthetic English/Chinese documents."""
-    words = [
-        "data",
-        "model",
-        "token",
-        "the",
-        "of",
-        "pipeline",
-        "数据",
-        "模型",
-        "训练",
-        "shard",
-        "seed",
-    ]
+    words = CORPUS_WORDS
     return [
         " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(5 + i % 40)) + f" {i}"
         for i in range(n)

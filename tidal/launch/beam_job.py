@@ -147,7 +147,7 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     if work_dir is not None:
         shutil.rmtree(job_dir(work_dir), ignore_errors=True)
     if run_key is not None:
-        pipe._track(result, run_key)
+        pipe.record(result, run_key)
     return result
 
 

@@ -93,5 +93,5 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
         storage.clear_attempts(step.step_id)
         result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
     if run_key is not None:
-        pipe._track(result, run_key)
+        pipe.record(result, run_key)
     return result

@@ -18,6 +18,16 @@ def _finite(q: dict[str, Any] | None) -> bool:
     return bool(q) and all(isinstance(q.get(k), (int, float)) and np.isfinite(q[k]) for k in ("estimate", "lo95", "hi95"))
 
 
+def _save(fig, path: Path) -> str:
+    """Lay out, write as PNG (110 dpi) and close ``fig``; returns the file name."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
@@ -55,10 +65,7 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
     ax.set(xscale="log", xlabel="parameters N", ylabel=f"{fits['loss']} (nats/token)",
            title="isoFLOP curves (stars: parabola minima)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "isoflop.png", dpi=110)
-    plt.close(fig)
-    names.append("isoflop.png")
+    names.append(_save(fig, out_dir / "isoflop.png"))
 
     fig, ax = plt.subplots(figsize=(7, 5))
     used = [row for row in iso.values() if not row["flag"]]
@@ -89,10 +96,7 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
         ax.set(xscale="log")
         ax.legend(fontsize=7)
     ax.set(xlabel="compute C (FLOPs)", ylabel="best loss (nats/token)", title="compute-optimal frontier")
-    fig.tight_layout()
-    fig.savefig(out_dir / "frontier.png", dpi=110)
-    plt.close(fig)
-    names.append("frontier.png")
+    names.append(_save(fig, out_dir / "frontier.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, key, label in ((axes[0], "n", "parameters N"), (axes[1], "d", "tokens D")):
@@ -101,10 +105,7 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
         ax.set(xscale="log", xlabel=label)
     axes[0].set_ylabel("log L - log L(N, D) (approach 3)")
     fig.suptitle("approach-3 residuals (colour: log10 C)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "residuals.png", dpi=110)
-    plt.close(fig)
-    names.append("residuals.png")
+    names.append(_save(fig, out_dir / "residuals.png"))
 
     fig, ax = plt.subplots(figsize=(7, 5))
     a2 = fits.get("approach2", {})
@@ -126,8 +127,5 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
         ax.set(xscale="log", yscale="log")
         ax.legend(fontsize=8)
     ax.set(xlabel="compute C (FLOPs)", ylabel="parameters / tokens", title="compute-optimal N*, D* with forecasts (95 %)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "forecast.png", dpi=110)
-    plt.close(fig)
-    names.append("forecast.png")
+    names.append(_save(fig, out_dir / "forecast.png"))
     return names
