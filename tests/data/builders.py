@@ -9,7 +9,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 # Words of the synthetic English/Chinese test corpora.
 CORPUS_WORDS = ["data", "model", "token", "the", "of", "pipeline", "数据", "模型", "训练", "shard", "seed"]
 
