@@ -3,7 +3,7 @@
 Invariant: a recipe is validated completely before anything runs. Unknown fields and bad
 values are refused with the file, the dotted path of the field and the reason, so that a
 typo never silently falls back to a default. Fields that only say *where* or *how fast*
-(``storage_root``, ``tracking_uri``, ``train.resources``, ``beam``) are kept apart from what is
+(``storage_root``, ``storage``, ``tracking_uri``, ``train.resources``, ``beam``) are kept apart from what is
 computed: the planner never puts them into a step config, so they never change a step id.
 """
 
@@ -13,8 +13,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic import Strict as StrictType
+
+from tidal.licences import Use
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
 # Integers are strict: YAML `true` is not 1, and "1e12" (a YAML 1.1 *string*) is not a number.
@@ -42,15 +52,105 @@ class Archive(Strict):
     filename: str = Field(min_length=1, description="file name the registry tool writes")
 
 
+class LicenceOverride(Strict):
+    """Uses a source's rights holder granted beyond its licence (recorded in MLflow and lineage)."""
+
+    uses: list[Use] = Field(min_length=1, description="uses granted beyond the licence's table row")
+    reason: str = Field(min_length=10, description="who granted it and where it is written, e.g. a contract ref")
+
+
+class FilterSections(Strict):
+    """Quality filters (tidal/data/filters.py); a section that is null is off, ``{}`` is on with the
+    papers' defaults, keys override single thresholds (checked by the filter classes themselves)."""
+
+    c4: dict[str, Any] | None = Field(default=None, description="C4 line rules (Raffel et al. 2020, 2.2)")
+    gopher_repetition: dict[str, Any] | None = Field(
+        default=None, description="Gopher repetition rules (Rae et al. 2021, App. A, Table A1)"
+    )
+    gopher_quality: dict[str, Any] | None = Field(
+        default=None, description="Gopher quality rules (Rae et al. 2021, App. A.1.1)"
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> FilterSections:
+        from tidal.data.filters import QualityFilters
+
+        QualityFilters.from_config(self.model_dump())
+        return self
+
+
+class LanguageConfig(Strict):
+    """Language identification (py3langid, offline) of one source."""
+
+    allowed: list[str] | None = Field(default=None, description="ISO 639-1 codes to keep; null keeps all")
+    min_confidence: Fraction = Field(default=0.0, description="drop documents identified with less confidence")
+
+
+class NearDedupConfig(Strict):
+    """MinHash + LSH near-duplicate removal with exact Jaccard verification (tidal/data/neardup.py)."""
+
+    enabled: bool = Field(default=False, description="exact dedup always runs; this adds near-duplicates")
+    shingle_size: PositiveInt = Field(default=5, description="words per shingle (characters for CJK)")
+    bands: PositiveInt = Field(default=14, description="LSH bands")
+    rows: PositiveInt = Field(default=8, description="MinHash values per band (permutations = bands * rows)")
+    jaccard_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        default=0.75, description="verified Jaccard similarity at or above which documents are duplicates"
+    )
+    seed: Annotated[int, StrictType(), Field(ge=0)] = Field(default=1, description="MinHash permutation seed")
+    max_bucket_size: PositiveInt = Field(default=64, description="larger LSH buckets give a star of pairs")
+
+
 class Source(Strict):
     """One corpus: where its archive comes from, how to read it, and its licence."""
 
-    format: Literal["brown", "gcide", "chinese_poetry", "udhr"] = Field(description="reader")
-    archive: Archive
-    licence: str = Field(min_length=1, description="SPDX identifier of the text's licence")
+    format: Literal["brown", "gcide", "chinese_poetry", "udhr", "jsonl", "parquet", "text"] = Field(
+        description="reader: an archive format, or jsonl / parquet / text files under `path`"
+    )
+    archive: Archive | None = Field(default=None, description="the pinned archive (archive formats)")
+    path: str | None = Field(
+        default=None, description="file or folder (local, or s3://bucket/prefix) of jsonl (.gz/.zst) / parquet / "
+        "text files (file formats); name an immutable snapshot: its content is not pinned by a hash"
+    )
+    text_field: str = Field(default="text", min_length=1, description="JSON key / Parquet column of the text")
+    filters: FilterSections | None = Field(
+        default=None, description="per-source quality filters: each section given here replaces clean.filters'"
+    )
+    language: LanguageConfig = Field(
+        default_factory=lambda: LanguageConfig(), description="allowed languages of this source (langid)"
+    )
+    licence: str = Field(min_length=1, description="SPDX identifier of the text's licence (tidal/licences.py)")
+    permitted_uses: list[Use] | None = Field(
+        default=None, description="narrow the licence's uses (never widen; default: all the licence permits)"
+    )
+    licence_override: LicenceOverride | None = Field(
+        default=None, description="widen the uses of a known licence, with a reason (not hashed)"
+    )
     max_documents: PositiveInt | None = Field(
         default=None, description="keep only the first N records in reader order (a slice)"
     )
+
+    @model_validator(mode="after")
+    def _archive_or_path(self) -> Source:
+        if self.format in ("jsonl", "parquet", "text"):
+            if self.path is None or self.archive is not None:
+                raise ValueError(f"format {self.format!r} reads files: give `path` and no `archive`")
+        elif self.archive is None or self.path is not None:
+            raise ValueError(f"format {self.format!r} reads a registry archive: give `archive` and no `path`")
+        return self
+
+    def fetch_config(self) -> dict[str, Any]:
+        """What the fetch step hashes for this source (archive formats keep their old shape)."""
+        if self.archive is not None:
+            return {"format": self.format, "archive": self.archive.model_dump(), "max_documents": self.max_documents}
+        return {"format": self.format, "path": self.path, "text_field": self.text_field,
+                "max_documents": self.max_documents}
+
+    def clean_overrides(self, defaults: FilterSections) -> dict[str, Any]:
+        """The per-source part of the clean step config: merged ``filters`` and ``language``."""
+        filters = defaults.model_dump()
+        if self.filters is not None:
+            filters.update({k: getattr(self.filters, k) for k in self.filters.model_fields_set})
+        return {"filters": filters, "language": self.language.model_dump()}
 
 
 class CleanConfig(Strict):
@@ -63,6 +163,20 @@ class CleanConfig(Strict):
         default=0.5, description="drop documents whose fraction of letter characters is below"
     )
     shards: PositiveInt = Field(default=1, description="output shard count (fixed for determinism)")
+    invalid_utf8: Literal["quarantine", "repair"] = Field(
+        default="quarantine", description="bytes that are not UTF-8 (or lone surrogates): quarantine the "
+        "record, or repair with U+FFFD; counted either way"
+    )
+    special_tokens: Literal["text", "strip", "quarantine"] = Field(
+        default="text", description="a literal <|endoftext|> in a document: keep as text (encoded as ordinary "
+        "text), strip it, or quarantine the record"
+    )
+    filters: FilterSections = Field(
+        default_factory=lambda: FilterSections(), description="quality filters of every source (tidal/data/filters.py)"
+    )
+    near_dedup: NearDedupConfig = Field(
+        default_factory=lambda: NearDedupConfig(), description="MinHash-LSH near-duplicate removal (tidal/data/neardup.py)"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> CleanConfig:
@@ -128,19 +242,77 @@ class GateConfig(Strict):
     max_duplicate_rate: Fraction | None = Field(default=None, description="per source, if set")
 
 
-class ModelConfig(Strict):
-    """Decoder-only transformer shape (vocab size comes from the tokenizer)."""
+class MoEConfig(Strict):
+    """Mixture-of-experts feed-forward layers (tidal/train/moe.py; defaults and sources in
+    tidal/train/flops.py MoEConfig)."""
 
+    n_experts: PositiveInt = Field(description="E, expert SwiGLUs per MoE layer")
+    top_k: PositiveInt = Field(default=2, description="experts per token (1: Switch; 2: GShard/ST-MoE)")
+    capacity_factor: Annotated[float, Field(gt=0.0, le=1e3)] = Field(
+        default=1.25, description="expert slots per sequence = ceil(capacity_factor * T * top_k / E); "
+        "choices past them are dropped and counted")
+    aux_loss_weight: Annotated[float, Field(ge=0.0, le=1e3)] = Field(
+        default=0.01, description="weight of the Switch load-balancing loss")
+    router_z_loss_weight: Annotated[float, Field(ge=0.0, le=1e3)] = Field(
+        default=0.001, description="weight of the ST-MoE router z-loss")
+    every: PositiveInt = Field(default=1, description="block i is MoE when (i + 1) % every == 0")
+
+    @model_validator(mode="after")
+    def _top_k(self) -> MoEConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed n_experts ({self.n_experts})")
+        return self
+
+
+class ModelConfig(Strict):
+    """Decoder-only transformer shape (vocab size comes from the tokenizer).
+
+    ``preset`` (tidal/train/presets.py: tiny, small, 125m, 350m, 760m, 1b) fills the shape
+    fields not written here; without a preset the defaults below apply. The resolved shape, not
+    the preset's name, is what a step config holds and hashes; optional fields left at their
+    defaults (``n_kv_heads`` = ``n_heads``, no ``moe``, ``compute_dtype: float32``) are left out
+    of it, so recipes that do not use them keep their step ids.
+    """
+
+    preset: str | None = Field(default=None, description="named size (tidal/train/presets.py); fields written beside it win")
     d_model: PositiveInt = 128
     n_layers: PositiveInt = 2
     n_heads: PositiveInt = 4
     d_ff: PositiveInt = 512
+    n_kv_heads: PositiveInt | None = Field(
+        default=None, description="key/value heads (grouped-query attention); must divide n_heads; default n_heads")
+    moe: MoEConfig | None = Field(default=None, description="mixture-of-experts feed-forward layers; default dense")
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="activation dtype; parameters, softmax and loss stay float32")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            from tidal.train.presets import preset_shape
+
+            data = preset_shape(data["preset"]) | dict(data)
+        return data
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        from tidal.train.flops import ModelConfig as Shape
+
+        Shape.from_config(self.model_dump(), vocab_size=1)  # the trainer's own rules (GQA, RoPE, MoE)
         return self
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data.pop("preset", None)
+        if data.get("n_kv_heads") in (None, self.n_heads):
+            data.pop("n_kv_heads", None)
+        for key, default in (("moe", None), ("compute_dtype", "float32")):
+            if data.get(key) == default:
+                data.pop(key, None)
+        return data
 
 
 class OptimizerConfig(Strict):
@@ -266,6 +438,16 @@ class BeamConfig(Strict):
         return self
 
 
+class MeshConfig(Strict):
+    """Explicit device-mesh axis sizes (tidal/train/mesh.py); an axis left null is derived:
+    tensor 1, data = TPU slices, fsdp = the remaining devices. Hashed: another mesh changes
+    the order of floating-point reductions, hence the loss bits."""
+
+    data: PositiveInt | None = Field(default=None, description="pure data-parallel replicas")
+    fsdp: PositiveInt | None = Field(default=None, description="devices sharing params/optimizer state (FSDP)")
+    tensor: PositiveInt | None = Field(default=None, description="tensor-parallel devices (heads, d_ff)")
+
+
 class TrainConfig(Strict):
     """Training loop: steps, batch, checkpoint and eval cadence."""
 
@@ -278,7 +460,71 @@ class TrainConfig(Strict):
     eval_every: PositiveInt = 50
     eval_batches: PositiveInt = 4
     log_every: PositiveInt = 10
+    checkpoint_permanent_every: PositiveInt | None = Field(
+        default=None, description="also keep every checkpoint whose step is a multiple of this, forever")
+    mesh: MeshConfig | None = Field(default=None, description="device mesh axis sizes; null: derived")
     resources: ResourceConfig = ResourceConfig()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # unset optional fields stay out of the step config, so existing recipes keep their step ids
+        data = handler(self)
+        for key in ("checkpoint_permanent_every", "mesh"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
+
+
+# Presets Airflow accepts for a periodic schedule (airflow.timetables / "Cron Presets" in the docs).
+SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+
+
+class BaselineConfig(Strict):
+    """A known-good run that scheduled validation runs are compared with (tidal/baseline.py).
+
+    Not hashed: it decides whether a run *passes*, never what a step computes.
+    """
+
+    file: str = Field(
+        min_length=1,
+        description="baseline JSON (stats and loss curve), relative to the recipe file; "
+        "written by `tidal baseline RECIPE --from-run KEY` or by hand",
+    )
+    loss_tolerance: Annotated[float, Field(ge=0.0)] = Field(
+        default=0.05, description="allowed |got - expected| of each loss-curve point and the eval loss (nats)"
+    )
+    stats_tolerance: Annotated[float, Field(ge=0.0)] = Field(
+        default=0.01, description="allowed relative difference |got - expected| / max(|expected|, 1) of each stat"
+    )
+
+
+class StorageConfig(Strict):
+    """How step outputs reach the storage root (tidal/storage.py StorageSettings). Not hashed:
+    where data lives and how fast it moves never change a step id."""
+
+    endpoint_url: str | None = Field(
+        default=None, description="S3 API endpoint for s3:// roots: none = AWS; https://storage.googleapis.com "
+        "= GCS (HMAC keys); a MinIO URL. $TIDAL_S3_ENDPOINT_URL overrides it")
+    region: str | None = Field(default=None, description="bucket region (default: boto3's, e.g. $AWS_DEFAULT_REGION)")
+    max_attempts: PositiveInt = Field(default=10, description="botocore adaptive-mode attempts per request")
+    multipart_threshold_mb: PositiveInt = Field(default=64, description="files at least this large upload in parts (MiB)")
+    multipart_chunk_mb: Annotated[int, StrictType(), Field(ge=5)] = Field(
+        default=16, description="multipart part size (MiB; S3's minimum part is 5 MiB)")
+    max_concurrency: PositiveInt = Field(default=8, description="parallel transfers (parts per file, files per commit)")
+    lease_ttl_s: Annotated[float, Field(gt=0)] = Field(
+        default=120.0, description="seconds a step lease lives without a heartbeat (heartbeat every ttl/4)")
+    lease_wait_s: Annotated[float, Field(ge=0)] = Field(
+        default=1800.0, description="longest wait for another worker's lease on the same step (seconds)")
+
+    def settings(self) -> Any:
+        """The :class:`tidal.storage.StorageSettings` these fields describe."""
+        from tidal.storage import StorageSettings
+
+        return StorageSettings(
+            endpoint_url=self.endpoint_url, region=self.region, max_attempts=self.max_attempts,
+            multipart_threshold_bytes=self.multipart_threshold_mb * 2**20,
+            multipart_chunk_bytes=self.multipart_chunk_mb * 2**20, max_concurrency=self.max_concurrency,
+            lease_ttl_s=self.lease_ttl_s, lease_wait_s=self.lease_wait_s)
 
 
 class Recipe(Strict):
@@ -289,6 +535,10 @@ class Recipe(Strict):
     description: str = ""
     seed: Annotated[int, StrictType(), Field(ge=0)] = Field(description="every step seed derives from it")
     sources: dict[str, Source] = Field(min_length=1)
+    intended_use: list[Use] = Field(
+        min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
+        "each (tidal/licences.py; not hashed)"
+    )
     clean: CleanConfig = CleanConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     tokenize: TokenizeConfig = TokenizeConfig()
@@ -301,7 +551,34 @@ class Recipe(Strict):
         description="where step outputs live, relative to the recipe file's directory (not hashed)",
     )
     tracking_uri: str | None = Field(default=None, description="MLflow URI (not hashed)")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="object-store settings (not hashed)")
     beam: BeamConfig = Field(default_factory=BeamConfig, description="where Beam data steps run (not hashed)")
+    schedule: str | None = Field(
+        default=None,
+        description="when Airflow reruns the recipe for validation: a cron expression (5 fields) or a preset "
+        f"({', '.join(SCHEDULE_PRESETS)}); none: manual trigger only (not hashed)",
+    )
+    baseline: BaselineConfig | None = Field(
+        default=None, description="known-good stats and loss curve that runs are compared with (not hashed)"
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_form(cls, schedule: str | None) -> str | None:
+        import re
+
+        if schedule is None or schedule in SCHEDULE_PRESETS:
+            return schedule
+        fields = schedule.split()
+        if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*,/\-]+", f) for f in fields):
+            raise ValueError(f"schedule {schedule!r}: write a 5-field cron expression ('0 3 * * *') "
+                             f"or one of {', '.join(SCHEDULE_PRESETS)}")
+        from croniter import croniter  # what Airflow's CronTriggerTimetable parses cron with
+
+        if not croniter.is_valid(schedule):
+            raise ValueError(f"schedule {schedule!r}: not a valid cron expression (a field out of range or "
+                             "unknown name; minute 0-59, hour 0-23, day 1-31, month 1-12, weekday 0-6)")
+        return schedule
 
     @model_validator(mode="after")
     def _sources_exist(self) -> Recipe:
@@ -312,6 +589,22 @@ class Recipe(Strict):
         overlap = sorted(set(self.mixture.weights) & set(self.evaluation.sources))
         if overlap:
             raise ValueError(f"sources {overlap} are both in the training mixture and held out for evaluation")
+        return self
+
+    @model_validator(mode="after")
+    def _training_fits(self) -> Recipe:
+        from tidal.train.memory import check_recipe
+
+        check_recipe(self)  # MemoryPlanError (a ValueError) names every term in GiB and the capacity
+        return self
+
+    @model_validator(mode="after")
+    def _licence_gate(self) -> Recipe:
+        from tidal.licences import gate_problems
+
+        problems = gate_problems(self.sources, self.intended_use)
+        if problems:
+            raise ValueError("licence gate: " + "; ".join(problems))
         return self
 
     @property
