@@ -23,8 +23,6 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
         ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``.
     """
-    from tidal.runner import read_step_json
-
     graph, storage = pipe.graph, pipe.storage
     missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
     report: dict[str, Any] = {"recipe": pipe.recipe.name, "missing": missing, "run_key": run_key}
@@ -34,14 +32,14 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
 
     train = graph["train"]
     if storage.is_committed(train.step_id):
-        summary = read_step_json(storage.step_dir(train.step_id))["summary"]
+        summary = json.loads(storage.read_text(train.step_id, "step.json"))["summary"]
         for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
             report[key] = summary.get(key)
-        report["checkpoints"] = str(storage.step_dir(train.step_id) / "checkpoints")
+        report["checkpoints"] = storage.step_uri(train.step_id).rstrip("/") + "/checkpoints"
     gate = graph["gate"]
-    gate_file = storage.step_dir(gate.step_id) / "gate_result.json"
-    if storage.is_committed(gate.step_id) and gate_file.is_file():
-        report["gate"] = "passed" if json.loads(gate_file.read_text())["success"] else "failed"
+    gate_text = _committed_text(storage, gate.step_id, "gate_result.json")
+    if gate_text is not None:
+        report["gate"] = "passed" if json.loads(gate_text)["success"] else "failed"
     else:
         report["gate"] = "not passed (gate step not committed)"
         failed = [p / "gate_result.json" for p in storage.failed_attempts(gate.step_id)]
@@ -52,6 +50,16 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     if finish and report.get("mlflow_run_id"):
         pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
+
+
+def _committed_text(storage: Any, step_id: str, name: str) -> str | None:
+    """A file of a committed step (local or object store), or None if uncommitted or absent."""
+    if not storage.is_committed(step_id):
+        return None
+    try:
+        return storage.read_text(step_id, name)
+    except FileNotFoundError:
+        return None
 
 
 def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,14 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from tidal.context import StepContext
+from tidal.fingerprint import environment_fingerprint
 from tidal.hashing import write_manifest
 from tidal.kinds import kind_spec
+from tidal.lease import Lease, LeaseLost
 from tidal.logs import quiet_libraries
 from tidal.provenance import environment, git_sha
+from tidal.signing import SIGNATURE_JSON, load_key, signing_record, write_signature
 from tidal.steps import Step, derive_seed
-from tidal.storage import SUCCESS, LocalStorage
+from tidal.storage import SUCCESS, LocalStorage, Storage
 
 STEP_JSON = "step.json"
+LEASE_ROUNDS = 3  # lease acquisitions per run_step before giving up on a step whose lease keeps moving
 log = logging.getLogger("tidal.runner")
 
 
@@ -56,7 +61,7 @@ def read_step_json(out_dir: Path) -> dict[str, Any]:
     return json.loads((out_dir / STEP_JSON).read_text())
 
 
-def needs_run(step: Step, storage: LocalStorage, *, force: bool = False) -> bool:
+def needs_run(step: Step, storage: Storage, *, force: bool = False) -> bool:
     """Whether ``step`` must be computed: False if committed (and not forced).
 
     ``force`` first moves a committed output aside. Shared by in-process runs and the
@@ -75,24 +80,54 @@ def needs_run(step: Step, storage: LocalStorage, *, force: bool = False) -> bool
     return True
 
 
-def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepResult:
+def run_step(step: Step, storage: Storage, *, force: bool = False) -> StepResult:
     """Run ``step`` unless it is committed; commit its output atomically.
+
+    The computation runs under the step's lease (:mod:`tidal.lease`): a second worker that
+    starts the same step meanwhile waits (up to ``storage.settings.lease_wait_s``) and then
+    skips it once the holder committed. The lease is recorded in ``step.json``
+    (``provenance.lease``).
 
     Args:
         step: the planned step (its inputs must already be committed).
-        storage: the storage root.
+        storage: the storage root (local directory or object store).
         force: recompute even if committed (the old output is moved aside first).
 
     Raises:
         StepBlocked: an input step is not committed.
+        tidal.lease.LeaseTimeout: another worker held the lease for ``lease_wait_s`` without committing.
+        tidal.lease.LeaseLost: this worker's lease was taken over before it committed.
         Exception: whatever the step kind raises; nothing is committed then.
     """
     started = time.perf_counter()
     out_dir = storage.step_dir(step.step_id)
     if not needs_run(step, storage, force=force):
-        summary = read_step_json(out_dir).get("summary", {})
-        return StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - started, out_dir, summary)
+        return _skipped(step, storage, started)
+    for _ in range(LEASE_ROUNDS):
+        lease = storage.lease(step.step_id)
+        if not lease.acquire(wait_s=storage.settings.lease_wait_s, done=lambda: storage.is_committed(step.step_id)):
+            log.info("%s was committed by another worker while this one waited for its lease: skip", step.step_id)
+            return _skipped(step, storage, started)
+        try:
+            if storage.is_committed(step.step_id):  # committed between our check and our lease
+                return _skipped(step, storage, started)
+            return _compute(step, storage, lease, started, out_dir)
+        except LeaseLost as err:  # another worker holds it now: wait for it like any loser
+            log.warning("%s; waiting for the new holder", err)
+        finally:
+            lease.release()
+    raise LeaseLost(f"step {step.step_id}: lost the lease {LEASE_ROUNDS} times; is another worker's clock "
+                    f"far off, or storage.lease_ttl_s ({storage.settings.lease_ttl_s} s) too short?")
 
+
+def _skipped(step: Step, storage: Storage, started: float) -> StepResult:
+    summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
+    return StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - started,
+                      storage.step_dir(step.step_id), summary)
+
+
+def _compute(step: Step, storage: Storage, lease: Lease, started: float, out_dir: Path) -> StepResult:
+    """Compute ``step`` into local scratch (or its resumable dir) and commit it; the lease is held."""
     spec = kind_spec(step.kind)
     quiet_libraries()
     module = spec.load()
@@ -102,8 +137,7 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
             "bump both together"
         )
     if spec.resumable:
-        work_dir = out_dir
-        work_dir.mkdir(parents=True, exist_ok=True)
+        work_dir = storage.resumable_dir(step.step_id)
     else:
         storage.clear_uncommitted(step.step_id)
         work_dir = storage.new_scratch(step.step_id)
@@ -120,23 +154,34 @@ def run_step(step: Step, storage: LocalStorage, *, force: bool = False) -> StepR
                       step.step_id, kept)
         raise
     seconds = time.perf_counter() - started
-    manifest = write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds)
+    try:
+        lease.ensure_held()
+        manifest = write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
+                                provenance={"lease": lease.record()})
+        lease.ensure_held()  # fence: a worker that lost its lease must not publish
+    except LeaseLost:
+        if not spec.resumable:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
     if not spec.resumable:
         storage.commit_scratch(work_dir, step.step_id)
+    else:
+        storage.commit_resumable(work_dir, step.step_id)
     storage.clear_attempts(step.step_id)
     log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
     return StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
 
 
-def make_context(step: Step, storage: LocalStorage, work_dir: Path) -> StepContext:
-    """The :class:`StepContext` of ``step`` writing into ``work_dir`` (inputs: committed dirs)."""
+def make_context(step: Step, storage: Storage, work_dir: Path) -> StepContext:
+    """The :class:`StepContext` of ``step`` writing into ``work_dir`` (inputs: committed dirs, local;
+    an object store's are downloaded and verified first, :meth:`tidal.storage.Storage.input_dir`)."""
     return StepContext(
         step_id=step.step_id,
         name=step.name,
         kind=step.kind,
         config=json.loads(json.dumps(dict(step.config))),
         out_dir=work_dir,
-        inputs={dep.name: storage.step_dir(dep.step_id) for dep in step.inputs},
+        inputs={dep.name: storage.input_dir(dep.step_id) for dep in step.inputs},
         input_ids={dep.name: dep.step_id for dep in step.inputs},
         seed=derive_seed(int(step.config.get("seed", 0)), step.name),
         log=logging.getLogger(f"tidal.step.{step.name}"),
@@ -153,21 +198,30 @@ def write_commit(
     seconds: float,
     provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write ``manifest.json``, then ``step.json``, then ``_SUCCESS`` (last) into ``work_dir``.
+    """Write ``manifest.json``, ``step.json``, ``signature.json`` (with a key), then ``_SUCCESS`` (last).
 
     Shared by in-process runs and runs elsewhere (a pod: :mod:`tidal.launch.remote`), so both
     commit byte-for-byte the same way. ``provenance`` adds fields (e.g. launcher, workload).
+    ``step.json`` also records the environment fingerprint (:mod:`tidal.fingerprint`) and
+    ``signing``; with ``$TIDAL_SIGNING_KEY`` set, both files are signed (:mod:`tidal.signing`).
+
+    Raises:
+        tidal.signing.SigningKeyError: ``$TIDAL_SIGNING_KEY`` is set but malformed.
 
     Returns:
         The manifest written.
     """
+    key = load_key()
     (work_dir / SUCCESS).unlink(missing_ok=True)
-    manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS))
+    (work_dir / SIGNATURE_JSON).unlink(missing_ok=True)
+    manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
     record = {
         "step_id": step.step_id,
         "hash_input": step.hash_input,
         "summary": summary,
         "manifest_root_hash": manifest["root_hash"],
+        "environment": environment_fingerprint(),
+        "signing": signing_record(key),
         "provenance": {
             "git_sha": git_sha(),
             "environment": environment(),
@@ -180,6 +234,8 @@ def write_commit(
         },
     }
     (work_dir / STEP_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    if key is not None:
+        write_signature(work_dir, key)
     _write_marker(work_dir / SUCCESS, manifest["root_hash"])
     return manifest
 

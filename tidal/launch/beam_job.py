@@ -14,7 +14,8 @@ caller, in two halves that each take milliseconds on the Airflow worker:
 3. :func:`commit`: the kind's expected outputs must exist; the summary is read back from them
    by the kind's own ``summarize`` (what its ``run`` returns in-process), then
    ``manifest.json``, ``step.json``, ``_SUCCESS`` (:func:`tidal.runner.write_commit`) and the
-   atomic rename of the scratch directory into place (:meth:`LocalStorage.commit_scratch`),
+   atomic rename of the scratch directory into place (:meth:`LocalStorage.commit_scratch`;
+   on an object store the upload with the marker last, :meth:`S3Storage.commit_scratch`),
    exactly as :func:`tidal.runner.run_step` does; then MLflow.
 
 The summary comes from the outputs, not from the job's stdout: with ``DataflowRunner`` the
@@ -124,7 +125,7 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     out_dir = storage.step_dir(step.step_id)
     work_dir = Path(prepared["out"]) if prepared.get("status") == "run" else None
     if storage.is_committed(step.step_id):
-        summary = json.loads((out_dir / STEP_JSON).read_text()).get("summary", {})
+        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
         result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
         if work_dir is not None:  # committed meanwhile by another attempt: same content address
             shutil.rmtree(work_dir, ignore_errors=True)

@@ -58,9 +58,9 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
         return {**base, "status": "skip"}
     from tidal.train import write_spec  # light: no JAX (see tidal/train/__init__.py)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_spec(make_context(step, storage, out_dir))
-    return {**base, "status": "run"}
+    work_dir = storage.resumable_dir(step.step_id)  # local: the step dir; object store: a local work dir
+    write_spec(make_context(step, storage, work_dir))
+    return {**base, "step_uri": str(work_dir), "status": "run"}
 
 
 def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
@@ -80,16 +80,18 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
     storage = pipe.storage
     out_dir = storage.step_dir(step.step_id)
     if storage.is_committed(step.step_id):
-        summary = json.loads((out_dir / STEP_JSON).read_text()).get("summary", {})
+        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
         result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
     else:
-        if not (out_dir / SUMMARY).is_file():
-            raise RemoteRunIncomplete(f"{out_dir}/{SUMMARY} is missing: the {launcher} run of {step.step_id} "
+        work_dir = storage.resumable_dir(step.step_id)
+        if not (work_dir / SUMMARY).is_file():
+            raise RemoteRunIncomplete(f"{work_dir}/{SUMMARY} is missing: the {launcher} run of {step.step_id} "
                                       "did not finish; rerun the launch task (training resumes from checkpoints)")
-        summary = json.loads((out_dir / SUMMARY).read_text())
+        summary = json.loads((work_dir / SUMMARY).read_text())
         seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
-        write_commit(step, storage, out_dir, summary, started_at=started_at, seconds=seconds,
+        write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
                      provenance={"launcher": launcher, "workload": workload})
+        storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
         storage.clear_attempts(step.step_id)
         result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
     if run_key is not None:

@@ -37,7 +37,7 @@ def forecast_suite(pipe: Any, flops: float) -> dict[str, Any]:
     if not pipe.storage.is_committed(step.step_id):
         raise ForecastUnavailable(f"fit step {step.step_id} is not committed under {pipe.storage.root}; "
                                   f"run the suite first: tidal run {pipe.recipe_path}")
-    fits, boot = load_fit(pipe.storage.step_dir(step.step_id))
+    fits, boot = load_fit(pipe.storage.input_dir(step.step_id))
     point = {k: (float("nan") if fits["point"][k] is None else fits["point"][k]) for k in PARAM_KEYS}
     return {"suite": pipe.suite.name, "flops": flops, "fit_step": step.step_id, "loss": fits["loss"],
             "flags": fits["flags"], "n_runs": fits["n_runs"],

@@ -1,0 +1,188 @@
+"""A moto S3 server on loopback, and a fault-injecting HTTP proxy in front of it (tests only).
+
+The proxy forwards every request to moto unchanged (it is HTTP-aware: it reads the whole
+request, so it can count requests and answer some of them itself) and, as its
+:class:`FaultPlan` says, answers every k-th request with a real S3 error (500 InternalError
+or 503 SlowDown, the XML body S3 sends) or closes the connection halfway through an upload
+body. boto3 then sees exactly what a flaky endpoint does, and its real retry logic runs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ERRORS = {
+    500: ("InternalError", "We encountered an internal error. Please try again."),
+    503: ("SlowDown", "Please reduce your request rate."),
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until 127.0.0.1:port accepts connections; RuntimeError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+class MotoServer:
+    """``python -m moto.server`` on a free loopback port, in its own process group."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 60) -> MotoServer:
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for_port(self.port, timeout_s, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@dataclass
+class FaultPlan:
+    """What the proxy breaks. Counters say what it actually did (tests assert on them).
+
+    Attributes:
+        every: answer every ``every``-th request (0: none) with an error, cycling ``statuses``.
+        statuses: HTTP statuses to answer with (500 InternalError, 503 SlowDown).
+        drop_uploads: close the connection halfway through the body of this many upload
+            requests (PUT with a body of at least ``drop_min_bytes``).
+        drop_min_bytes: smallest body that counts as an upload to drop (bytes).
+        log: ``(method, path)`` of every request that reached moto, in order.
+    """
+
+    every: int = 0
+    statuses: tuple[int, ...] = (500, 503)
+    drop_uploads: int = 0
+    drop_min_bytes: int = 1 << 20
+    requests: int = 0
+    injected: dict[int, int] = field(default_factory=dict)
+    dropped: int = 0
+    log: list[tuple[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FaultProxy:
+    """A threaded HTTP/1.1 proxy on a free loopback port that forwards to ``upstream_port``."""
+
+    def __init__(self, upstream_port: int, plan: FaultPlan | None = None):
+        self.plan = plan or FaultPlan()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    data = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return data
+                        data += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self) -> None:
+                plan = proxy.plan
+                length = int(self.headers.get("Content-Length") or 0)
+                with plan.lock:
+                    plan.requests += 1
+                    number = plan.requests
+                    drop = (self.command == "PUT" and length >= plan.drop_min_bytes and plan.dropped < plan.drop_uploads)
+                    if drop:
+                        plan.dropped += 1
+                if drop:  # read half the body, then hang up without answering
+                    self.rfile.read(length // 2)
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                body = self._body()
+                if plan.every and number % plan.every == 0:
+                    with plan.lock:
+                        status = plan.statuses[sum(plan.injected.values()) % len(plan.statuses)]
+                        plan.injected[status] = plan.injected.get(status, 0) + 1
+                    code, message = ERRORS[status]
+                    payload = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                               f"<Message>{message}</Message><RequestId>tidal-fault-{number}</RequestId></Error>").encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                with plan.lock:
+                    plan.log.append((self.command, self.path))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "content-length")}
+                headers["Content-Length"] = str(len(body))
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = upstream.getresponse()
+                    payload = response.read()
+                finally:
+                    upstream.close()
+                self.send_response(response.status, response.reason)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "content-length", "connection", "date", "server"):
+                        self.send_header(key, value)
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
