@@ -171,3 +171,17 @@ def test_fit_step_writes_results_and_forecast_cli_reads_them(tmp_path, monkeypat
     assert fc["loss3"]["lo95"] <= fc["loss3"]["estimate"] <= fc["loss3"]["hi95"]
     assert main(["forecast", str(path), "--flops", "1e21"]) == 0
     assert pipe.run("fit").status == "skip"
+
+
+def test_suite_parent_run_records_the_base_recipes_licences(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tidal.pipeline import Pipeline
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    pipe = Pipeline.load(write_suite(tmp_path))
+    run_id = pipe.parent_run("suite-licences")
+    tags = MlflowClient(pipe.tracking_uri).get_run(run_id).data.tags
+    assert tags["tidal.intended_use"] == "research"
+    assert tags["tidal.licence.brown"] == "LicenseRef-Brown-Corpus"
+    assert tags["tidal.licence.gcide"] == "GPL-2.0-or-later"

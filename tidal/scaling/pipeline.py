@@ -19,7 +19,7 @@ from tidal.hashing import canonical_json, sha256_bytes
 from tidal.pipeline import Pipeline, _flatten
 from tidal.scaling.suite import Suite, build_suite_graph, load_suite
 from tidal.steps import StepGraph
-from tidal.storage import LocalStorage
+from tidal.storage import open_storage
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,14 @@ class SuitePipeline(Pipeline):
             raise SuiteError(f"{path}: overrides are not supported for suite files; edit the file")
         suite, base = load_suite(path)
         override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        settings = base.storage.settings()
         if override:
-            storage = LocalStorage.from_uri(override)
+            storage = open_storage(override, settings=settings)
         elif suite.storage_root:
-            storage = LocalStorage.from_uri(suite.storage_root, base=path.parent)
+            storage = open_storage(suite.storage_root, base=path.parent, settings=settings)
         else:  # the base recipe's root, resolved as for the base recipe itself
-            storage = LocalStorage.from_uri(base.storage_root, base=(path.parent / suite.base).resolve().parent)
+            storage = open_storage(base.storage_root, base=(path.parent / suite.base).resolve().parent,
+                                   settings=settings)
         tracking = os.environ.get("MLFLOW_TRACKING_URI") or suite.tracking_uri or base.tracking_uri
         return cls(path, base, storage, tracking, suite)
 
@@ -71,10 +73,12 @@ class SuitePipeline(Pipeline):
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key``, with the suite's fields as params."""
+        from tidal.licences import licence_tags
         from tidal.provenance import git_sha
 
         params = _flatten({"suite": self.suite.model_dump(mode="json"), "base": self.recipe.name})
         tags = {"tidal.recipe": self.suite.name, "tidal.recipe_version": str(self.suite.version),
                 "tidal.recipe_hash": self.recipe_hash, "tidal.recipe_path": str(self.recipe_path),
                 "tidal.suite_base": self.recipe.name, "tidal.git_sha": git_sha()}
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # the base recipe's sources
         return self.tracker().parent_run(run_key, params=params, tags=tags)
