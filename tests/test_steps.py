@@ -53,7 +53,7 @@ def test_location_fields_change_no_id(tiny_data, overrides):
 def test_step_version_bump_changes_id(monkeypatch):
     step = Step("clean-x", "clean", {"a": 1})
     before = step.step_id
-    monkeypatch.setitem(KINDS, "clean", KINDS["clean"].__class__("tidal.data.clean", 2))
+    monkeypatch.setitem(KINDS, "clean", KINDS["clean"].__class__("tidal.data.clean", KINDS["clean"].version + 1))
     assert Step("clean-x", "clean", {"a": 1}).step_id != before
 
 

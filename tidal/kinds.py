@@ -29,12 +29,12 @@ class KindSpec:
 
 
 KINDS: dict[str, KindSpec] = {
-    "fetch": KindSpec("tidal.data.fetch", 1),
-    "clean": KindSpec("tidal.data.clean", 1),
+    "fetch": KindSpec("tidal.data.fetch", 2),
+    "clean": KindSpec("tidal.data.clean", 2),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
-    "tokenize": KindSpec("tidal.data.tokenize", 1),
+    "tokenize": KindSpec("tidal.data.tokenize", 2),
     "mix": KindSpec("tidal.data.mix", 1),
-    "stats": KindSpec("tidal.data.stats", 1),
+    "stats": KindSpec("tidal.data.stats", 2),
     "gate": KindSpec("tidal.gates", 1),
     "train": KindSpec("tidal.train", 1, resumable=True),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 1),

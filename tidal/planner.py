@@ -28,17 +28,12 @@ def build_graph(recipe: Recipe) -> StepGraph:
         fetch = Step(
             name=f"fetch-{src}",
             kind="fetch",
-            config={
-                "source": src,
-                "format": source.format,
-                "archive": source.archive.model_dump(),
-                "max_documents": source.max_documents,
-            },
+            config={"source": src, **source.fetch_config()},
         )
         clean[src] = Step(
             name=f"clean-{src}",
             kind="clean",
-            config={"source": src, "input": fetch.name, **clean_cfg},
+            config={"source": src, "input": fetch.name, **clean_cfg, **source.clean_overrides(recipe.clean.filters)},
             inputs=(fetch,),
         )
         steps += [fetch, clean[src]]

@@ -42,12 +42,14 @@ def test_fetch_writes_raw_parquet_in_ref_order(tmp_path, cache):
     spec = put(cache, "brownish-1.0.0.tgz", make_tar(BROWN))
     summary, path = run_fetch(tmp_path, {"source": "brown", "format": "brown", "archive": spec})
     table = pq.read_table(path)
-    assert table.schema == pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
+    assert table.schema == pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary()),
+                                      ("reason", pa.string()), ("detail", pa.string())])
+    assert table.column("reason").null_count == table.num_rows
     assert table.column("ref").to_pylist() == ["ca01", "ca02", "ca10", "cb01", "cb02", "cb10"]
     assert table.column("raw").to_pylist()[2] == b"Doc a10 ."
     assert set(table.column("source").to_pylist()) == {"brown"}
     assert summary == {"documents": 6, "bytes": sum(len(r) for r in table.column("raw").to_pylist()),
-                       "archive_sha256": spec["sha256"], "skipped": 0}
+                       "archive_sha256": spec["sha256"], "skipped": 0, "unparsed": 0}
 
 
 def test_fetch_rerun_is_byte_identical_and_max_documents_slices(tmp_path, cache):
@@ -67,7 +69,8 @@ def test_fetch_counts_gcide_database_entries_as_skipped(tmp_path, cache):
     spec = put(cache, "dict_1.0.0_all.deb", deb, kind="apt")
     summary, path = run_fetch(tmp_path, {"source": "gcide", "format": "gcide", "archive": spec})
     assert summary["documents"] == 1 and summary["skipped"] == 1 and summary["skipped_gcide_database_entry"] == 1
-    assert pq.read_table(path).to_pylist() == [{"source": "gcide", "ref": "gcide.index:2", "raw": body}]
+    assert pq.read_table(path).to_pylist() == [{"source": "gcide", "ref": "gcide.index:2", "raw": body,
+                                                "reason": None, "detail": None}]
 
 
 def test_fetch_rejects_unknown_config_key(tmp_path, cache):

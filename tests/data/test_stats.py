@@ -29,9 +29,10 @@ CLEAN_METRICS = {
     "chars_p50",
     "chars_p90",
 }
-TOKENIZE_METRICS = {"tokens", "sequences"}
+TOKENIZE_METRICS = {"tokens", "sequences", "unknown_token_rate", "byte_fallback_rate"}
 MIX_METRICS = {"mixture_weight_requested", "mixture_weight_realized", "mixture_sequences"}
-ALL_METRICS = {"total_tokens", "quarantine_rate", "documents_in", "documents_kept"}
+ALL_METRICS = {"total_tokens", "quarantine_rate", "documents_in", "documents_kept",
+               "tokens", "unknown_token_rate", "byte_fallback_rate"}
 
 
 def texts_of(source: str, n: int) -> list[str]:
@@ -186,3 +187,26 @@ def test_unbalanced_counts_are_refused(chain, tmp_path):
                 {"clean-bad": bad},
             )
         )
+
+
+def test_rows_of_a_real_clean_step_language_mix_hit_rates_and_all(tmp_path):
+    from tests.data.test_clean import CONFIG, RECORDS, run_clean
+
+    config = {**CONFIG, "filters": {"gopher_quality": {"min_words": 5}}, "language": {"allowed": ["en", "zh"]}}
+    _, out = run_clean(tmp_path, "clean-toy", config, RECORDS)
+    counts = json.loads((out / "counts.json").read_text())
+    stats_step.run(ctx("stats", "stats", {"clean": {"toy": "clean-toy"}}, tmp_path / "stats", {"clean-toy": out}))
+    rows = {(s, m): v for s, m, v in
+            (tuple(r.values()) for r in json.loads((tmp_path / "stats" / "stats.json").read_text()))}
+    kept = counts["kept"]
+    assert kept > 0 and rows[("toy", "documents_kept")] == kept
+    assert rows[("toy", "language/en")] == counts["languages"]["en"] / kept
+    assert sum(v for (s, m), v in rows.items() if s == "toy" and m.startswith("language/")) == pytest.approx(1.0)
+    assert rows[("toy", "duplicate_rate/exact")] == 2 / 11 and rows[("toy", "duplicate_rate/near")] == 0
+    for rule, n in counts["hits"].items():
+        assert rows[("toy", f"hit_rate/{rule}")] == n / 11
+    assert rows[("toy", "hit_rate/gopher_quality.stop_words")] > 0  # the CJK poem has no English stop word
+    assert rows[("toy", "chars_p10")] <= rows[("toy", "chars_p50")] <= rows[("toy", "chars_p99")]
+    assert rows[("all", "documents_duplicate")] == 2 and rows[("all", "duplicate_rate")] == 2 / 11
+    assert rows[("all", "language/en")] == rows[("toy", "language/en")]
+    assert rows[("all", "chars_p50")] == rows[("toy", "chars_p50")]

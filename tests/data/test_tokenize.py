@@ -86,6 +86,11 @@ def test_step_packs_documents_in_id_order_with_one_eos_each(steps, tmp_path):
     stream, n_docs = expected_stream(steps)
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     tok_meta = json.loads((steps["tokenizer"] / "tokenizer_meta.json").read_text())
+    tokenizer, _ = tokenizer_step.load(steps["tokenizer"])
+    # a lone byte of a multi-byte character: one symbol that decodes to U+FFFD on its own
+    lone_byte = {i for i in set(stream.tolist()) if len(tokenizer.id_to_token(i)) == 1
+                 and tokenizer.decode([i]) == "\ufffd"}
+    byte_fallback = int(np.isin(stream, sorted(lone_byte)).sum())
     assert meta == {
         "tokenizer_hash": tok_meta["tokenizer_hash"],
         "seq_len": 16,
@@ -96,7 +101,11 @@ def test_step_packs_documents_in_id_order_with_one_eos_each(steps, tmp_path):
         "vocab_size": tok_meta["vocab_size"],
         "tokens_dropped_tail": len(stream) % 16,
         "documents_failed": 0,
+        "encoded_tokens": len(stream) - n_docs,
+        "unknown_tokens": 0,
+        "byte_fallback_tokens": byte_fallback,
     }
+
     assert summary["n_sequences"] == meta["n_sequences"]
     shards = list_shards(tmp_path / "out", "tokens", "npy")
     assert [p.name for p in shards] == [f"tokens-0000{i}-of-00003.npy" for i in range(3)]
@@ -165,3 +174,13 @@ def test_multi_process_direct_runner_gives_the_same_bytes(steps, tmp_path, monke
     run_tokenize(steps, tmp_path / "two_workers")
     for path in sorted((tmp_path / "in_process").iterdir()):
         assert path.read_bytes() == (tmp_path / "two_workers" / path.name).read_bytes(), path.name
+
+
+def test_byte_fallback_ids_are_the_lone_bytes_of_unmerged_characters(steps):
+    tokenizer, _ = tokenizer_step.load(steps["tokenizer"])
+    fallback, unk = tokenize_step.special_token_ids(tokenizer)
+    assert unk is None and len(fallback) == 128  # byte-level BPE: bytes 0x80-0xFF, no unknown token
+    rare = tokenizer.encode("龘", add_special_tokens=False).ids  # not in the corpus: 3 raw bytes
+    assert len(rare) == 3 and set(rare) <= set(fallback)
+    ascii_ids = tokenizer.encode("data model", add_special_tokens=False).ids
+    assert not set(ascii_ids) & set(fallback)

@@ -7,13 +7,21 @@ FnApiRunner is what the DirectRunner falls back to anyway. ``$TIDAL_BEAM_ARGS`` 
 words) adds or overrides options, e.g. ``--direct_num_workers=2
 --direct_running_mode=multi_processing`` or ``--runner=DataflowRunner --project=...``.
 Runner options are not part of any step config, so they never change a step id.
+
+At scale the same jobs run on a cluster runner: :func:`runner_args` turns a recipe's
+``beam: {runner, pipeline_options}`` (or an Airflow task's) into the command-line flags the
+job takes (``python -m tidal.data.clean --runner=DataflowRunner --project=P ...``), with the
+Beam provider's conventions (``True`` -> ``--flag``, ``False`` -> omitted, a list ->
+repeated ``--key=v``), and :func:`runner_options` into the :class:`PipelineOptions` that
+job builds.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -29,3 +37,41 @@ def beam_args(extra: Sequence[str] = ()) -> list[str]:
 def beam_options(extra: Sequence[str] = ()) -> PipelineOptions:
     """:class:`PipelineOptions` from :func:`beam_args`."""
     return PipelineOptions(beam_args(extra))
+
+
+CLUSTER_RUNNERS = ("DataflowRunner", "FlinkRunner", "SparkRunner")
+
+
+def runner_args(runner: str, pipeline_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Command-line flags for ``runner`` and its options, in sorted option order.
+
+    Args:
+        runner: a Beam runner name (``DataflowRunner``, ``FlinkRunner``, ``SparkRunner`` ...).
+        pipeline_options: bare option names to values, e.g. ``{"project": "p", "region":
+            "europe-west4", "temp_location": "gs://b/tmp"}`` or ``{"flink_master":
+            "host:8081", "parallelism": 8}``.
+
+    Raises:
+        ValueError: for an empty runner, or an option name that is not a bare identifier
+            (``--x`` or ``a=b``) or is ``runner`` itself.
+    """
+    if not runner:
+        raise ValueError("runner_args: the runner name is empty")
+    args = [f"--runner={runner}"]
+    for key, value in sorted((pipeline_options or {}).items()):
+        if not key.isidentifier() or key == "runner":
+            raise ValueError(f"pipeline option {key!r}: give a bare option name other than 'runner'")
+        if isinstance(value, bool):
+            if value:
+                args.append(f"--{key}")
+        elif isinstance(value, (list, tuple)):
+            args += [f"--{key}={v}" for v in value]
+        elif value is not None:
+            args.append(f"--{key}={value}")
+    return args
+
+
+def runner_options(runner: str, pipeline_options: Mapping[str, Any] | None = None) -> PipelineOptions:
+    """The :class:`PipelineOptions` a job gets for ``runner`` (after the defaults and
+    ``$TIDAL_BEAM_ARGS``; the runner's flags win). No cluster is contacted."""
+    return beam_options(runner_args(runner, pipeline_options))

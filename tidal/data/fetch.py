@@ -11,15 +11,24 @@ Config (hashed)::
      "members": optional glob inside the archive (default per format),
      "max_documents": optional int, keep the first N records in ref order}
 
+File sources (``format``: ``jsonl`` | ``parquet`` | ``text``, :mod:`tidal.data.readers`)
+take ``path`` (a local file or folder, or an ``s3://`` object or prefix) and ``text_field``
+instead of ``archive``; their
+content is not pinned by a sha256, so a path must name an immutable snapshot (the
+summary records ``bytes`` and ``documents`` so a change is visible).
+
 Output ``raw.parquet``: columns ``source`` (string), ``ref`` (string), ``raw`` (binary,
-the original bytes), one row per document in ref order (:func:`tidal.data.sources.ref_sort_key`),
-written with fixed writer options so the same archive gives byte-identical files.
+the original bytes), ``reason`` and ``detail`` (string; null for a good record, else why
+the reader could not parse it: the clean step quarantines it under that reason), one row
+per record in ref order (:func:`tidal.data.sources.ref_sort_key`), written with fixed
+writer options so the same input gives byte-identical files.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,13 +36,17 @@ import pyarrow.parquet as pq
 
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
+from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.jobcli import main
 
-STEP_VERSION = 1
+STEP_VERSION = 2
 RAW_FILE = "raw.parquet"
+# The columns the clean step needs; fetch also writes ``reason`` and ``detail`` (FETCH_SCHEMA).
+# A raw.parquet without them (older or hand-made) means every record parsed.
 RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
-CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents"}
+FETCH_SCHEMA = pa.schema([*RAW_SCHEMA, ("reason", pa.string()), ("detail", pa.string())])
+CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents", "path", "text_field"}
 # Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
 # "created_by" names the library version, which the lockfile pins).
 PARQUET_OPTIONS = {
@@ -73,35 +86,53 @@ def run(ctx: StepContext) -> dict:
     unknown = sorted(set(config) - CONFIG_KEYS)
     if unknown:
         raise ValueError(f"fetch step {ctx.name!r}: unknown config key(s) {unknown}; known {sorted(CONFIG_KEYS)}")
-    for key in ("source", "format", "archive"):
+    from_path = config.get("format") in PATH_FORMATS
+    for key in ("source", "format", "path" if from_path else "archive"):
         if key not in config:
             raise ValueError(f"fetch step {ctx.name!r}: config lacks {key!r}")
-    archive = ensure_archive(config["archive"])
-    ctx.log.info("fetch %s: reading %s (%s)", config["source"], archive, config["format"])
     skipped: Counter = Counter()
+    if from_path:
+        ctx.log.info("fetch %s: reading %s (%s)", config["source"], config["path"], config["format"])
+        records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped)
+        if config.get("max_documents") is not None:
+            records = islice(records, config["max_documents"])
+    else:
+        archive = ensure_archive(config["archive"])
+        ctx.log.info("fetch %s: reading %s (%s)", config["source"], archive, config["format"])
+        records = (ReadRecord(ref, raw) for ref, raw in read_source(
+            config["format"], archive, config.get("members"), config.get("max_documents"), skipped))
     refs: list[str] = []
     raws: list[bytes] = []
+    reasons: list[str | None] = []
+    details: list[str | None] = []
     last_key = None
-    for ref, raw in read_source(config["format"], archive, config.get("members"), config.get("max_documents"), skipped):
-        key = ref_sort_key(ref)
+    for record in records:
+        key = ref_sort_key(record.ref)
         if last_key is not None and key <= last_key:
-            raise ValueError(f"fetch step {ctx.name!r}: reader {config['format']!r} yielded ref {ref!r} out of order or twice")
+            raise ValueError(f"fetch step {ctx.name!r}: reader {config['format']!r} yielded ref {record.ref!r} "
+                             "out of order or twice")
         last_key = key
-        refs.append(ref)
-        raws.append(raw)
+        refs.append(record.ref)
+        raws.append(record.raw)
+        reasons.append(record.reason)
+        details.append(record.detail if record.reason else None)
     table = pa.table(
         {"source": pa.array([config["source"]] * len(refs), pa.string()),
          "ref": pa.array(refs, pa.string()),
-         "raw": pa.array(raws, pa.binary())},
-        schema=RAW_SCHEMA,
+         "raw": pa.array(raws, pa.binary()),
+         "reason": pa.array(reasons, pa.string()),
+         "detail": pa.array(details, pa.string())},
+        schema=FETCH_SCHEMA,
     )
     write_parquet(table, Path(ctx.out_dir) / RAW_FILE)
     summary = {
         "documents": len(refs),
         "bytes": sum(len(r) for r in raws),
-        "archive_sha256": config["archive"]["sha256"],
+        "unparsed": sum(1 for r in reasons if r),
         "skipped": sum(skipped.values()),
     }
+    if not from_path:
+        summary["archive_sha256"] = config["archive"]["sha256"]
     summary.update({f"skipped_{reason}": n for reason, n in sorted(skipped.items())})
     ctx.log.info("fetch %s: %s", config["source"], summary)
     return summary

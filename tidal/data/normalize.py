@@ -25,12 +25,19 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 NORMALIZATION_FORMS = ("NFC", "NFKC")
 FILTER_RULES = ("empty", "too_short", "too_long", "low_letter_fraction")
-QUARANTINE_REASONS = ("invalid_utf8",)
+NORMALIZATION_STEPS = ("bom", "ansi", "newlines", "unicode_form", "controls")
+QUARANTINE_REASONS = ("invalid_utf8", "lone_surrogate")
+UTF8_POLICIES = ("quarantine", "repair")
+SPECIAL_TOKEN_POLICIES = ("text", "strip", "quarantine")
+DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
+# A UTF-8-encoded UTF-16 surrogate (U+D800-U+DFFF): ED A0..BF 80..BF (RFC 3629 §3 forbids it).
+_ENCODED_SURROGATE_RE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
 
 BOM = "\ufeff"
 # ECMA-48 (5th ed., 1991) §5.4 control sequences, §8.3.89 OSC, and C1 two-byte escapes.
@@ -132,6 +139,74 @@ def decode_utf8(raw: bytes) -> str | Quarantine:
         return Quarantine("invalid_utf8", f"byte {err.start}: {err.reason} (0x{bad})")
 
 
+def utf8_error_reason(raw: bytes, start: int) -> str:
+    """``lone_surrogate`` when the undecodable bytes at ``start`` are an encoded UTF-16
+    surrogate (what ``json.loads('"\\ud800"')`` text becomes with ``surrogatepass``), else
+    ``invalid_utf8``."""
+    return "lone_surrogate" if _ENCODED_SURROGATE_RE.match(raw, start) else "invalid_utf8"
+
+
+def decode_with_policy(raw: bytes, policy: str = "quarantine") -> tuple[str | Quarantine, str | None]:
+    """Decode ``raw`` under the recipe's invalid-UTF-8 policy.
+
+    Args:
+        raw: the record's bytes.
+        policy: ``"quarantine"`` (the record is quarantined, nothing guessed) or
+            ``"repair"`` (every maximal invalid subsequence becomes U+FFFD, the Unicode
+            Standard §3.9 "U+FFFD substitution of maximal subparts" that Python's
+            ``errors="replace"`` implements; an encoded surrogate becomes U+FFFD too).
+
+    Returns:
+        ``(text or Quarantine, problem)``: ``problem`` is ``None`` for valid UTF-8, else the
+        reason of the first bad byte (``invalid_utf8`` / ``lone_surrogate``), counted by the
+        caller as quarantined or as repaired.
+
+    Raises:
+        ValueError: for an unknown policy.
+    """
+    if policy not in UTF8_POLICIES:
+        raise ValueError(f"invalid_utf8 policy must be one of {UTF8_POLICIES}, got {policy!r}")
+    try:
+        return raw.decode("utf-8", errors="strict"), None
+    except UnicodeDecodeError as err:
+        reason = utf8_error_reason(raw, err.start)
+        if policy == "repair":
+            return raw.decode("utf-8", errors="replace"), reason
+        bad = raw[err.start : min(err.end, err.start + 4)].hex()
+        return Quarantine(reason, f"byte {err.start}: {err.reason} (0x{bad})"), reason
+
+
+def apply_special_token_policy(text: str, policy: str, tokens: tuple[str, ...] = DEFAULT_SPECIAL_TOKENS):
+    """Handle special-token strings (``<|endoftext|>``) that occur literally in a document.
+
+    Policies:
+        ``"text"`` (default): keep the text; the tokenize step encodes it as ordinary text
+            (``encode_special_tokens=True``), so only the packer ever emits the end-of-text
+            id and a document can never fake a boundary.
+        ``"strip"``: remove every occurrence.
+        ``"quarantine"``: quarantine the record (reason ``special_token``).
+
+    Returns:
+        ``(text or Quarantine, found)``: ``found`` tells whether any token occurred (the
+        caller counts it under ``special_tokens.<policy>``).
+
+    Raises:
+        ValueError: for an unknown policy.
+    """
+    if policy not in SPECIAL_TOKEN_POLICIES:
+        raise ValueError(f"special_tokens policy must be one of {SPECIAL_TOKEN_POLICIES}, got {policy!r}")
+    found = [t for t in tokens if t in text]
+    if not found:
+        return text, False
+    if policy == "quarantine":
+        return Quarantine("special_token", f"contains {found[0]!r}"), True
+    if policy == "strip":
+        for token in found:
+            text = text.replace(token, "")
+        return text, True
+    return text, True
+
+
 def strip_ansi(text: str) -> str:
     """Remove ANSI / ECMA-48 escape sequences (colours, cursor moves, OSC titles)."""
     return _ANSI_RE.sub("", text)
@@ -157,15 +232,36 @@ def normalize_text(text: str, form: str = "NFC") -> str:
     Raises:
         ValueError: for an unknown normalization form.
     """
+    return normalize_text_steps(text, form)[0]
+
+
+def normalize_text_steps(text: str, form: str = "NFC") -> tuple[str, list[str]]:
+    """:func:`normalize_text`, also naming the steps that changed the text.
+
+    Returns:
+        ``(normalized text, steps)``: ``steps`` lists, in the order of
+        :data:`NORMALIZATION_STEPS`, each of ``bom`` (a leading U+FEFF removed), ``ansi``
+        (escape sequences removed), ``newlines`` (CRLF / CR / U+2028 / U+2029 rewritten),
+        ``unicode_form`` (NFC / NFKC changed a character, e.g. NFD input recomposed) and
+        ``controls`` (control characters removed) that changed it; the clean step counts
+        each under ``normalized.<step>`` (whitespace trimming is not counted).
+
+    Raises:
+        ValueError: for an unknown normalization form.
+    """
     check_form(form)
+    steps = []
     if text.startswith(BOM):
         text = text[1:]
-    text = strip_ansi(text)
-    text = normalize_newlines(text)
-    text = unicodedata.normalize(form, text)
-    text = strip_controls(text)
+        steps.append("bom")
+    for name, step in (("ansi", strip_ansi), ("newlines", normalize_newlines),
+                       ("unicode_form", lambda t: unicodedata.normalize(form, t)), ("controls", strip_controls)):
+        changed = step(text)
+        if changed != text:
+            steps.append(name)
+        text = changed
     text = _TRAILING_WS_RE.sub("", text)
-    return text.strip()
+    return text.strip(), steps
 
 
 def normalize_record(raw: bytes, form: str = "NFC") -> str | Quarantine:
@@ -189,12 +285,12 @@ def letter_fraction(text: str) -> float:
     Returns 0.0 for text with no non-whitespace characters.
     """
     letters = total = 0
-    for ch in text:
+    for ch, n in Counter(text).items():  # each distinct character once (counted in C)
         if ch.isspace():
             continue
-        total += 1
+        total += n
         if unicodedata.category(ch)[0] in "LM":
-            letters += 1
+            letters += n
     return letters / total if total else 0.0
 
 

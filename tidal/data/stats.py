@@ -11,12 +11,21 @@ Rows, per cleaned source ``src`` (from ``counts.json`` and the documents parquet
     chars_p90 (document length in characters, numpy's default linear-interpolation
     percentile; 0 when no document is kept), ``filter_rate/<rule>`` (filtered by that rule
     / documents_in) and ``quarantine/<reason>`` (documents quarantined for that reason,
-    a count).
-Per tokenized source: tokens (packed tokens, ``n_tokens``), sequences.
+    a count). When the clean step's ``counts.json`` has them (clean v2): chars_p10,
+    chars_p99, ``duplicate_rate/exact`` and ``duplicate_rate/near`` (over documents_in),
+    ``hit_rate/<rule>`` (documents failing the rule, first hit or not, / documents_in),
+    ``language/<code>`` (share of kept documents), ``repaired/<reason>`` (a count).
+Per tokenized source: tokens (packed tokens, ``n_tokens``), sequences and, when the
+    tokenize step's meta has them (tokenize v2), ``unknown_token_rate`` and
+    ``byte_fallback_rate`` (over every encoded token, end-of-text ids excluded).
 Per mixture source: mixture_weight_requested (normalized), mixture_weight_realized,
     mixture_sequences.
 Source ``all``: total_tokens (tokens in the mixture), quarantine_rate (quarantined over
-    documents_in, summed over every cleaned source), documents_in, documents_kept.
+    documents_in, summed over every cleaned source), documents_in, documents_kept; with
+    clean v2 inputs also documents_filtered, documents_duplicate, documents_quarantined,
+    duplicate_rate, bytes_kept, chars_p10/p50/p90/p99 (over every kept document),
+    ``filter_rate/<rule>`` and ``language/<code>`` over every cleaned source; with tokenize
+    v2 inputs ``tokens`` (packed, summed over sources), unknown_token_rate, byte_fallback_rate.
 
 Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files.
 
@@ -40,7 +49,7 @@ import tidal.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import DOCUMENTS_PREFIX, list_shards, read_json
 
-STEP_VERSION = 1
+STEP_VERSION = 2
 STATS_PARQUET = "stats.parquet"
 STATS_JSON = "stats.json"
 ALL = "all"
@@ -91,11 +100,14 @@ def document_lengths(step_dir: str | Path) -> tuple[np.ndarray, int]:
     return (np.concatenate(chars) if chars else np.zeros(0, np.int64)), total_bytes
 
 
+QUANTILES = (10, 50, 90, 99)
+
+
 def clean_rows(src: str, step_dir: str | Path) -> list[Row]:
     """Rows of one cleaned source (see the module docstring)."""
     counts = read_counts(step_dir)
     chars, total_bytes = document_lengths(step_dir)
-    p50, p90 = np.percentile(chars, [50, 90]) if chars.size else (0.0, 0.0)
+    p10, p50, p90, p99 = np.percentile(chars, QUANTILES) if chars.size else (0.0,) * 4
     n_in = counts["in"]
     quarantined = sum(counts["quarantined"].values())
     rows = [
@@ -112,13 +124,52 @@ def clean_rows(src: str, step_dir: str | Path) -> list[Row]:
     ]
     rows += [(src, f"filter_rate/{rule}", _rate(n, n_in)) for rule, n in counts["filtered"].items()]
     rows += [(src, f"quarantine/{reason}", n) for reason, n in counts["quarantined"].items()]
+    if "hits" in counts:  # clean v2
+        rows += [(src, "chars_p10", p10), (src, "chars_p99", p99)]
+        rows += [(src, f"duplicate_rate/{kind}", _rate(n, n_in)) for kind, n in counts["duplicates_by_kind"].items()]
+        rows += [(src, f"hit_rate/{rule}", _rate(n, n_in)) for rule, n in counts["hits"].items()]
+        rows += [(src, f"language/{lang}", _rate(n, counts["kept"])) for lang, n in counts["languages"].items()]
+        rows += [(src, f"repaired/{reason}", n) for reason, n in counts["repaired"].items()]
+    return rows
+
+
+def all_rows(per_source: dict[str, list[Row]], step_dirs: dict[str, Path]) -> list[Row]:
+    """Rows of source ``all`` over the cleaned sources (module docstring)."""
+    values = {src: {m: v for _, m, v in rows} for src, rows in per_source.items()}
+    total = {m: sum(v[m] for v in values.values()) for m in
+             ("documents_in", "documents_kept", "documents_filtered", "documents_duplicate",
+              "documents_quarantined", "bytes_kept")}
+    rows = [(ALL, "documents_in", total["documents_in"]), (ALL, "documents_kept", total["documents_kept"]),
+            (ALL, "quarantine_rate", _rate(total["documents_quarantined"], total["documents_in"]))]
+    if not all("chars_p10" in v for v in values.values()):
+        return rows  # clean v1 inputs: the original four rows only
+    rows += [(ALL, m, total[m]) for m in ("documents_filtered", "documents_duplicate", "documents_quarantined",
+                                           "bytes_kept")]
+    rows.append((ALL, "duplicate_rate", _rate(total["documents_duplicate"], total["documents_in"])))
+    chars = np.concatenate([document_lengths(d)[0] for d in step_dirs.values()])
+    quantiles = np.percentile(chars, QUANTILES) if chars.size else (0.0,) * len(QUANTILES)
+    rows += [(ALL, f"chars_p{q}", value) for q, value in zip(QUANTILES, quantiles, strict=True)]
+    filtered: dict[str, float] = {}
+    languages: dict[str, float] = {}
+    for v in values.values():
+        for metric, value in v.items():
+            if metric.startswith("filter_rate/"):
+                filtered[metric] = filtered.get(metric, 0.0) + value * v["documents_in"]
+            elif metric.startswith("language/"):
+                languages[metric] = languages.get(metric, 0.0) + value * v["documents_kept"]
+    rows += [(ALL, m, _rate(round(n), total["documents_in"])) for m, n in sorted(filtered.items())]
+    rows += [(ALL, m, _rate(round(n), total["documents_kept"])) for m, n in sorted(languages.items())]
     return rows
 
 
 def tokenize_rows(src: str, step_dir: str | Path) -> list[Row]:
     """``tokens`` and ``sequences`` of one tokenized source, from its ``meta.json``."""
     meta = read_json(Path(step_dir) / "meta.json")
-    return [(src, "tokens", meta["n_tokens"]), (src, "sequences", meta["n_sequences"])]
+    rows = [(src, "tokens", meta["n_tokens"]), (src, "sequences", meta["n_sequences"])]
+    if "encoded_tokens" in meta:  # tokenize v2
+        rows += [(src, "unknown_token_rate", _rate(meta["unknown_tokens"], meta["encoded_tokens"])),
+                 (src, "byte_fallback_rate", _rate(meta["byte_fallback_tokens"], meta["encoded_tokens"]))]
+    return rows
 
 
 def mix_rows(step_dir: str | Path) -> list[Row]:
@@ -142,22 +193,26 @@ def collect_rows(ctx: StepContext) -> list[Row]:
     """
     config = ctx.config
     rows: list[Row] = []
-    totals = {"in": 0, "kept": 0, "quarantined": 0}
-    for src, step in sorted((config.get("clean") or {}).items()):
-        src_rows = clean_rows(src, ctx.input_dir(step))
-        values = {metric: value for _, metric, value in src_rows}
-        totals["in"] += values["documents_in"]
-        totals["kept"] += values["documents_kept"]
-        totals["quarantined"] += values["documents_quarantined"]
-        rows += src_rows
-    if config.get("clean"):
-        rows += [
-            (ALL, "documents_in", totals["in"]),
-            (ALL, "documents_kept", totals["kept"]),
-            (ALL, "quarantine_rate", _rate(totals["quarantined"], totals["in"])),
-        ]
+    per_source: dict[str, list[Row]] = {}
+    step_dirs = {src: ctx.input_dir(step) for src, step in sorted((config.get("clean") or {}).items())}
+    for src, step_dir in step_dirs.items():
+        per_source[src] = clean_rows(src, step_dir)
+        rows += per_source[src]
+    if per_source:
+        rows += all_rows(per_source, step_dirs)
+    token_rows: list[Row] = []
     for src, step in sorted((config.get("tokenize") or {}).items()):
-        rows += tokenize_rows(src, ctx.input_dir(step))
+        token_rows += tokenize_rows(src, ctx.input_dir(step))
+    rows += token_rows
+    by_metric: dict[str, list[float]] = {}
+    for _, metric, value in token_rows:
+        by_metric.setdefault(metric, []).append(value)
+    if token_rows and "unknown_token_rate" in by_metric and len(by_metric["unknown_token_rate"]) == len(by_metric["tokens"]):
+        metas = [read_json(ctx.input_dir(step) / "meta.json") for _, step in sorted(config["tokenize"].items())]
+        encoded = sum(m["encoded_tokens"] for m in metas)
+        rows += [(ALL, "tokens", sum(by_metric["tokens"])),
+                 (ALL, "unknown_token_rate", _rate(sum(m["unknown_tokens"] for m in metas), encoded)),
+                 (ALL, "byte_fallback_rate", _rate(sum(m["byte_fallback_tokens"] for m in metas), encoded))]
     if config.get("mix"):
         rows += mix_rows(ctx.input_dir(config["mix"]))
     rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)

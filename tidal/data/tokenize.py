@@ -16,6 +16,12 @@ Policies:
       surrogate, DATA.md) is not packed, but counted in ``documents_failed`` and listed
       with its error in ``failed_documents.json``: reported, never silently dropped.
     * The trailing partial sequence is dropped; its length is ``tokens_dropped_tail``.
+    * Unknown and byte-fallback tokens are counted over every encoded token (end-of-text
+      ids excluded): ``unknown_tokens`` are the model's ``unk_token`` (a byte-level BPE has
+      none), ``byte_fallback_tokens`` are single-byte tokens of a non-ASCII byte (a byte-level
+      BPE's ``ByteLevel`` alphabet symbols of bytes 0x80-0xFF, or SentencePiece-style
+      ``<0xAB>`` tokens): text no merge covered, e.g. a CJK character spelled as 3 bytes.
+      Their rates over ``encoded_tokens`` go into the stats.
 
 Scale note: packing collects every encoded document on one worker (a global prefix over
 the id order). That is fine up to a few hundred million tokens; beyond, replace it by a
@@ -26,7 +32,8 @@ Config: source, input (clean step name), tokenizer (tokenizer step name), seq_le
 Outputs: ``tokens-00000-of-0000N.npy`` ``[n_seq, seq_len]`` (uint16 / uint32, see
 :func:`tidal.data.shards.token_dtype`), ``meta.json``
 ``{tokenizer_hash, seq_len, dtype, n_sequences, n_tokens (= n_sequences * seq_len, the
-packed tokens), n_documents (encoded), vocab_size, tokens_dropped_tail, documents_failed}``,
+packed tokens), n_documents (encoded), vocab_size, tokens_dropped_tail, documents_failed,
+encoded_tokens, unknown_tokens, byte_fallback_tokens}``,
 and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always written).
 """
 
@@ -55,7 +62,7 @@ from tidal.data.shards import (
     write_token_shards,
 )
 
-STEP_VERSION = 1
+STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
 ENCODE_BATCH_DOCUMENTS = 256
 ID_DTYPE = np.uint32  # wire format of encoded documents between Beam stages
@@ -119,6 +126,34 @@ def pack_sequences(
     return packed, int(stream.size - packed.size)
 
 
+def _byte_level_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable symbol table (Radford et al. 2019, ``bytes_to_unicode`` in
+    openai/gpt-2 ``encoder.py``), which the ``ByteLevel`` pre-tokenizer uses."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return symbols
+
+
+def special_token_ids(tokenizer: Tokenizer) -> tuple[list[int], int | None]:
+    """``(byte-fallback ids, unknown id or None)`` of ``tokenizer`` (module docstring).
+
+    Byte-fallback ids: the ``ByteLevel`` symbols of bytes 0x80-0xFF when the tokenizer uses
+    a ByteLevel pre-tokenizer, plus any ``<0xAB>`` token; sorted.
+    """
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in vocab if len(t) == 6 and t.startswith("<0x") and t.endswith(">")}
+    if '"ByteLevel"' in tokenizer.to_str():
+        symbols = _byte_level_symbols()
+        ids |= {vocab[symbols[b]] for b in range(0x80, 0x100) if symbols[b] in vocab}
+    unk = getattr(tokenizer.model, "unk_token", None)
+    return sorted(ids), (vocab.get(unk) if unk else None)
+
+
 class EncodeDocuments(beam.DoFn):
     """Beam DoFn: a batch of ``(id, text)`` -> ``(id, uint32 ids bytes)`` per document, and
     ``(id, error)`` on the ``failed`` tagged output. Loads the tokenizer once per worker."""
@@ -153,6 +188,10 @@ def _pack_and_write(
     sequences, tail = pack_sequences(
         (np.frombuffer(ids, dtype=ID_DTYPE) for _, ids in encoded), settings["seq_len"], dtype
     )
+    stream = np.concatenate([np.frombuffer(ids, dtype=ID_DTYPE)[:-1] for _, ids in encoded]) if encoded \
+        else np.zeros(0, ID_DTYPE)
+    fallback = int(np.isin(stream, np.asarray(settings["fallback_ids"], dtype=ID_DTYPE)).sum())
+    unknown = int((stream == settings["unk_id"]).sum()) if settings["unk_id"] is not None else 0
     out = Path(out_dir)
     write_token_shards(out, sequences, settings["shards"])
     failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(failed)]
@@ -167,6 +206,9 @@ def _pack_and_write(
         "vocab_size": settings["vocab_size"],
         "tokens_dropped_tail": tail,
         "documents_failed": len(failures),
+        "encoded_tokens": int(stream.size),
+        "unknown_tokens": unknown,
+        "byte_fallback_tokens": fallback,
     }
     (out / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
@@ -183,7 +225,8 @@ def run(ctx: StepContext) -> dict:
     if seq_len < 1 or shards < 1:
         raise ValueError(f"step {ctx.name}: seq_len ({seq_len}) and shards ({shards}) must be >= 1")
     tokenizer_dir = ctx.input_dir(config.get("tokenizer", "tokenizer"))
-    _, tok_meta = tokenizer_step.load(tokenizer_dir)
+    tokenizer, tok_meta = tokenizer_step.load(tokenizer_dir)
+    fallback_ids, unk_id = special_token_ids(tokenizer)
     paths = [
         str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")
     ]
@@ -192,6 +235,8 @@ def run(ctx: StepContext) -> dict:
         "shards": shards,
         "vocab_size": tok_meta["vocab_size"],
         "tokenizer_hash": tok_meta["tokenizer_hash"],
+        "fallback_ids": fallback_ids,
+        "unk_id": unk_id,
     }
     with beam.Pipeline(options=beam_options()) as pipeline:
         results = (

@@ -1,0 +1,350 @@
+"""Readers for files outside registry archives: JSONL (plain, .gz, .zst), Parquet, plain text.
+
+Invariant: a reader never stops at a bad record and never drops one silently. Every record
+it meets becomes either a good record ``(ref, raw bytes)`` or a quarantined one
+``(ref, raw bytes verbatim, reason, detail)``; the fetch step writes both into
+``raw.parquet`` and the clean step counts the quarantined ones under their reason. Files
+with no record at all (zero bytes, zero rows) are counted in ``skipped`` as ``empty_file``.
+
+``path`` is a local file or folder, or an ``s3://bucket/key`` object or ``s3://bucket/prefix/``
+"folder"; a folder is read recursively, its regular files in natural order of their relative
+path (:func:`tidal.data.sources.ref_sort_key`), hidden files (``.name``) skipped. S3 objects
+are listed (paginated) and downloaded one at a time into a temporary directory with the
+storage layer's client (:func:`tidal.storage_s3.s3_client`: endpoint from
+``TIDAL_S3_ENDPOINT_URL`` or boto3's own settings, credentials from boto3's chain, adaptive
+retries), read, then deleted; the refs are the same as for a local copy of the prefix.
+
+Refs: JSONL ``rel/path.jsonl.gz:LINE`` (1-based line), Parquet ``rel/path.parquet:ROW``
+(0-based row), text ``rel/path.txt`` (one document per file). ``rel/path`` is relative to
+``path`` (the file name when ``path`` is a file).
+
+Quarantine reasons: ``malformed_json`` (a line that is not JSON), ``not_an_object`` (JSON
+that is not an object), ``missing_text_field`` (no string under ``text_field``; a null too),
+``truncated_file`` (a compressed stream that ends early or is corrupt: the records read
+before are kept, the partial tail is quarantined), ``unreadable_file`` (a Parquet file
+pyarrow cannot open; the whole file's bytes are quarantined).
+
+Text inside JSON is turned back into bytes with ``surrogateescape`` (bytes that were not
+UTF-8 come back unchanged), or ``surrogatepass`` for lone surrogates from ``\\ud800``
+escapes, so the clean step's invalid-UTF-8 policy decides about them, not the reader.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import posixpath
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.data.sources import ref_sort_key
+
+PATH_FORMATS = ("jsonl", "parquet", "text")
+READ_CHUNK_BYTES = 1 << 20
+READ_REASONS = ("malformed_json", "not_an_object", "missing_text_field", "truncated_file", "unreadable_file")
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """One record met by a reader.
+
+    Attributes:
+        ref: where it is (module docstring).
+        raw: the document's bytes, or for a quarantined record the verbatim input bytes.
+        reason: ``None`` for a good record, else one of :data:`READ_REASONS`.
+        detail: human-readable explanation naming file, line/row and rule (empty if good).
+    """
+
+    ref: str
+    raw: bytes
+    reason: str | None = None
+    detail: str = ""
+
+
+class TruncatedStream(Exception):
+    """A compressed stream ended before its end marker, or is corrupt."""
+
+
+def _to_bytes(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="surrogatepass")
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """Decompressed bytes of ``path`` by chunk (by extension: ``.gz``, ``.zst``, else plain).
+
+    Raises:
+        TruncatedStream: after the last good bytes, when the stream ends early or is corrupt
+            (multi-member gzip and multi-frame zstd are read through).
+    """
+    name = path.name
+    with open(path, "rb") as handle:
+        if name.endswith(".gz"):
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            started = False  # a zero-byte file holds no stream: empty, not truncated (as for .zst)
+            try:
+                for chunk in iter(lambda: handle.read(READ_CHUNK_BYTES), b""):
+                    started = True
+                    while chunk:
+                        yield d.decompress(chunk)
+                        chunk = d.unused_data if d.eof else b""
+                        if d.eof and chunk:
+                            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                yield d.flush()
+            except zlib.error as err:
+                raise TruncatedStream(f"corrupt gzip data: {err}") from None
+            if started and not d.eof:
+                raise TruncatedStream("gzip stream ends before its end marker")
+        elif name.endswith(".zst"):
+            import zstandard
+
+            d = zstandard.ZstdDecompressor().decompressobj()
+            started = False
+            try:
+                for chunk in iter(lambda: handle.read(READ_CHUNK_BYTES), b""):
+                    started = True
+                    while chunk:
+                        yield d.decompress(chunk)
+                        chunk = d.unused_data if d.eof else b""
+                        if d.eof and chunk:
+                            d = zstandard.ZstdDecompressor().decompressobj()
+            except zstandard.ZstdError as err:
+                raise TruncatedStream(f"corrupt zstd data: {err}") from None
+            if started and not d.eof:
+                raise TruncatedStream("zstd frame ends before its end")
+        else:
+            yield from iter(lambda: handle.read(READ_CHUNK_BYTES), b"")
+
+
+def list_files(path: str | Path) -> list[tuple[str, Path]]:
+    """``(relative name, path)`` of the files to read, in natural order (module docstring).
+
+    Raises:
+        ValueError: for a URI (``s3://`` is read by :func:`read_path`, not listed here).
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    text = str(path)
+    if "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise ValueError(f"{text}: {scheme}:// source paths are not supported (local paths and s3:// only); "
+                         "copy the files to a local or mounted path")
+    root = Path(path)
+    if root.is_file():
+        return [(root.name, root)]
+    if not root.is_dir():
+        raise FileNotFoundError(f"source path {root} does not exist")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith("."):
+                full = Path(dirpath) / name
+                found.append((full.relative_to(root).as_posix(), full))
+    return sorted(found, key=lambda item: ref_sort_key(item[0] + ":"))
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number from 1, line bytes without the newline, complete)``; the last item has
+    ``complete=False`` when the stream was truncated (its bytes are the partial tail).
+
+    The pieces of an unfinished line are kept in a list and joined once, so a line spanning
+    many chunks (a 50 MB document on one line) costs linear, not quadratic, time."""
+    parts: list[bytes] = []  # pieces of the current unfinished line
+    number = 0
+    try:
+        for chunk in _chunks(path):
+            if b"\n" not in chunk:
+                parts.append(chunk)
+                continue
+            whole = chunk.split(b"\n")
+            parts.append(whole[0])
+            whole[0] = b"".join(parts)
+            parts = [whole.pop()]
+            for line in whole:
+                number += 1
+                yield number, line, True
+    except TruncatedStream:
+        yield number + 1, b"".join(parts), False
+        return
+    buffer = b"".join(parts)
+    if buffer:
+        yield number + 1, buffer, True
+
+
+def read_jsonl(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+    """One record per non-blank line of a JSON Lines file: the string under ``text_field``.
+
+    Blank lines (only whitespace) are not records and are counted as ``blank_line`` in
+    ``skipped``; CRLF line ends are accepted (the ``\\r`` is JSON whitespace). A UTF-8
+    byte-order mark before the first line (Windows editors write one) is not part of the JSON
+    and is dropped; anywhere else it is data (the line is ``malformed_json``).
+    """
+    count = 0
+    for number, line, complete in _lines(path):
+        ref = f"{rel}:{number}"
+        if not complete:
+            count += 1
+            yield ReadRecord(ref, line, "truncated_file", f"{rel} line {number}: compressed stream ends early "
+                             f"or is corrupt; {len(line)} partial bytes quarantined, lines before are kept")
+            break
+        if number == 1 and line.startswith(codecs.BOM_UTF8):
+            line = line[len(codecs.BOM_UTF8):]
+        if not line.strip():
+            skipped["blank_line"] += 1
+            continue
+        count += 1
+        try:
+            obj = json.loads(line.decode("utf-8", errors="surrogateescape"))
+        except json.JSONDecodeError as err:
+            yield ReadRecord(ref, line, "malformed_json", f"{rel} line {number}: {err}")
+            continue
+        if not isinstance(obj, dict):
+            yield ReadRecord(ref, line, "not_an_object", f"{rel} line {number}: JSON {type(obj).__name__}, not an object")
+            continue
+        text = obj.get(text_field)
+        if not isinstance(text, str):
+            yield ReadRecord(ref, line, "missing_text_field",
+                             f"{rel} line {number}: no string field {text_field!r} (got {type(text).__name__})")
+            continue
+        yield ReadRecord(ref, _to_bytes(text))
+    if count == 0:
+        skipped["empty_file"] += 1
+
+
+def read_parquet(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+    """One record per row of a Parquet file: the string column ``text_field``, read by row group.
+
+    A zero-byte or zero-row file is counted as ``empty_file``; a file pyarrow cannot open is
+    one ``unreadable_file`` record; a row whose field is null or not a string is
+    ``missing_text_field`` with the row as JSON for its raw bytes.
+    """
+    import pyarrow.parquet as pq
+
+    if path.stat().st_size == 0:
+        skipped["empty_file"] += 1
+        return
+    try:
+        parquet = pq.ParquetFile(path)
+        if text_field not in parquet.schema_arrow.names:
+            raise ValueError(f"no column {text_field!r} (columns {parquet.schema_arrow.names})")
+    except Exception as err:  # noqa: BLE001 - any pyarrow failure quarantines the file, named
+        yield ReadRecord(f"{rel}:0", path.read_bytes(), "unreadable_file", f"{rel}: {type(err).__name__}: {err}")
+        return
+    row = 0
+    for group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(group)
+        for record in table.to_pylist():
+            value = record.get(text_field)
+            ref = f"{rel}:{row}"
+            if isinstance(value, str):
+                yield ReadRecord(ref, _to_bytes(value))
+            elif isinstance(value, bytes):
+                yield ReadRecord(ref, value)
+            else:
+                raw = json.dumps(record, default=repr, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                yield ReadRecord(ref, raw, "missing_text_field",
+                                 f"{rel} row {row}: {text_field!r} is {type(value).__name__}, not a string")
+            row += 1
+    if row == 0:
+        skipped["empty_file"] += 1
+
+
+def read_text(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+    """One document per file, its bytes verbatim (decompressed for ``.gz`` / ``.zst``).
+
+    A zero-byte file is counted as ``empty_file`` (it holds no document); a truncated
+    compressed file is one ``truncated_file`` record holding the bytes read.
+    """
+    parts: list[bytes] = []
+    try:
+        parts.extend(_chunks(path))  # chunks read before a truncation stay in parts
+    except TruncatedStream as err:
+        yield ReadRecord(rel, b"".join(parts), "truncated_file", f"{rel}: {err}")
+        return
+    data = b"".join(parts)
+    if not data:
+        skipped["empty_file"] += 1
+        return
+    yield ReadRecord(rel, data)
+
+
+_READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "text": read_text}
+
+
+def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Counter | None = None) -> Iterator[ReadRecord]:
+    """Every record of the files under ``path`` in format ``fmt``, file by file in ref order.
+
+    Args:
+        fmt: one of :data:`PATH_FORMATS`.
+        path: a local file or folder (module docstring).
+        text_field: JSON key / Parquet column holding the document text.
+        skipped: receives ``reason -> n`` for things that are not records (empty files,
+            blank JSONL lines).
+
+    Raises:
+        ValueError: unknown format or a URI scheme other than ``s3://``; FileNotFoundError:
+            missing path or an S3 prefix with no object; botocore errors for S3 access.
+    """
+    if fmt not in _READERS:
+        raise ValueError(f"unknown path format {fmt!r}; known: {PATH_FORMATS}")
+    skipped = skipped if skipped is not None else Counter()
+    if str(path).startswith("s3://"):
+        yield from _read_s3(fmt, str(path), text_field, skipped)
+        return
+    for rel, full in list_files(path):
+        yield from _READERS[fmt](full, rel, text_field, skipped)
+
+
+def list_s3(client, uri: str) -> tuple[str, list[tuple[str, str]]]:
+    """``(bucket, [(relative name, key)])`` of an ``s3://`` object or prefix, in ref order.
+
+    An exact object key is one file (its relative name is its base name); otherwise the keys
+    under ``prefix/`` are listed with paginated ``ListObjectsV2``.
+
+    Raises:
+        FileNotFoundError: when nothing is there.
+    """
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise ValueError(f"{uri}: no bucket in the s3:// URI")
+    entries: list[tuple[str, str]] = []
+    if prefix and not prefix.endswith("/"):
+        try:
+            client.head_object(Bucket=bucket, Key=prefix)
+            entries = [(posixpath.basename(prefix), prefix)]
+        except client.exceptions.ClientError:
+            prefix += "/"
+    if not entries:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):]
+                if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
+                    entries.append((rel, obj["Key"]))
+    if not entries:
+        raise FileNotFoundError(f"source path {uri} has no object")
+    return bucket, sorted(entries, key=lambda item: ref_sort_key(item[0] + ":"))
+
+
+def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+    """Records of the objects under ``uri`` (module docstring), one download at a time."""
+    import tempfile
+
+    from tidal.storage import StorageSettings
+    from tidal.storage_s3 import s3_client
+
+    client = s3_client(StorageSettings())
+    bucket, entries = list_s3(client, uri)
+    with tempfile.TemporaryDirectory(prefix="tidal-read-") as tmp:
+        for rel, key in entries:
+            local = Path(tmp) / posixpath.basename(rel)  # keeps the extension (.gz, .zst, .parquet)
+            client.download_file(bucket, key, str(local))
+            try:
+                yield from _READERS[fmt](local, rel, text_field, skipped)
+            finally:
+                local.unlink()
