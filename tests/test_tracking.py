@@ -139,3 +139,19 @@ def test_unreachable_uri_is_not_retried_again_within_the_hold(tmp_path, monkeypa
         down.log_step(PENDING_PREFIX + "dagrun-a", f"s{index}", f"s{index}-0123456789ab", "fetch", "skip", {}, None, [], {})
     assert time.perf_counter() - started < first  # five calls, no retries, no sleeps
     assert len(list(tmp_path.glob("*.json"))) == 6
+
+
+def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
+    """Parallel Airflow tasks on a new storage root: the first-open migration runs once, under a lock."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code = ("import sys; from tidal.tracking import Tracker; "
+            f"t = Tracker({uri!r}, {EXPERIMENT!r}); print(t.parent_run(sys.argv[1], {{}}, {{}}))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"run-{i}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    run_ids = [out.strip().splitlines()[-1] for out, _ in outs]
+    assert not any(r.startswith(PENDING_PREFIX) for r in run_ids), run_ids
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    assert {r.info.run_id for r in client.search_runs([exp.experiment_id])} == set(run_ids)

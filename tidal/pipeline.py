@@ -7,7 +7,10 @@ Tracking failures never fail a step: :class:`tidal.tracking.Tracker` buffers and
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,9 +19,9 @@ from typing import Any
 from tidal.hashing import canonical_json, sha256_bytes
 from tidal.planner import build_graph
 from tidal.recipe import Recipe, load_recipe
-from tidal.runner import StepResult, run_step
+from tidal.runner import StepResult, needs_run, run_step
 from tidal.steps import StepGraph
-from tidal.storage import LocalStorage
+from tidal.storage import Storage, open_storage
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Pipeline:
 
     recipe_path: Path
     recipe: Recipe
-    storage: LocalStorage
+    storage: Storage
     tracking_uri_setting: str | None = None
 
     @classmethod
@@ -44,7 +47,6 @@ class Pipeline:
         storage_root: str | None = None,
     ) -> Pipeline:
         """Load and validate a recipe. Raises :class:`tidal.recipe.RecipeError` on bad input."""
-        import os
 
         path = Path(recipe_path).resolve()
         from tidal.scaling.suite import is_suite_file
@@ -55,19 +57,21 @@ class Pipeline:
             return SuitePipeline.load_suite(path, overrides, storage_root)
         recipe = load_recipe(path, overrides)
         override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        settings = recipe.storage.settings()
         storage = (
-            LocalStorage.from_uri(override)
+            open_storage(override, settings=settings)
             if override
-            else LocalStorage.from_uri(recipe.storage_root, base=path.parent)
+            else open_storage(recipe.storage_root, base=path.parent, settings=settings)
         )
         return cls(path, recipe, storage, os.environ.get("MLFLOW_TRACKING_URI") or recipe.tracking_uri)
 
     @cached_property
     def tracking_uri(self) -> str:
-        """MLflow URI: the setting, else the embedded SQLite store in the storage root."""
+        """MLflow URI: the setting, else the embedded SQLite store in the storage root (for an
+        object-store root: in its local cache directory, per machine; set ``tracking_uri``)."""
         from tidal.tracking import tracking_uri_for
 
-        return self.tracking_uri_setting or tracking_uri_for(self.storage.root)
+        return self.tracking_uri_setting or tracking_uri_for(self.storage.local_dir)
 
     @cached_property
     def graph(self) -> StepGraph:
@@ -103,25 +107,48 @@ class Pipeline:
             "tidal.recipe_hash": self.recipe_hash,
             "tidal.recipe_path": str(self.recipe_path),
         }
+        from tidal.licences import licence_tags
         from tidal.provenance import git_sha
 
         tags["tidal.git_sha"] = git_sha()
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # licences, uses, overrides
         return self.tracker().parent_run(run_key, params=params, tags=tags)
 
     def run(self, name: str, run_key: str | None = None, force: bool = False) -> StepResult:
         """Run one step (or skip it if committed) and record it under ``run_key``'s parent run."""
         step = self.graph[name]
+        live_run = self._open_live_run(step, run_key, force)
         try:
-            result = run_step(step, self.storage, force=force)
+            with _environment(self._live_env(live_run)):
+                result = run_step(step, self.storage, force=force)
         except Exception as err:
             if run_key is not None:
-                self._track_failure(step, run_key, err)
+                self._track_failure(step, run_key, err, live_run)
             raise
         if run_key is not None:
-            self.record(result, run_key)
+            self.record(result, run_key, live_run=live_run)
         return result
 
-    def _track_failure(self, step, run_key: str, err: Exception) -> None:
+    def _open_live_run(self, step, run_key: str | None, force: bool) -> str | None:
+        """The nested run a training step logs into while it trains (None: record afterwards).
+
+        Only for a ``train`` step that will compute (not committed, or forced) under a
+        ``run_key``; the subprocess finds it through ``TIDAL_MLFLOW_RUN_ID``.
+        """
+        if run_key is None or step.kind != "train" or not needs_run(step, self.storage, force=force):
+            return None
+        parent = self.parent_run(run_key)
+        if parent is None:
+            return None
+        return self.tracker().open_step_run(parent, step.name, step.step_id, step.kind)
+
+    def _live_env(self, live_run: str | None) -> dict[str, str]:
+        """Environment of a live-logging training subprocess (tidal/train/metrics.py)."""
+        if live_run is None:
+            return {}
+        return {"MLFLOW_TRACKING_URI": self.tracker().uri, "TIDAL_MLFLOW_RUN_ID": live_run}
+
+    def _track_failure(self, step, run_key: str, err: Exception, live_run: str | None = None) -> None:
         """Record a failed step as a nested run (status ``failed``) with the kept evidence."""
         parent = self.parent_run(run_key)
         if parent is None:
@@ -133,10 +160,16 @@ class Pipeline:
             {"error": f"{type(err).__name__}: {err}"[:4000]},
             artifacts=[p for p in evidence if p.exists()],
             tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
+            run_id=live_run,
         )
 
-    def record(self, result: StepResult, run_key: str) -> None:
-        """Record a finished or skipped step as a nested MLflow run under ``run_key``'s parent."""
+    def record(self, result: StepResult, run_key: str, live_run: str | None = None) -> None:
+        """Record a finished or skipped step as a nested MLflow run under ``run_key``'s parent.
+
+        ``live_run``: the nested run the training subprocess already logged its metric history
+        into (:meth:`_open_live_run`); it is completed instead of creating a new one, and the
+        history is not logged twice.
+        """
         tracker = self.tracker()
         parent = self.parent_run(run_key)
         if parent is None:
@@ -154,9 +187,9 @@ class Pipeline:
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
         tracker.log_step(
             parent, result.name, result.step_id, result.kind, result.status, result.summary,
-            history=history if result.status == "run" else None,
+            history=history if result.status == "run" and live_run is None else None,
             artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
-            tags=tags,
+            tags=tags, run_id=live_run,
         )
 
 
@@ -170,6 +203,21 @@ _ARTIFACTS = {
     "train": ("summary.json", "checkpoint_manifest.json", "step.json", "manifest.json"),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (inherited by subprocesses), then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _read_history(path: Path) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ params/tags and 1000 metrics.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -165,9 +166,19 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             db = _sqlite_path(self.uri)
+            client = MlflowClient(tracking_uri=self.uri)
             if db:
+                # MLflow creates and migrates a SQLite store on first open; two processes doing
+                # that at once (parallel Airflow tasks on a fresh storage root) leave a half-
+                # migrated store that every later open refuses. Open it once under a file lock.
                 db.parent.mkdir(parents=True, exist_ok=True)
-            self._client_obj = MlflowClient(tracking_uri=self.uri)
+                with open(db.with_name(db.name + ".lock"), "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    try:
+                        client.search_experiments(max_results=1)
+                    finally:
+                        fcntl.flock(lock, fcntl.LOCK_UN)
+            self._client_obj = client
         return self._client_obj
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
@@ -293,7 +304,8 @@ class Tracker:
 
     def log_step(self, parent_run_id: str, step_name: str, step_id: str, kind: str, status: str,
                  summary: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
-                 artifacts: Iterable[str | Path] = (), tags: dict[str, str] | None = None) -> str | None:
+                 artifacts: Iterable[str | Path] = (), tags: dict[str, str] | None = None,
+                 run_id: str | None = None) -> str | None:
         """Record one step as a nested child run of ``parent_run_id``.
 
         Args:
@@ -306,6 +318,8 @@ class Tracker:
                 "tokens_per_second": 1e4}``); every other numeric key is a metric at that step.
             artifacts: files or directories to upload (a directory lands under its own name).
             tags: extra tags, e.g. ``tidal.tokenizer_hash``, ``tidal.checkpoint_root_hash``.
+            run_id: the child run opened by :meth:`open_step_run` (a training step's live
+                metrics went there); None creates the child run now.
 
         Returns:
             The child run id, or None when MLflow was unreachable (payload buffered).
@@ -313,15 +327,37 @@ class Tracker:
         summary, history, tags = dict(summary or {}), list(history or []), dict(tags or {})
         artifacts = [str(a) for a in artifacts]
         try:
-            return self._log_step(parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags)
+            return self._log_step(parent_run_id, step_name, step_id, kind, status, summary, history, artifacts,
+                                  tags, run_id)
         except TrackingUnavailable as err:
             self._buffer("log_step", {
                 "parent_run_id": parent_run_id, "step_name": step_name, "step_id": step_id, "kind": kind,
                 "status": status, "summary": summary, "history": history, "artifacts": artifacts, "tags": tags,
+                "run_id": run_id,
             }, err)
             return None
 
-    def _log_step(self, parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags):
+    def open_step_run(self, parent_run_id: str, step_name: str, step_id: str, kind: str) -> str | None:
+        """Create a step's nested run now (status RUNNING), for metrics logged while it computes.
+
+        The training subprocess logs into it live (``TIDAL_MLFLOW_RUN_ID``,
+        tidal/train/metrics.py); :meth:`log_step` with ``run_id=`` completes and closes it.
+        Returns the run id, or None when MLflow is unreachable (nothing buffered: the step is
+        then recorded after the fact by :meth:`log_step` as usual).
+        """
+        try:
+            parent = self._resolve(parent_run_id)
+            exp = self._experiment()
+            tags = {"mlflow.parentRunId": parent, "tidal.step_id": step_id, "tidal.kind": kind,
+                    "tidal.status": "running"}
+            return self._retry("open step run", lambda: self._client().create_run(
+                exp, tags=tags, run_name=step_name)).info.run_id
+        except TrackingUnavailable as err:
+            log.warning("tracking: no live run for step %s (%s); it is recorded when it ends", step_name, err)
+            return None
+
+    def _log_step(self, parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags,
+                  run_id=None):
         from mlflow.entities import Metric, RunTag
 
         parent = self._resolve(parent_run_id)
@@ -340,9 +376,13 @@ class Tracker:
             step = int(row["step"])
             metrics += [Metric(_key(k), float(v), now_ms, step)
                         for k, v in sorted(row.items()) if k != "step" and _is_number(v)]
-        run = self._retry("create step run", lambda: self._client().create_run(
-            exp, tags=run_tags, run_name=step_name))
-        run_id = run.info.run_id
+        created = run_id is None
+        if created:
+            run = self._retry("create step run", lambda: self._client().create_run(
+                exp, tags=run_tags, run_name=step_name))
+            run_id = run.info.run_id
+        else:
+            extra_tags += [RunTag(k, v) for k, v in sorted(run_tags.items())]
         try:
             for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
                 self._retry("log step metrics", lambda c=chunk: self._client().log_batch(run_id, metrics=c))
@@ -361,6 +401,8 @@ class Tracker:
             final = "FAILED" if status == "failed" else "FINISHED"
             self._retry("finish step run", lambda: self._client().set_terminated(run_id, final))
         except TrackingUnavailable:
+            if not created:  # the live run keeps what it has; the buffered payload completes it
+                raise
             try:  # best effort: leave no half-logged child; the buffered payload recreates it
                 self._client().delete_run(run_id)
             except Exception as err:  # noqa: BLE001 - MLflow is already failing; the payload is kept
@@ -380,6 +422,26 @@ class Tracker:
         parent = self._resolve(parent_run_id)
         self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
 
+    def buffer_metrics(self, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str],
+                       err: Exception) -> Path | None:
+        """Keep metric rows ``{"key", "value", "timestamp" (ms), "step"}`` and tags for run
+        ``run_id`` in the pending directory (op ``log_metrics``, sent by :meth:`replay_pending`).
+
+        Used by the trainer's live logger (tidal/train/metrics.py) for what it could not
+        deliver before training ended.
+        """
+        return self._buffer("log_metrics", {"run_id": run_id, "rows": rows, "tags": tags}, err)
+
+    def _log_metrics(self, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str]) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        metrics = [Metric(_key(r["key"]), float(r["value"]), int(r["timestamp"]), int(r["step"])) for r in rows]
+        for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
+            self._retry("log live metrics", lambda c=chunk: self._client().log_batch(run_id, metrics=c))
+        run_tags = [RunTag(_key(k), _text(v, MAX_TAG_VALUE)) for k, v in sorted(tags.items())]
+        for chunk in _chunks(run_tags, MAX_PARAMS_TAGS_PER_BATCH):
+            self._retry("log live tags", lambda c=chunk: self._client().log_batch(run_id, tags=c))
+
     def replay_pending(self) -> int:
         """Send buffered payloads from ``pending_dir`` (parents first, then steps, then finishes).
 
@@ -390,7 +452,7 @@ class Tracker:
         """
         if not self.pending_dir.is_dir():
             return 0
-        order = {"parent_run": 0, "log_step": 1, "finish": 2}
+        order = {"parent_run": 0, "log_step": 1, "log_metrics": 1, "finish": 2}
         files = sorted(self.pending_dir.glob("*.json"))
         loaded = []
         for path in files:
@@ -409,6 +471,8 @@ class Tracker:
                     self._log_step(**args)
                 elif op == "finish":
                     self._finish(args["parent_run_id"], args["status"])
+                elif op == "log_metrics":
+                    self._log_metrics(args["run_id"], args["rows"], args["tags"])
                 else:
                     log.warning("tracking: pending file %s has unknown op %r", path, op)
                     continue

@@ -66,6 +66,8 @@ def parent_and_children(pipe):
         [exp.experiment_id], "tags.`tidal.run_key` != ''", order_by=["attributes.start_time DESC"]
     )
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    names = [c.data.tags["mlflow.runName"] for c in children]
+    assert len(names) == len(set(names)), f"a step recorded twice: {sorted(names)}"
     return client, parents, {c.data.tags["mlflow.runName"]: c for c in children}
 
 
@@ -109,8 +111,11 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     assert train_tags["tidal.checkpoint_root_hash"] == ckpt_manifest["root_hash"]
     assert verify_manifest(train_dir, json.loads((train_dir / "manifest.json").read_text())) == []
 
-    losses = [m.value for m in client.get_metric_history(children["train"].info.run_id, "loss")]
+    history = client.get_metric_history(children["train"].info.run_id, "loss")
+    losses = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert len(losses) >= 5
+    assert len({m.step for m in history}) == len(history), "loss history logged twice (live and afterwards)"
+    assert children["train"].info.status == "FINISHED"
     assert losses[-1] < losses[0] - 1.0, losses
     summary = json.loads((train_dir / "summary.json").read_text())
     assert summary["tokens_seen"] == 60 * 8 * (128 - 1) or summary["tokens_seen"] == 60 * 8 * 128

@@ -45,6 +45,9 @@ def test_parses_base():
     ("optimizer.b2", 1.5, "'optimizer.b2' must be a number in \\[0.0, 1.0\\]"),
     ("optimizer.warmup_steps", 100, "warmup_steps' \\(100\\) must be below 'steps'"),
     ("eval_data", ["udhr"], "'eval_data' must map source"),
+    ("mesh", {"pipeline": 2}, "'mesh': unknown axes \\['pipeline'\\]"),
+    ("mesh", {"fsdp": -1}, "'mesh.fsdp' must be a positive int or null"),
+    ("checkpoint_permanent_every", 0, "'checkpoint_permanent_every' must be a positive int"),
 ])
 def test_config_errors_name_the_key(path, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -58,3 +61,22 @@ def test_schedule_warmup_then_cosine_to_min():
     np.testing.assert_allclose(float(schedule(10)), 1e-3, rtol=1e-6)
     np.testing.assert_allclose(float(schedule(55)), 1e-4 + 0.5 * (1e-3 - 1e-4), rtol=1e-5)
     np.testing.assert_allclose(float(schedule(100)), 1e-4, rtol=1e-6)
+
+
+def test_optional_mesh_and_permanent_checkpoints():
+    cfg = TrainConfig.from_config(BASE | {"mesh": {"data": None, "fsdp": 2, "tensor": 1},
+                                          "checkpoint_permanent_every": 50})
+    assert cfg.mesh == {"data": None, "fsdp": 2, "tensor": 1} and cfg.checkpoint_permanent_every == 50
+    assert TrainConfig.from_config(BASE).mesh is None
+
+
+def test_recipe_leaves_unset_trainer_options_out_of_the_step_config(tiny_data):
+    from tidal.planner import build_graph
+    from tidal.recipe import parse_recipe
+
+    config = build_graph(parse_recipe(tiny_data))["train"].config
+    assert "mesh" not in config and "checkpoint_permanent_every" not in config  # step ids unchanged
+    tiny_data["train"] |= {"mesh": {"fsdp": 4}, "checkpoint_permanent_every": 100}
+    config = build_graph(parse_recipe(tiny_data))["train"].config
+    assert config["mesh"] == {"data": None, "fsdp": 4, "tensor": None}
+    assert TrainConfig.from_config(config).checkpoint_permanent_every == 100

@@ -8,8 +8,10 @@ is refused with a message naming both hashes and the directory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,24 @@ import tidal.train
 from tidal.context import StepContext
 from tidal.launch.local import TrainingFailed, run_entrypoint
 
-VOCAB, SEQ_LEN, TOK_HASH = 64, 33, "a" * 64
+VOCAB, SEQ_LEN = 64, 33
 STEPS = 24
+
+
+def tokenizer_json() -> str:
+    """A byte-level vocabulary of 64 ids: the end-of-text special, then ASCII strings of 1-3 bytes."""
+    from tokenizers import Tokenizer, decoders, models
+
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!"
+    vocab = {"<|endoftext|>": 0} | {letters[i - 1] * (1 + i % 3): i for i in range(1, VOCAB)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
+TOKENIZER_JSON = tokenizer_json()
+TOK_HASH = hashlib.sha256(TOKENIZER_JSON.encode()).hexdigest()
 
 
 def write_tokens(directory: Path, n_seq: int, seed: int, meta_name: str, tokenizer_hash: str = TOK_HASH,
@@ -57,10 +75,16 @@ def fast_subprocesses(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("inputs")
-    (root / "tokenizer").mkdir()
+    return build_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+def build_inputs(root: Path) -> dict[str, Path]:
+    """Tokenizer, a 96-sequence mixture and a 16-sequence eval source under ``root``
+    (shared with the preemption, distributed and metrics tests)."""
+    (root / "tokenizer").mkdir(parents=True)
     (root / "tokenizer" / "tokenizer_meta.json").write_text(
         json.dumps({"tokenizer_hash": TOK_HASH, "vocab_size": VOCAB, "eos_id": 0}))
+    (root / "tokenizer" / "tokenizer.json").write_text(TOKENIZER_JSON)
     write_tokens(root / "mix", 96, seed=1, meta_name="mixture.json", shards=3)
     write_tokens(root / "tokenize-udhr", 16, seed=2, meta_name="meta.json", shards=1)
     return {"tokenizer": root / "tokenizer", "mix": root / "mix", "tokenize-udhr": root / "tokenize-udhr"}
@@ -174,3 +198,68 @@ def test_tokenizer_hash_mismatch_is_refused(tmp_path, inputs):
     message = "\n".join(err.tail)
     assert "tokenizer hash mismatch" in message
     assert "b" * 64 in message and TOK_HASH in message and str(bad / "mixture.json") in message
+
+
+def test_bits_per_byte_and_run_metrics(reference, inputs):
+    out, summary = reference
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(TOKENIZER_JSON)
+    byte_len = {i: len(tok.decode([i]).encode("utf-8")) for i in range(VOCAB)}  # eos decodes to ""
+    shards = sorted((inputs["tokenize-udhr"]).glob("tokens-*.npy"))
+    rows = np.concatenate([np.load(p) for p in shards])[: 2 * 8]  # eval_batches * batch_size
+    targets = rows[:, 1:]
+    n_bytes = sum(byte_len[int(t)] for t in targets.ravel())
+    want = summary["eval_loss/udhr"] * targets.size / math.log(2) / n_bytes
+    assert summary["eval_bpb/udhr"] == pytest.approx(want, rel=1e-9)
+    assert summary["eval_bpb"] == summary["eval_bpb/udhr"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        assert r["tokens_per_second"] > 0 and r["step_time_s"] > 0
+        assert r["peak_memory_bytes"] >= r["memory_bytes"] > 0
+    evals = [r for r in records if "eval_bpb/udhr" in r]
+    assert [r["step"] for r in evals] == [10, 20, 24]
+    assert summary["peak_memory_bytes"] > 0 and summary["mesh"] == "data=1 fsdp=1 tensor=1"
+    assert json.loads(summary["environment_fingerprint"])["packages"]["jax"]
+
+
+def test_resume_under_another_fingerprint_warns_in_log_and_mlflow(tmp_path, inputs, reference):
+    from mlflow.tracking import MlflowClient
+
+    ref_dir, _ = reference
+    ctx = make_ctx(tmp_path / "train", inputs)
+    tidal.train.write_spec(ctx)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": uri, "TIDAL_MLFLOW_EXPERIMENT": "live-test"}
+    run_entrypoint(ctx.out_dir, extra_args=["--stop-after", "13"], env=env)
+    manifest_path = ctx.out_dir / "checkpoint_manifests" / "10.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["fingerprint"]["packages"]["jax"]
+    manifest["fingerprint"]["python"] = "2.7.18"  # as if saved by another interpreter
+    manifest_path.write_text(json.dumps(manifest))
+    lines = []
+    run_entrypoint(ctx.out_dir, env=env, log=_ListLogger(lines))
+    text = "\n".join(lines)
+    assert "resumed from checkpoint step 10" in text
+    assert "different environment fingerprint" in text and "python: 2.7.18 ->" in text, text
+    summary = json.loads((ctx.out_dir / "summary.json").read_text())
+    assert summary["fingerprint_changed"].startswith("python: 2.7.18 ->")
+    assert losses(ctx.out_dir) == losses(ref_dir)  # a warning, not a change of computation
+    run_id = json.loads((ctx.out_dir / "mlflow_run.json").read_text())["run_id"]
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.tags["tidal.fingerprint_changed"].startswith("python: 2.7.18 ->")
+    assert run.data.tags["tidal.checkpoint_root_hash"] == summary["checkpoint_root_hash"]
+    assert run.info.status == "FINISHED"
+    history = MlflowClient(uri).get_metric_history(run_id, "loss")
+    assert sorted({m.step for m in history}) == list(range(1, STEPS + 1))  # both processes, one run
+
+
+class _ListLogger(logging.Logger):
+    """A logger that keeps every line (run_entrypoint streams the child's output to it)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("test.train.lines", logging.INFO)
+        self.lines = lines
+
+    def info(self, msg, *args, **kwargs):
+        self.lines.append(msg % args if args else msg)

@@ -41,11 +41,14 @@ def run(ctx: StepContext) -> dict[str, Any]:
 
     Returns:
         ``summary.json``: flat numbers/strings (steps, tokens_seen, final_train_loss,
-        eval_loss, eval_loss/<src>, param_count, checkpoint_step, checkpoint_root_hash, ...).
+        eval_loss, eval_loss/<src>, eval_bpb/<src>, param_count, checkpoint_step,
+        checkpoint_root_hash, params_sha256, environment_fingerprint, mesh, tokens_per_second,
+        mfu, peak_memory_bytes, ...; see :func:`tidal.train.trainer.train`).
 
     Raises:
-        TrainingFailed: the entrypoint exited non-zero; carries ``exit_code`` and ``tail``
-            (its last ~40 output lines).
+        TrainingFailed: the entrypoint exited non-zero; carries ``exit_code`` (2: bad config,
+            data or checkpoint shape; 75: preempted by SIGTERM after checkpointing, rerun to
+            resume) and ``tail`` (its last ~40 output lines).
     """
     write_spec(ctx)
     run_entrypoint(ctx.out_dir, log=ctx.log)

@@ -3,14 +3,24 @@
 Layout under the step directory::
 
     checkpoints/<step>/...                 orbax CheckpointManager, one directory per step
-    checkpoint_manifests/<step>.json       tidal.hashing.build_manifest(checkpoints/<step>) + "step"
+    checkpoint_manifests/<step>.json       tidal.hashing.build_manifest(checkpoints/<step>)
+                                           + "step" + "fingerprint" (tidal.fingerprint)
     checkpoint_manifest.json               the same, for the latest saved checkpoint
 
+Saves are asynchronous (orbax ``enable_async_checkpointing``): :meth:`Checkpointer.save`
+returns once the arrays are copied to host memory, orbax writes the files in a background
+thread, and a second thread of ours waits for orbax to *finalise* the step (all processes
+done, directory renamed into place) and only then hashes the files and writes the manifest.
+Retention (orbax ``preservation_policy``): the newest ``keep`` checkpoints, plus every
+checkpoint whose step is a multiple of ``permanent_every`` (kept forever).
+
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
-exists and every file's size and sha256 match. A save is complete when its manifest is
-written (after orbax has finished writing), so a checkpoint without a manifest is one whose
-save was cut short and is skipped like a corrupted one. Skipped checkpoints newer than the
-one restored are deleted, so the re-done steps can save again under the same numbers.
+exists and every file's size and sha256 match, and only into a state of exactly the same
+tree, shapes and dtypes (else :class:`CheckpointMismatch`; never a partial load). A
+checkpoint without a manifest is one whose save was cut short and is skipped like a
+corrupted one. Skipped checkpoints newer than the one restored are deleted, so the re-done
+steps can save again under the same numbers. In a multi-process run only process 0 writes
+manifests; every process verifies before restoring.
 """
 
 from __future__ import annotations
@@ -18,10 +28,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from tidal.hashing import build_manifest, verify_manifest
 
@@ -30,32 +44,84 @@ MANIFEST_DIR = "checkpoint_manifests"
 LATEST_MANIFEST = "checkpoint_manifest.json"
 
 
+class CheckpointMismatch(ValueError):
+    """A verified checkpoint does not fit the model being trained (tree, shape or dtype differ)."""
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
+def _path_key(path: Any) -> str:
+    """``opt_state/1/0/mu/w``: a key path written the same for dicts, namedtuples and lists
+    (orbax stores namedtuples as dicts and tuples as lists)."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def tree_layout(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{path: (shape, dtype)}`` of every array leaf (arrays, ShapeDtypeStructs or orbax metadata)."""
+    import jax
+
+    return {_path_key(path): (tuple(int(d) for d in leaf.shape), str(leaf.dtype))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "shape")}
+
+
+def layout_problems(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
+    """Differences between two :func:`tree_layout` results, at most ``limit`` lines."""
+    out = [f"{k}: in checkpoint, not in model" for k in sorted(set(saved) - set(wanted))]
+    out += [f"{k}: in model, not in checkpoint" for k in sorted(set(wanted) - set(saved))]
+    out += [f"{k}: checkpoint {saved[k][1]}{list(saved[k][0])} vs model {wanted[k][1]}{list(wanted[k][0])}"
+            for k in sorted(set(saved) & set(wanted)) if saved[k] != wanted[k]]
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
 class Checkpointer:
-    """Saves and restores ``{"params", "opt_state"}`` pytrees under ``step_dir``.
+    """Saves and restores the training-state pytree (``{"params", "opt_state"}``) under ``step_dir``.
 
     Args:
         step_dir: the training step's output directory.
         keep: how many of the newest checkpoints to keep (``keep_checkpoints``), >= 1.
+        permanent_every: also keep every checkpoint whose step is a multiple of this (None: none).
         log: logger for skipped/deleted checkpoints.
+        async_save: write in the background (orbax async checkpointing); False waits in save().
+        primary: this process writes manifests (process 0 of a multi-process run).
+        on_manifest: called with each manifest once written (e.g. to tag MLflow); must not raise.
     """
 
-    def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None):
+    def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None, *,
+                 permanent_every: int | None = None, async_save: bool = True, primary: bool = True,
+                 on_manifest: Callable[[dict[str, Any]], None] | None = None):
         if keep < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
+        if permanent_every is not None and permanent_every < 1:
+            raise ValueError(f"permanent_every must be >= 1 or None, got {permanent_every}")
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
+        self.primary, self.on_manifest = primary, on_manifest
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-        # synchronous saves (the manifest needs finished files); leftover tmp dirs of a save cut
-        # short by a crash are removed on start
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                               create=True, cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.step_dir / CHECKPOINT_DIR, options=options)
+        policies = [pp.LatestN(keep)] + ([pp.EveryNSteps(permanent_every)] if permanent_every else [])
+        # leftover tmp dirs of a save cut short by a crash are removed on start
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
+            preservation_policy=pp.AnyPreservationPolicy(policies))
+        # the handler is named up front so a fresh process can read a checkpoint's metadata
+        self.manager = ocp.CheckpointManager(self.step_dir / CHECKPOINT_DIR, options=options,
+                                             item_handlers=ocp.StandardCheckpointHandler())
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_manifest: dict[str, Any] | None = None
+        # (step, seconds save() blocked the caller, seconds until orbax finished writing)
+        self.save_seconds: list[tuple[int, float, float]] = []
 
     def path(self, step: int) -> Path:
         """Directory of the checkpoint at ``step``."""
@@ -69,23 +135,55 @@ class Checkpointer:
         self.manager.reload()
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state: Any) -> dict[str, Any]:
-        """Save ``state`` as the checkpoint of ``step`` (completed optimizer steps), wait for it,
-        write its manifest, and drop manifests of checkpoints orbax has pruned.
+    def save(self, step: int, state: Any, fingerprint: dict[str, Any] | None = None) -> None:
+        """Start saving ``state`` as the checkpoint of ``step`` (completed optimizer steps).
 
-        Returns:
-            The manifest: ``{"files", "total_bytes", "root_hash", "step"}``.
+        Blocks only for the previous save to finish and for the device-to-host copy; the
+        files and then the manifest (with ``fingerprint``) are written in the background.
+        Call :meth:`wait` for the manifest.
         """
+        self.wait()
+        start = time.perf_counter()
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
-        manifest = {**build_manifest(self.path(step)), "step": step}
-        _write_json_atomic(self._manifest_path(step), manifest)
-        _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
-        live = set(self.steps())
-        for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
-            if path.stem.isdigit() and int(path.stem) not in live:
-                path.unlink()
-        return manifest
+        blocking = time.perf_counter() - start
+        self._thread = threading.Thread(target=self._finish, args=(step, fingerprint, start, blocking),
+                                        name=f"tidal-manifest-{step}", daemon=True)
+        self._thread.start()
+
+    def _finish(self, step: int, fingerprint: dict[str, Any] | None, start: float, blocking: float) -> None:
+        try:
+            self.manager.wait_until_finished()
+            written = time.perf_counter() - start
+            if self.primary:
+                manifest = {**build_manifest(self.path(step)), "step": step, "fingerprint": fingerprint}
+                _write_json_atomic(self._manifest_path(step), manifest)
+                _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+                live = set(self.steps())
+                for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
+                    if path.stem.isdigit() and int(path.stem) not in live:
+                        path.unlink(missing_ok=True)
+                self.last_manifest = manifest
+                if self.on_manifest is not None:
+                    self.on_manifest(manifest)
+            else:
+                self.last_manifest = {"step": step}
+            self.save_seconds.append((step, blocking, written))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread by wait()
+            self._error = err
+
+    def wait(self) -> dict[str, Any] | None:
+        """Wait for the pending save and its manifest; return the newest manifest (None: no save yet).
+
+        Raises:
+            whatever the background save raised (e.g. a full disk).
+        """
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return self.last_manifest
 
     def problems(self, step: int) -> list[str]:
         """Why the checkpoint at ``step`` may not be loaded; empty when its manifest matches."""
@@ -102,11 +200,16 @@ class Checkpointer:
         """Restore the newest checkpoint whose manifest verifies.
 
         Args:
-            abstract_state: pytree of ``jax.ShapeDtypeStruct`` with the state's structure.
+            abstract_state: pytree of ``jax.ShapeDtypeStruct`` (with shardings, to restore
+                sharded arrays) or arrays with the state's structure.
 
         Returns:
             ``(step, state, manifest)``, or None when no checkpoint verifies (start fresh).
-            Checkpoints newer than the restored one are logged and deleted.
+            Checkpoints newer than the restored one are logged and deleted (by process 0).
+
+        Raises:
+            CheckpointMismatch: the newest verified checkpoint has another tree structure,
+                shape or dtype than ``abstract_state`` (nothing is loaded).
         """
         rejected: list[int] = []
         chosen = None
@@ -118,21 +221,33 @@ class Checkpointer:
             self.log.warning("checkpoint %s failed verification, skipped: %s",
                              self.path(step), "; ".join(problems[:5]))
             rejected.append(step)
-        for step in rejected:
-            self.manager.delete(step)
-            self._manifest_path(step).unlink(missing_ok=True)
+        if self.primary:
+            for step in rejected:
+                self.manager.delete(step)
+                self._manifest_path(step).unlink(missing_ok=True)
         if chosen is None:
-            (self.step_dir / LATEST_MANIFEST).unlink(missing_ok=True)
+            if self.primary:
+                (self.step_dir / LATEST_MANIFEST).unlink(missing_ok=True)
             return None
+        saved = tree_layout(getattr(self.manager.item_metadata(chosen), "tree", None) or {})
+        mismatch = layout_problems(saved, tree_layout(abstract_state))
+        if mismatch:
+            raise CheckpointMismatch(f"checkpoint {self.path(chosen)} does not fit the model: "
+                                     + "; ".join(mismatch) + "; rule: a checkpoint is restored only into "
+                                     "a state of the same tree, shapes and dtypes (use a new step directory)")
         state = self.manager.restore(chosen, args=ocp.args.StandardRestore(abstract_state))
         manifest = json.loads(self._manifest_path(chosen).read_text())
-        _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+        if self.primary:
+            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+        self.last_manifest = manifest
         return chosen, state, manifest
 
     def close(self) -> None:
-        """Wait for pending work and release orbax resources."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Wait for pending work (re-raising its error) and release orbax resources."""
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
 
 def tree_sha256(tree: Any) -> str:

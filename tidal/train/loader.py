@@ -24,6 +24,7 @@ import numpy as np
 TOKEN_GLOB = "tokens-*.npy"
 META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
 TOKENIZER_META = "tokenizer_meta.json"
+TOKENIZER_FILE = "tokenizer.json"
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 
 
@@ -199,3 +200,55 @@ def eval_sequences(shards: TokenShards, n_batches: int, batch_size: int,
     """
     n = min(shards.n_sequences, n_batches * batch_size)
     return [shards.rows(np.arange(i, min(i + batch_size, n)), vocab_size) for i in range(0, n, batch_size)]
+
+
+def token_byte_lengths(directory: str | Path, vocab_size: int, tokenizer_hash: str | None = None) -> np.ndarray | None:
+    """UTF-8 bytes of text that each token id stands for, from ``directory/tokenizer.json``.
+
+    Method (exact for tidal's tokenizers, which are all byte-level BPE, see
+    tidal/data/tokenizer.py): in a byte-level vocabulary every symbol of a token's string is
+    one byte mapped to a printable character (GPT-2's ``bytes_to_unicode``, the
+    ``pre_tokenizers.ByteLevel.alphabet()``), so a token stands for ``len(token)`` bytes.
+    Special tokens (the end-of-document id the packer inserts) stand for no text: 0 bytes.
+    A token with symbols outside that alphabet (another kind of tokenizer) counts the UTF-8
+    length of ``tokenizer.decode([id])``. The tokenize step's ``meta.json`` records no byte
+    counts, hence this table; the bytes of the evaluated text are then
+    ``lengths[targets].sum()``.
+
+    Args:
+        directory: the tokenizer step directory.
+        vocab_size: V; ids ``>= len(vocabulary)`` count 0 bytes.
+        tokenizer_hash: when given, the file's sha256 must equal it.
+
+    Returns:
+        ``[V]`` int64 byte counts, or None when the directory has no ``tokenizer.json`` (bits
+        per byte are then not reported).
+
+    Raises:
+        DataContractError: the file's sha256 differs from ``tokenizer_hash``.
+    """
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    import hashlib
+
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if tokenizer_hash is not None and digest != tokenizer_hash:
+        raise DataContractError(f"{path}: sha256 {digest} differs from tokenizer_hash {tokenizer_hash!r} in "
+                                f"{TOKENIZER_META}; rule: the tokenizer hash is the sha256 of tokenizer.json")
+    tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    lengths = np.zeros(vocab_size, dtype=np.int64)
+    for token_id in range(vocab_size):
+        token = tokenizer.id_to_token(token_id)
+        if token is None or token in special:
+            continue
+        if all(ch in alphabet for ch in token):
+            lengths[token_id] = len(token)
+        else:
+            lengths[token_id] = len(tokenizer.decode([token_id]).encode("utf-8"))
+    return lengths

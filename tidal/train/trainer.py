@@ -1,13 +1,26 @@
-"""The training loop: config, AdamW schedule, jitted step, eval, metrics, checkpoints, summary.
+"""The training loop: config, AdamW schedule, sharded jitted step, eval, metrics, checkpoints.
 
 Invariant: the run is a pure function of ``spec.json`` (config, input bytes, seed). Parameters
 are initialised from the step seed, batch ``i`` is ``BatchLoader.batch(i)``, and a resumed run
 restores params and optimizer state from the newest verified checkpoint and continues at the
 next step, so its parameters and losses are bitwise those of an uninterrupted run (on the
-same backend). Step numbers in every output count *completed* optimizer updates (1..steps).
+same backend and mesh). Step numbers in every output count *completed* optimizer updates
+(1..steps).
 
-Files written in the step directory (besides ``checkpoints/``, see checkpoints.py):
-``metrics.jsonl`` one JSON object per logged step; ``summary.json`` at the end.
+Parallelism (:mod:`tidal.train.mesh`): one ``("data", "fsdp", "tensor")`` mesh over every
+device of every process (multi-process start: :mod:`tidal.train.distributed`); parameters and
+optimizer state are laid out by :func:`tidal.train.mesh.state_shardings`, batches are split
+over ``data x fsdp``, and the step is jitted with those in/out shardings. Another mesh shape
+changes the order of floating-point reductions, so losses agree only to rounding.
+
+Preemption: SIGTERM (GKE sends it before a spot VM goes, then waits
+``terminationGracePeriodSeconds``) sets a flag; at the next step boundary the state is
+checkpointed and the process exits with :data:`EXIT_PREEMPTED`. A SIGKILL loses at most the
+steps since the last finished checkpoint.
+
+Files written in the step directory by process 0 (besides ``checkpoints/``, see
+checkpoints.py): ``metrics.jsonl`` one JSON object per logged step; ``summary.json`` at the
+end; ``profile.json`` for ``--profile N`` runs (which never write a summary or checkpoint).
 """
 
 from __future__ import annotations
@@ -16,30 +29,40 @@ import json
 import logging
 import math
 import os
+import signal
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+from tidal.fingerprint import environment_fingerprint, fingerprint_diff
+from tidal.train import distributed
+from tidal.train import mesh as meshlib
+from tidal.train import model as modellib
 from tidal.train.checkpoints import Checkpointer, tree_sha256
-from tidal.train.loader import BatchLoader, TokenShards, eval_sequences, read_tokenizer_meta
-from tidal.train.model import (
-    ModelConfig,
-    flops_per_token,
-    init_params,
-    next_token_loss,
-    param_count,
+from tidal.train.loader import (
+    BatchLoader,
+    TokenShards,
+    eval_sequences,
+    read_tokenizer_meta,
+    token_byte_lengths,
 )
+from tidal.train.metrics import LiveMetrics, device_memory, model_flops_utilisation, peak_flops
+from tidal.train.model import ModelConfig, flops_per_token, init_params, param_count
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 SPEC = "spec.json"
+PROFILE = "profile.json"
+# sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry" -- the state is
+# checkpointed and a rerun resumes from it.
+EXIT_PREEMPTED = 75
 
 
 class ConfigError(ValueError):
@@ -125,6 +148,10 @@ class TrainConfig:
         train_data: input step name of the mixture.
         eval_data: eval source name -> input step name of its tokenized data.
         tokenizer: input step name of the tokenizer.
+        mesh: explicit mesh axis sizes ``{data, fsdp, tensor}`` (None or missing: derived,
+            see :func:`tidal.train.mesh.mesh_shape`).
+        checkpoint_permanent_every: also keep every checkpoint whose step is a multiple of
+            this, forever (None: only the newest ``keep_checkpoints``).
     """
 
     model: dict[str, Any]
@@ -139,6 +166,8 @@ class TrainConfig:
     train_data: str
     eval_data: dict[str, str]
     tokenizer: str
+    mesh: dict[str, int | None] | None = None
+    checkpoint_permanent_every: int | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> TrainConfig:
@@ -149,7 +178,8 @@ class TrainConfig:
         """
         ints = ("steps", "batch_size", "checkpoint_every", "eval_every", "eval_batches", "log_every",
                 "keep_checkpoints")
-        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"), ("eval_data", "seed"), "")
+        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"),
+                    ("eval_data", "seed", "mesh", "checkpoint_permanent_every"), "")
         eval_data = config.get("eval_data") or {}
         if not isinstance(eval_data, dict) or not all(isinstance(v, str) for v in eval_data.values()):
             raise ConfigError(f"train config 'eval_data' must map source -> input step name, "
@@ -157,8 +187,17 @@ class TrainConfig:
         for key in ("train_data", "tokenizer"):
             if not isinstance(config[key], str):
                 raise ConfigError(f"train config {key!r} must be an input step name, got {config[key]!r}")
+        mesh = config.get("mesh")
+        try:
+            meshlib.check_request(mesh)
+        except meshlib.MeshError as err:
+            raise ConfigError(str(err)) from None
+        permanent = config.get("checkpoint_permanent_every")
+        if permanent is not None:
+            permanent = _positive_int(config, "checkpoint_permanent_every")
         out = cls(model=dict(config["model"]), optimizer=OptimizerConfig.from_config(config["optimizer"]),
                   train_data=config["train_data"], eval_data=dict(eval_data), tokenizer=config["tokenizer"],
+                  mesh=None if mesh is None else dict(mesh), checkpoint_permanent_every=permanent,
                   **{k: _positive_int(config, k) for k in ints})
         if out.optimizer.warmup_steps >= out.steps:
             raise ConfigError(f"train config 'optimizer.warmup_steps' ({out.optimizer.warmup_steps}) must be "
@@ -191,6 +230,7 @@ class Inputs:
     tokenizer_meta: dict[str, Any]
     train: TokenShards
     evals: dict[str, TokenShards]
+    token_bytes: np.ndarray | None = None
 
 
 def open_inputs(cfg: TrainConfig, inputs: dict[str, str]) -> Inputs:
@@ -211,7 +251,7 @@ def open_inputs(cfg: TrainConfig, inputs: dict[str, str]) -> Inputs:
     train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
     evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
              for src, step in sorted(cfg.eval_data.items())}
-    return Inputs(meta, train, evals)
+    return Inputs(meta, train, evals, token_byte_lengths(tok_dir, int(meta["vocab_size"]), meta["tokenizer_hash"]))
 
 
 def _seed32(seed: int, purpose: int) -> int:
@@ -239,6 +279,226 @@ def _eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+class Preempted(RuntimeError):
+    """SIGTERM arrived; the state was checkpointed at ``step`` and the run stopped (exit 75)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"preempted: checkpoint of step {step} saved; rerun to resume")
+
+
+class _Terminate:
+    """A SIGTERM flag for the duration of a ``with`` block (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def __enter__(self) -> Self:
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (e.g. called from a test thread): no handler
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def agreed(self, sync_point: bool) -> bool:
+        """Whether to stop now. One process: the flag. Several: at sync points only, stop if
+        any process got SIGTERM (all must take the collective checkpoint together)."""
+        if jax.process_count() == 1:
+            return self.requested
+        if not sync_point:
+            return False
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.array([int(self.requested)], np.int32))
+        return bool(np.max(flags))
+
+
+_DISTRIBUTED_STARTED = False
+
+
+def start_distributed() -> None:
+    """Join the multi-process run from the environment once per process (before any JAX use)."""
+    global _DISTRIBUTED_STARTED
+    if not _DISTRIBUTED_STARTED:
+        distributed.initialize()
+        _DISTRIBUTED_STARTED = True
+
+
+def _no_print(*args: Any, **kwargs: Any) -> None:
+    """Progress lines come from process 0 only."""
+
+
+def _host_scalar(x: Any) -> float:
+    """A replicated scalar as a Python float, also when it spans several processes."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(x)
+
+
+def _host_tree(tree: Any) -> Any:
+    """Every leaf as a full host numpy array (gathered across processes when needed)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+@dataclass
+class Run:
+    """Everything built from a spec before the first step (shared by training and profiling)."""
+
+    cfg: TrainConfig
+    data: Inputs
+    seed: int
+    model_cfg: ModelConfig
+    seq_len: int
+    loader: BatchLoader
+    eval_sets: dict[str, list[np.ndarray]]
+    mesh: Any
+    shardings: Any
+    abstract: Any
+    init: Callable
+    key: Any
+    step: Callable
+    eval_loss: dict[tuple[int, ...], tuple[Any, Any]]  # batch shape -> (layout, compiled mean CE)
+    schedule: Callable
+    peak: float | None
+
+    @property
+    def context(self) -> int:
+        """Predicted positions per sequence, ``S - 1`` tokens (the model's input length)."""
+        return self.seq_len - 1
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Predicted tokens per optimizer update, ``B * (S - 1)``."""
+        return self.cfg.batch_size * self.context
+
+    def batch(self, step: int) -> jax.Array:
+        """Global batch of 0-based ``step``, laid out over ``data x fsdp``."""
+        return meshlib.put_global(self.loader.batch(step), meshlib.batch_sharding(self.mesh))
+
+    def fresh_state(self) -> Any:
+        """Initial ``{"params", "opt_state"}`` from the step seed, already sharded."""
+        return jax.jit(self.init, out_shardings=self.shardings)(self.key)
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation of ``tokens_per_s`` (None without a known device peak)."""
+        return model_flops_utilisation(tokens_per_s, self.model_cfg, self.context, self.peak)
+
+
+def build(spec: dict[str, Any]) -> Run:
+    """Parse the spec, open the inputs, make the mesh and jit the step functions.
+
+    Raises:
+        ConfigError, DataContractError: bad config or inputs, before any training.
+    """
+    start_distributed()
+    cfg = TrainConfig.from_config(spec["config"])
+    data = open_inputs(cfg, spec.get("inputs", {}))
+    seed = int(spec.get("seed", 0))
+    vocab = int(data.tokenizer_meta["vocab_size"])
+    try:
+        model_cfg = ModelConfig.from_config(cfg.model, vocab)
+        sizes = meshlib.mesh_shape(jax.device_count(), cfg.mesh, meshlib.slice_count())
+        mesh = meshlib.make_mesh(sizes)
+        meshlib.check_batch(cfg.batch_size, mesh)
+    except ValueError as err:  # ModelConfig rules, MeshError
+        raise ConfigError(str(err)) from None
+    seq_len = data.train.seq_len
+    context = seq_len - 1
+    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
+    eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
+                 for src, shards in data.evals.items()}
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
+
+    def init(key):
+        params = init_params(model_cfg, key, context)
+        return {"params": params, "opt_state": tx.init(params)}
+
+    key = jax.random.key(_seed32(seed, 0))
+    abstract = jax.eval_shape(init, key)
+    heads = (model_cfg.n_heads, getattr(model_cfg, "n_kv_heads", None) or model_cfg.n_heads)
+    shardings = meshlib.state_shardings(abstract, mesh, heads)
+    replicated = meshlib.replicated(mesh)
+    with_parts = getattr(modellib, "loss_and_metrics", None)
+    moe = bool(getattr(model_cfg, "n_moe_layers", 0))
+
+    def loss_parts(params, batch):
+        if with_parts is None:
+            return modellib.next_token_loss(params, model_cfg, batch), {}
+        loss, parts = with_parts(params, model_cfg, batch)
+        return loss, (dict(parts) if moe else {"ce": parts["ce"]})
+
+    def step_fn(state, batch, index):
+        (loss, parts), grads = jax.value_and_grad(loss_parts, has_aux=True)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
+        if moe:  # cross-entropy, load-balancing and z losses, dropped fraction
+            stats |= parts
+        return {"params": params, "opt_state": opt_state}, stats
+
+    # Donating the old state halves state memory on GPU/TPU; on CPU a checkpoint's host copy may
+    # alias the device buffer, so the CPU step keeps its input.
+    donate = (0,) if jax.default_backend() != "cpu" else ()
+    step = jax.jit(step_fn, in_shardings=(shardings, meshlib.batch_sharding(mesh), None),
+                   out_shardings=(shardings, replicated), donate_argnums=donate)
+    eval_jit = jax.jit(lambda params, batch: loss_parts(params, batch)[1]["ce"], out_shardings=replicated)
+    # compiled ahead of time, once per eval batch shape, so no compilation lands inside the loop
+    params_abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                   abstract["params"], shardings["params"])
+    rows_per_shard = mesh.shape["data"] * mesh.shape["fsdp"]
+    eval_loss: dict[tuple[int, ...], tuple[Any, Any]] = {}
+    for batches in eval_sets.values():
+        for b in batches:
+            if b.shape not in eval_loss:
+                layout = meshlib.batch_sharding(mesh) if b.shape[0] % rows_per_shard == 0 else replicated
+                eval_loss[b.shape] = (layout, eval_jit.lower(
+                    params_abstract, jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=layout)).compile())
+    kind = jax.devices()[0].device_kind
+    return Run(cfg, data, seed, model_cfg, seq_len, loader, eval_sets, mesh, shardings, abstract, init, key,
+               step, eval_loss, schedule, peak_flops(kind, jax.device_count()))
+
+
+def evaluate(run: Run, params: Any) -> dict[str, float]:
+    """Held-out loss and bits per byte of every eval source.
+
+    ``eval_loss/<src>``: mean next-token cross-entropy over every predicted position of the
+    fixed eval sequences (nats/token). ``eval_bpb/<src>`` (when the tokenizer's
+    ``tokenizer.json`` is present): ``total nats / ln 2 / total UTF-8 bytes`` of the predicted
+    tokens (targets ``batch[:, 1:]``), the bytes of each token taken from the tokenizer
+    (:func:`tidal.train.loader.token_byte_lengths`; end-of-document tokens are 0 bytes).
+    """
+    out: dict[str, float] = {}
+    for src, batches in run.eval_sets.items():
+        total = 0.0
+        for b in batches:
+            layout, mean_ce = run.eval_loss[b.shape]
+            total += _host_scalar(mean_ce(params, meshlib.put_global(b, layout))) * b.shape[0]
+        rows = sum(b.shape[0] for b in batches)
+        out[f"eval_loss/{src}"] = total / rows
+        if run.data.token_bytes is not None:
+            n_bytes = int(sum(run.data.token_bytes[b[:, 1:]].sum() for b in batches))
+            if n_bytes:
+                out[f"eval_bpb/{src}"] = total * (run.seq_len - 1) / math.log(2) / n_bytes
+    return out
+
+
+def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
+    return {"tidal.environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
+            "tidal.mesh": meshlib.describe(run.mesh), "tidal.param_count": str(param_count(run.model_cfg))}
+
+
 def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None = None,
           log: logging.Logger | None = None) -> dict[str, Any] | None:
     """Train (or resume training) as ``spec`` says, writing into ``step_dir``.
@@ -250,137 +510,244 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
             this step (after its checkpoint, if one is due), without writing a summary.
 
     Returns:
-        The summary (also written to ``summary.json``): ``steps``, ``tokens_seen`` (predicted
-        token positions, ``steps * B * (S - 1)``), ``final_train_loss`` (nats/token),
-        ``eval_loss`` (mean over sources) and ``eval_loss/<src>``, ``param_count``,
+        The summary (also written to ``summary.json`` by process 0): ``steps``,
+        ``tokens_seen`` (predicted token positions, ``steps * B * (S - 1)``),
+        ``final_train_loss`` (nats/token), ``eval_loss`` (mean over sources),
+        ``eval_loss/<src>``, ``eval_bpb/<src>`` (bits/byte), ``param_count``,
         ``flops_per_token``, ``checkpoint_step``, ``checkpoint_root_hash``, ``params_sha256``
-        (:func:`tree_sha256` of the final parameters: equal across identical runs) and, when steps ran
-        in this process, ``tokens_per_second`` after the first (compiling) step.
+        (:func:`tree_sha256` of the final parameters: equal across identical runs),
+        ``environment_fingerprint`` (JSON), ``mesh`` and, when steps ran in this process,
+        ``tokens_per_second``/``step_time_s`` after the first (compiling) step, ``mfu`` (when
+        the device's peak is known) and ``peak_memory_bytes``.
 
     Raises:
         ConfigError, DataContractError: bad config or inputs, before any training.
+        CheckpointMismatch: the newest verified checkpoint belongs to another model shape.
+        Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
     """
     step_dir = Path(step_dir)
     log = log or logging.getLogger("tidal.train")
-    cfg = TrainConfig.from_config(spec["config"])
-    data = open_inputs(cfg, spec.get("inputs", {}))
-    seed = int(spec.get("seed", 0))
-    vocab = int(data.tokenizer_meta["vocab_size"])
-    model_cfg = ModelConfig.from_config(cfg.model, vocab)
-    seq_len = data.train.seq_len
-    context = seq_len - 1
-    tokens_per_step = cfg.batch_size * context
-    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
-    eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
-                 for src, shards in data.evals.items()}
+    run = build(spec)
+    cfg = run.cfg
+    primary = distributed.is_primary()
+    fingerprint = environment_fingerprint()
+    live = LiveMetrics.from_env(step_dir, spec) if primary else None
+    if live is not None:
+        live.set_tags(_live_tags(run, fingerprint))
 
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
-    @jax.jit
-    def init_state(key):
-        params = init_params(model_cfg, key, context)
-        return {"params": params, "opt_state": tx.init(params)}
+    def on_manifest(manifest: dict[str, Any]) -> None:
+        if live is not None:
+            live.set_tags({"tidal.checkpoint_root_hash": manifest["root_hash"],
+                           "tidal.checkpoint_step": str(manifest["step"])})
 
-    state = init_state(jax.random.key(_seed32(seed, 0)))
-    n_params = param_count(model_cfg)
-
-    ckpt = Checkpointer(step_dir, cfg.keep_checkpoints, log)
-    restored = ckpt.restore_latest(state)
-    start, manifest = 0, None
+    ckpt = Checkpointer(step_dir, cfg.keep_checkpoints, log, permanent_every=cfg.checkpoint_permanent_every,
+                        primary=primary, on_manifest=on_manifest)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            run.abstract, run.shardings)
+    try:
+        restored = ckpt.restore_latest(abstract)
+    except Exception:
+        ckpt.close()
+        if live is not None:
+            live.close(status="FAILED")
+        raise
+    start, manifest, changed = 0, None, []
     if restored is not None:
         start, state, manifest = restored
         print(f"resumed from checkpoint step {start} ({ckpt.path(start)})", flush=True)
+        before = manifest.get("fingerprint")
+        changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
+        if changed:
+            log.warning("resuming under a different environment fingerprint than checkpoint %d was saved "
+                        "with: %s", start, "; ".join(changed))
+            if live is not None:
+                live.set_tags({"tidal.fingerprint_changed": "; ".join(changed)})
+    else:
+        state = run.fresh_state()
     metrics_path = step_dir / METRICS
-    _truncate_metrics(metrics_path, start)
-
-    @jax.jit
-    def train_step(state, batch, index):
-        loss, grads = jax.value_and_grad(lambda p: next_token_loss(p, model_cfg, batch))(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
-        return {"params": params, "opt_state": opt_state}, stats
-
-    eval_loss_fn = jax.jit(lambda params, batch: next_token_loss(params, model_cfg, batch))
-
-    def evaluate(params) -> dict[str, float]:
-        out = {}
-        for src, batches in eval_sets.items():
-            total = sum(float(eval_loss_fn(params, jnp.asarray(b))) * b.shape[0] for b in batches)
-            out[f"eval_loss/{src}"] = total / sum(b.shape[0] for b in batches)
-        return out
-
-    print(f"training {n_params:,} params, {cfg.steps} steps of {cfg.batch_size}x{seq_len} tokens "
-          f"from step {start}", flush=True)
+    if primary:
+        _truncate_metrics(metrics_path, start)
+    n_params = param_count(run.model_cfg)
+    print(f"training {n_params:,} params, {cfg.steps} steps of {cfg.batch_size}x{run.seq_len} tokens "
+          f"from step {start} on mesh {meshlib.describe(run.mesh)}", flush=True)
     last_eval: dict[str, float] = {}
     # step timing excludes compilation (the first step), evals and checkpoint saves
     mark_time, mark_step, first_step_s = time.perf_counter(), start, None
     timed_s, timed_steps = 0.0, 0
-    with open(metrics_path, "a") as metrics_file:
-        for i in range(start, cfg.steps):
-            state, stats = train_step(state, jnp.asarray(loader.batch(i)), jnp.int32(i))
-            done = i + 1
-            if first_step_s is None:
-                jax.block_until_ready(stats["loss"])
-                now = time.perf_counter()
-                first_step_s, mark_time, mark_step = now - mark_time, now, done
-            is_last = done == cfg.steps
-            eval_now = done % cfg.eval_every == 0 or is_last
-            if done % cfg.log_every == 0 or eval_now:
-                loss = float(stats["loss"])
-                now = time.perf_counter()
-                if done > mark_step:
-                    step_s = (now - mark_time) / (done - mark_step)
-                    timed_s, timed_steps = timed_s + now - mark_time, timed_steps + done - mark_step
-                else:  # the first step of this process: its time is mostly compilation
-                    step_s = first_step_s
-                mark_time, mark_step = now, done
-                record = {"step": done, "loss": loss, "lr": float(stats["lr"]),
-                          "grad_norm": float(stats["grad_norm"]),
-                          "tokens_per_second": tokens_per_step / step_s, "step_time_s": step_s}
-                if eval_now:
-                    last_eval = evaluate(state["params"])
-                    record.update(last_eval)
-                metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
-                metrics_file.flush()
-                evals = " ".join(f"{k} {v:.4f}" for k, v in last_eval.items()) if eval_now else ""
-                print(f"step {done}/{cfg.steps} loss {loss:.4f} lr {record['lr']:.2e} "
-                      f"{record['tokens_per_second']:,.0f} tok/s {step_s * 1e3:.1f} ms/step "
-                      f"eta {_eta(step_s * (cfg.steps - done))} {evals}".rstrip(), flush=True)
-            if done % cfg.checkpoint_every == 0 or is_last:
-                manifest = ckpt.save(done, state)
-            if eval_now or done % cfg.checkpoint_every == 0:  # step times exclude eval and saving
-                mark_time, mark_step = time.perf_counter(), done
-            if stop_after is not None and done == stop_after:
-                ckpt.close()
-                print(f"stopped after step {done} (--stop-after)", flush=True)
-                return None
-    ckpt.close()
+    peak_memory, loop_start, loop_end, loop_cpu = 0.0, None, None, (0.0, 0.0)
+    metrics_file = open(metrics_path, "a") if primary else None  # noqa: SIM115 - closed in finally
+    status = "FAILED"
+    try:
+        with _Terminate() as term:
+            for i in range(start, cfg.steps):
+                state, stats = run.step(state, run.batch(i), np.int32(i))
+                done = i + 1
+                if first_step_s is None:
+                    jax.block_until_ready(stats["loss"])
+                    now = time.perf_counter()
+                    first_step_s, mark_time, mark_step = now - mark_time, now, done
+                    loop_start, loop_cpu = now, (time.process_time(), 0.0)
+                is_last = done == cfg.steps
+                eval_now = done % cfg.eval_every == 0 or is_last
+                log_now = done % cfg.log_every == 0 or eval_now
+                if log_now:
+                    record = {k: _host_scalar(v) for k, v in stats.items()}
+                    now = time.perf_counter()
+                    if done > mark_step:
+                        step_s = (now - mark_time) / (done - mark_step)
+                        timed_s, timed_steps = timed_s + now - mark_time, timed_steps + done - mark_step
+                    else:  # the first step of this process: its time is mostly compilation
+                        step_s = first_step_s
+                    mark_time, mark_step = now, done
+                    memory = device_memory()
+                    peak_memory = max(peak_memory, memory["peak_memory_bytes"])
+                    record |= {"step": done, "tokens_per_second": run.tokens_per_step / step_s,
+                               "step_time_s": step_s, "memory_bytes": memory["memory_bytes"],
+                               "peak_memory_bytes": memory["peak_memory_bytes"]}
+                    mfu = run.mfu(record["tokens_per_second"])
+                    if mfu is not None:
+                        record["mfu"] = mfu
+                    if eval_now:
+                        last_eval = evaluate(run, state["params"])
+                        record.update(last_eval)
+                    if metrics_file is not None:
+                        metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
+                        metrics_file.flush()
+                    if live is not None:
+                        live.log(done, record)
+                    evals = " ".join(f"{k} {v:.4f}" for k, v in last_eval.items()) if eval_now else ""
+                    util = f" mfu {mfu:.1%}" if mfu is not None else ""
+                    print_progress = print if primary else _no_print
+                    print_progress(f"step {done}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+                          f"{record['tokens_per_second']:,.0f} tok/s {step_s * 1e3:.1f} ms/step{util} "
+                          f"eta {_eta(step_s * (cfg.steps - done))} {evals}".rstrip(), flush=True)
+                save_now = done % cfg.checkpoint_every == 0 or is_last
+                if save_now:
+                    ckpt.save(done, state, fingerprint)
+                if is_last:  # the final background write is waited for below, not counted
+                    loop_end, loop_cpu = time.perf_counter(), (loop_cpu[0], time.process_time())
+                if eval_now or save_now:  # step times exclude eval and saving
+                    mark_time, mark_step = time.perf_counter(), done
+                if not is_last and term.agreed(log_now or save_now):
+                    if not save_now:
+                        ckpt.save(done, state, fingerprint)
+                    ckpt.wait()
+                    status = "KILLED"
+                    print(f"SIGTERM: checkpoint of step {done} saved; exiting with code {EXIT_PREEMPTED}",
+                          flush=True)
+                    raise Preempted(done)
+                if stop_after is not None and done == stop_after:
+                    ckpt.wait()
+                    status = "KILLED"
+                    print(f"stopped after step {done} (--stop-after)", flush=True)
+                    return None
+            manifest = ckpt.wait() or manifest
+        status = "FINISHED"
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+        try:
+            ckpt.close()
+        finally:
+            if live is not None:
+                # a stopped run is resumed later and keeps logging into the same MLflow run
+                live.close(status=status, end_run=status != "KILLED")
     if start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
-        last_eval = evaluate(state["params"])
-    final = [r for r in _read_metrics(metrics_path) if r["step"] == cfg.steps]
+        last_eval = evaluate(run, state["params"])
+    final = [r for r in _read_metrics(metrics_path) if r["step"] == cfg.steps] if primary else []
     summary: dict[str, Any] = {
-        "steps": cfg.steps, "tokens_seen": cfg.steps * tokens_per_step,
-        "param_count": n_params, "flops_per_token": flops_per_token(model_cfg, context),
-        "seq_len": seq_len, "batch_size": cfg.batch_size,
-        "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest["root_hash"],
-        "params_sha256": tree_sha256(state["params"]),
+        "steps": cfg.steps, "tokens_seen": cfg.steps * run.tokens_per_step,
+        "param_count": n_params, "flops_per_token": flops_per_token(run.model_cfg, run.context),
+        "seq_len": run.seq_len, "batch_size": cfg.batch_size,
+        "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
+        "params_sha256": tree_sha256(_host_tree(state["params"])),
+        "environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
+        "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
+    if changed:
+        summary["fingerprint_changed"] = "; ".join(changed)
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
-        summary["eval_loss"] = sum(last_eval.values()) / len(last_eval)
+        losses = [v for k, v in last_eval.items() if k.startswith("eval_loss/")]
+        summary["eval_loss"] = sum(losses) / len(losses)
+        bpbs = [v for k, v in last_eval.items() if k.startswith("eval_bpb/")]
+        if bpbs:
+            summary["eval_bpb"] = sum(bpbs) / len(bpbs)
         summary.update(last_eval)
     if timed_steps:
-        summary["tokens_per_second"] = tokens_per_step * timed_steps / timed_s
+        summary["tokens_per_second"] = run.tokens_per_step * timed_steps / timed_s
         summary["step_time_s"] = timed_s / timed_steps
+        mfu = run.mfu(summary["tokens_per_second"])
+        if mfu is not None:
+            summary["mfu"] = mfu
+    if peak_memory:
+        summary["peak_memory_bytes"] = peak_memory
+    if loop_start is not None and loop_end is not None and loop_end > loop_start:
+        # every step after the first, wall clock, including evals, logging and checkpoint saves
+        # (up to the last step's save call; its background write is not training time)
+        summary["loop_tokens_per_second"] = run.tokens_per_step * (cfg.steps - start - 1) / (loop_end - loop_start)
+        # the same steps per CPU second of this process (all threads): insensitive to other load
+        summary["loop_tokens_per_cpu_second"] = (run.tokens_per_step * (cfg.steps - start - 1)
+                                                 / max(loop_cpu[1] - loop_cpu[0], 1e-9))
+    if ckpt.save_seconds:
+        summary["checkpoint_saves"] = len(ckpt.save_seconds)
+        summary["checkpoint_blocking_s_mean"] = statistics.fmean(b for _, b, _ in ckpt.save_seconds)
+        summary["checkpoint_write_s_mean"] = statistics.fmean(w for _, _, w in ckpt.save_seconds)
+        summary["checkpoint_bytes"] = manifest.get("total_bytes", 0)
     if first_step_s is not None:
         summary["compile_and_first_step_s"] = first_step_s
-    tmp = step_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, step_dir / SUMMARY)
-    print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
+    if primary:
+        tmp = step_dir / (SUMMARY + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, step_dir / SUMMARY)
+        print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
     return summary
 
+
+def profile(step_dir: str | Path, spec: dict[str, Any], n_steps: int) -> dict[str, Any]:
+    """Run ``n_steps`` steps from the initial state and record their speed; commit nothing.
+
+    No checkpoint is read or written and no ``metrics.jsonl``/``summary.json`` is touched;
+    only ``profile.json`` (process 0) is written, so the step stays uncommitted.
+
+    Returns:
+        ``{"steps", "compile_and_first_step_s", "step_time_s" (mean of steps 2..N, each
+        timed to completion), "step_time_s_median", "tokens_per_second", "mfu" (or None),
+        "peak_memory_bytes", "memory_source", "mesh", "device_kind", "devices",
+        "param_count", "flops_per_token", "environment_fingerprint"}``.
+
+    Raises:
+        ConfigError: ``n_steps < 2`` (one step only measures compilation), or a bad config.
+    """
+    if n_steps < 2:
+        raise ConfigError(f"--profile needs at least 2 steps (the first one compiles), got {n_steps}")
+    run = build(spec)
+    state = run.fresh_state()
+    times = []
+    for i in range(n_steps):
+        batch = run.batch(i)
+        start = time.perf_counter()
+        state, stats = run.step(state, batch, np.int32(i))
+        jax.block_until_ready((state, stats))
+        times.append(time.perf_counter() - start)
+    memory = device_memory()
+    mean = statistics.fmean(times[1:])
+    out = {"steps": n_steps, "compile_and_first_step_s": times[0], "step_time_s": mean,
+           "step_time_s_median": statistics.median(times[1:]), "tokens_per_second": run.tokens_per_step / mean,
+           "mfu": run.mfu(run.tokens_per_step / mean), "peak_memory_bytes": memory["peak_memory_bytes"],
+           "memory_source": memory["memory_source"], "mesh": meshlib.describe(run.mesh).split(" (")[0],
+           "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+           "param_count": param_count(run.model_cfg),
+           "flops_per_token": flops_per_token(run.model_cfg, run.context),
+           "final_loss": _host_scalar(stats["loss"]), "environment_fingerprint": environment_fingerprint()}
+    if distributed.is_primary():
+        path = Path(step_dir) / PROFILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(PROFILE + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    return out
 
 def load_spec(step_dir: str | Path) -> dict[str, Any]:
     """Read ``STEP_DIR/spec.json``.
