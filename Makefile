@@ -55,7 +55,7 @@ test: corpora
 	$(VENV)/bin/pytest -q
 
 lint: venv
-	$(VENV)/bin/ruff check tidal operators dags tests
+	$(VENV)/bin/ruff check tidal operators dags tests plugins bench
 
 clean-demo:
 	rm -rf .tidal $(AIRFLOW_HOME)

@@ -41,12 +41,12 @@ class BeamPrepareOperator(TidalPrepareOperator):
     """
 
     def choose_branch(self, context: Any) -> list[str]:
+        from operators.step import pipeline_for_run
         from tidal.launch.beam_job import prepare
-        from tidal.pipeline import Pipeline
 
         params = context.get("params") or {}
         force = self.step_name in (params.get("force_steps") or [])
-        prepared = prepare(Pipeline.load(self.recipe_path), self.step_name, force=force)
+        prepared = prepare(pipeline_for_run(self.recipe_path, context), self.step_name, force=force)
         context["ti"].xcom_push(key="prepared", value=prepared)
         self.log.info("%s %s -> %s", prepared["status"], prepared["step_id"], prepared.get("out", "committed"))
         if prepared["status"] == "skip":
@@ -62,11 +62,12 @@ class BeamCommitOperator(TidalCommitOperator):
         self.runner = runner
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from operators.step import export_signing_key, pipeline_for_run
         from tidal.launch.beam_job import commit
-        from tidal.pipeline import Pipeline
 
+        export_signing_key()  # the commit signs step.json and manifest.json (tidal/signing.py)
         prepared = context["ti"].xcom_pull(task_ids=self.prepare_task_id, key="prepared")
-        result = commit(Pipeline.load(self.recipe_path), self.step_name, prepared=prepared, runner=self.runner,
+        result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, prepared=prepared, runner=self.runner,
                         workload=self.workload, run_key=run_key_of(context))
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
@@ -17,20 +18,65 @@ from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepO
 log = logging.getLogger(__name__)
 
 
-def pipeline_dag_args(graph) -> dict:
-    """DAG arguments every tidal pipeline DAG shares: manual trigger, one run at a time, and
-    the ``force_steps`` trigger param listing the graph's step names."""
-    return {
-        "schedule": None,
+# Scheduled recipes need a start date for their timetable; runs before it are never created
+# (catchup is off; `airflow backfill create` makes past runs on purpose).
+SCHEDULE_START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def pipeline_dag_args(graph, recipe=None) -> dict:
+    """DAG arguments every tidal pipeline DAG shares: one run at a time, failures recorded in
+    the catalog (operators/callbacks.py), and the trigger form.
+
+    With a ``recipe`` (tidal.recipe.Recipe): its ``schedule`` (None: manual trigger only) and the
+    full form of operators/params.py (seed, training steps, launcher, resource profile, steps to
+    force-rerun, dry run). Without (a scaling suite): manual, ``force_steps`` and ``dry_run`` only.
+    """
+    from operators.callbacks import on_failure_callback
+
+    names = [s.name for s in graph]
+    if recipe is not None:
+        from operators.params import recipe_params
+
+        params = recipe_params(recipe, names)
+    else:
+        params = {
+            "force_steps": Param([], type="array", items={"type": "string", "enum": names}, uniqueItems=True,
+                                 description="steps to recompute even if committed"),
+            "dry_run": Param(False, type="boolean", description="plan only: log run/skip/blocked, compute nothing"),
+        }
+    schedule = getattr(recipe, "schedule", None)
+    args = {
+        "schedule": schedule,
         "catchup": False,
         "max_active_runs": 1,
-        "params": {
-            "force_steps": Param(
-                [], type="array", items={"type": "string", "enum": [s.name for s in graph]},
-                description="steps to recompute even if committed",
-            ),
-        },
+        "params": params,
+        "default_args": {"on_failure_callback": on_failure_callback},
     }
+    if schedule is not None:
+        args["start_date"] = SCHEDULE_START
+    return args
+
+
+def recipe_doc_md(recipe, recipe_path: Path, graph) -> str:
+    """The DAG's docs: the recipe's description, schedule, baseline and its step graph as a table."""
+    lines = [
+        f"### Recipe `{recipe.name}` v{recipe.version} (`{recipe_path.name}`)",
+        "",
+        recipe.description or "(no description in the recipe)",
+        "",
+        f"**Schedule:** {recipe.schedule or 'manual trigger only'}"
+        + (f" &nbsp; **Baseline:** `{recipe.baseline.file}` (loss tolerance {recipe.baseline.loss_tolerance}, "
+           f"stats tolerance {recipe.baseline.stats_tolerance})" if recipe.baseline else ""),
+        "",
+        ("Steps are content-addressed: committed steps are skipped, so clearing a failed task redoes only "
+        "missing work. Ids below are the recipe as written; trigger-form overrides change some of them."),
+        "",
+        "| step | kind | step id | reads |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{s.name}` | {s.kind} | `{s.step_id}` | {', '.join(f'`{d.name}`' for d in s.inputs) or '-'} |"
+              for s in graph]
+    return "\n".join(lines)
 
 
 def build_dag(recipe_path: Path) -> DAG:
@@ -39,7 +85,6 @@ def build_dag(recipe_path: Path) -> DAG:
     Raises:
         tidal.recipe.RecipeError: the recipe is invalid (Airflow shows it as an import error).
     """
-    from tidal.launch.beam_job import BEAM_KINDS
     from tidal.planner import build_graph
     from tidal.recipe import load_recipe
     from tidal.scaling.suite import is_suite_file
@@ -50,13 +95,15 @@ def build_dag(recipe_path: Path) -> DAG:
         return build_suite_dag(Path(recipe_path))
     recipe = load_recipe(recipe_path)
     graph = build_graph(recipe)
+    beam_kinds: tuple[str, ...] = ()
+    if recipe.beam.launcher == "provider":  # tidal.launch.beam_job imports the runner: only when needed
+        from tidal.launch.beam_job import BEAM_KINDS as beam_kinds
     with DAG(
-        **pipeline_dag_args(graph),
+        **pipeline_dag_args(graph, recipe),
         dag_id=f"tidal_{recipe.name}",
         description=recipe.description or f"tidal recipe {recipe.name}",
-        tags=["tidal", f"recipe:{recipe.name}"],
-        doc_md=f"Recipe `{recipe_path.name}` v{recipe.version}. Steps are content-addressed: "
-        "committed steps are skipped, so clearing a failed task redoes only missing work.",
+        tags=["tidal", f"recipe:{recipe.name}"] + (["scheduled"] if recipe.schedule else []),
+        doc_md=recipe_doc_md(recipe, Path(recipe_path), graph),
     ) as dag:
         tasks = {
             step.name: TidalStepOperator(
@@ -64,7 +111,7 @@ def build_dag(recipe_path: Path) -> DAG:
                 doc_md=f"step `{step.step_id}` ({step.kind})",
             )
             if not (step.kind == "train" and recipe.train.resources.launcher == "gke")
-            and not (step.kind in BEAM_KINDS and recipe.beam.launcher == "provider")
+            and step.kind not in beam_kinds
             else _remote_group(step=step, recipe=recipe, recipe_path=str(recipe_path))
             for step in graph
         }

@@ -17,6 +17,98 @@ def run_key_of(context: Any) -> str:
     return f"{dag_run.dag_id}__{dag_run.run_id}"
 
 
+SIGNING_CONN_ID = "tidal_signing"
+
+
+def export_signing_key(conn_id: str = SIGNING_CONN_ID) -> bool:
+    """Export the Airflow connection ``tidal_signing``'s password (hex key) as ``$TIDAL_SIGNING_KEY``.
+
+    tidal signs ``step.json`` and ``manifest.json`` with that variable (tidal/signing.py) and
+    never imports Airflow, so the worker hands the secret over here, before the step commits.
+    A variable already set wins; no connection means the step is committed unsigned.
+
+    Returns:
+        True when a key was exported from the connection.
+    """
+    import os
+
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if os.environ.get("TIDAL_SIGNING_KEY"):
+        return False
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return False
+    if not conn.password:
+        return False
+    os.environ["TIDAL_SIGNING_KEY"] = conn.password
+    return True
+
+
+class InjectedFault(RuntimeError):
+    """A fault drill: ``$TIDAL_FAULT_DIR/<step name>`` exists, so the step fails on purpose."""
+
+
+def check_fault(step_name: str) -> None:
+    """Fail ``step_name`` if a fault file for it exists in ``$TIDAL_FAULT_DIR`` (drills and tests).
+
+    Lets an operator rehearse the on-call path (catalog, alert, clear and rerun) without
+    changing the recipe, so step ids stay the same. Unset variable: no effect.
+
+    Raises:
+        InjectedFault: with the file's text.
+    """
+    import os
+    from pathlib import Path
+
+    fault_dir = os.environ.get("TIDAL_FAULT_DIR")
+    if fault_dir and (Path(fault_dir) / step_name).is_file():
+        text = (Path(fault_dir) / step_name).read_text().strip()
+        raise InjectedFault(f"injected fault for step {step_name!r}: {text or '(no text)'}")
+
+
+def pipeline_for_run(recipe_path: str, context: Any):
+    """The :class:`tidal.pipeline.Pipeline` of this DAG run: the recipe with the run's overrides.
+
+    Step ids are computed here, at run time, from the run's params (trigger conf merged over
+    the form's defaults by Airflow), not at parse time: a run that overrides ``train_steps``
+    computes (and commits) a different train step than the DAG's doc shows. A scaling suite
+    takes no overrides.
+
+    Raises:
+        tidal.recipe.RecipeError: the recipe or an override is invalid.
+    """
+    from tidal.pipeline import Pipeline
+    from tidal.scaling.suite import is_suite_file
+
+    if is_suite_file(recipe_path):
+        return Pipeline.load(recipe_path)
+    from operators.params import overrides_from_params
+    from tidal.recipe import load_recipe
+
+    params = dict(context.get("params") or {})
+    overrides = overrides_from_params(load_recipe(recipe_path), params)
+    return Pipeline.load(recipe_path, overrides or None)
+
+
+def _emit_step_metrics(pipe: Any, result: Any) -> None:
+    """StatsD: steps run/skipped, step duration, training throughput (tidal/metrics_statsd.py)."""
+    from tidal import metrics_statsd as m
+
+    client = m.StatsdClient.from_env()
+    if not client.enabled:
+        return
+    tags = {"recipe": pipe.recipe.name, "step": result.name, "kind": result.kind}
+    client.incr(m.STEP_RUN if result.status == "run" else m.STEP_SKIPPED, tags=tags)
+    client.timing(m.STEP_DURATION, result.seconds, tags=tags)
+    tps = result.summary.get("tokens_per_second") if result.status == "run" else None
+    if isinstance(tps, int | float):
+        client.gauge(m.TOKENS_PER_SECOND, float(tps), tags={"recipe": pipe.recipe.name})
+    client.close()
+
+
 class TidalStepOperator(BaseOperator):
     """Run one content-addressed step of a recipe; a committed step is skipped in milliseconds.
 
@@ -24,8 +116,13 @@ class TidalStepOperator(BaseOperator):
         recipe_path: the recipe YAML the DAG was built from.
         step_name: the step's name in the recipe's graph (also the task id).
 
-    Trigger-time params read: ``force_steps`` (list of step names to recompute).
-    Returns (XCom): ``{"step_id", "status" ("run"|"skip"), "seconds"}``.
+    Trigger-time params read (operators/params.py): the recipe overrides (``seed``,
+    ``train_steps``, ``launcher``, ``resource_profile``), ``force_steps`` (step names to
+    recompute) and ``dry_run`` (log run/skip/blocked, compute nothing). Step ids come from the
+    run's params, at run time. A fault file ``$TIDAL_FAULT_DIR/<step name>`` fails the step
+    (drills; :func:`check_fault`).
+
+    Returns (XCom): ``{"step_id", "status" ("run"|"skip"|"dry-run:<run|skip|blocked>"), "seconds"}``.
     """
 
     template_fields = ("recipe_path",)
@@ -37,13 +134,33 @@ class TidalStepOperator(BaseOperator):
         self.step_name = step_name
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from tidal.pipeline import Pipeline
+        from airflow.sdk.exceptions import AirflowFailException
 
-        params = context.get("params") or {}
-        force = self.step_name in (params.get("force_steps") or [])
-        pipe = Pipeline.load(self.recipe_path)
-        result = pipe.run(self.step_name, run_key=run_key_of(context), force=force)
+        from operators.callbacks import capture_log_tail
+        from operators.params import run_options
+
+        capture_log_tail()
+        force_steps, dry_run = run_options(context.get("params") or {})
+        pipe = pipeline_for_run(self.recipe_path, context)
+        step = pipe.graph[self.step_name]
+        if dry_run:
+            status = pipe.status(self.step_name)
+            self.log.info("dry run: %s would %s (%s)", step.step_id, "recompute" if self.step_name in force_steps
+                          else status, step.kind)
+            return {"step_id": step.step_id, "status": f"dry-run:{status}", "seconds": 0.0}
+        launcher = pipe.recipe.train.resources.launcher
+        if step.kind == "train" and launcher != "local":
+            raise AirflowFailException(
+                f"this run asks for launcher {launcher!r}, but the DAG's train task was built for the recipe's "
+                "local launcher; set train.resources.launcher in the recipe to get the GKE task group")
+        check_fault(self.step_name)
+        export_signing_key()
+        result = pipe.run(self.step_name, run_key=run_key_of(context), force=self.step_name in force_steps)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
+        try:
+            _emit_step_metrics(pipe, result)
+        except Exception as err:  # noqa: BLE001 - metrics never fail a step
+            self.log.warning("metrics not sent: %s", err)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 
@@ -51,7 +168,10 @@ class TidalReportOperator(BaseOperator):
     """Close the DAG run's MLflow parent run and log a summary; runs whatever happened.
 
     It fails (so the DAG run is marked failed) when any step of the recipe is not
-    committed at the end, naming those steps.
+    committed at the end, naming those steps, or when the recipe has a ``baseline`` and the
+    run (without overrides) differs from it beyond tolerance (tidal/baseline.py): the error
+    lists each metric with expected, got and tolerance. It also sends the checkpoint-age
+    StatsD gauges.
     """
 
     template_fields = ("recipe_path",)
@@ -65,16 +185,67 @@ class TidalReportOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from tidal.pipeline import Pipeline
+        from operators.callbacks import capture_log_tail
+        from operators.params import overrides_from_params, run_options
+        from tidal.recipe import load_recipe
         from tidal.report import build_report, format_report
 
-        pipe = Pipeline.load(self.recipe_path)
+        capture_log_tail()
+        _, dry_run = run_options(context.get("params") or {})
+        pipe = pipeline_for_run(self.recipe_path, context)
+        if dry_run:
+            for step in pipe.graph:
+                self.log.info("dry run: %-24s %-8s %s", step.name, pipe.status(step.name), step.step_id)
+            return {"dry_run": True, "missing": [s.name for s in pipe.graph if pipe.status(s.name) != "skip"]}
         report = build_report(pipe, run_key_of(context), finish=True)
         for line in format_report(report).splitlines():
             self.log.info("%s", line)
+        _emit_checkpoint_metrics(pipe)
         if report["missing"]:
             raise AirflowFailException(f"steps not committed: {report['missing']}")
+        if getattr(pipe.recipe, "baseline", None) is not None:
+            overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))
+            if overrides:
+                self.log.info("baseline not compared: this run overrides %s", sorted(overrides))
+            else:
+                _compare_baseline(pipe, self.log)
         return {k: v for k, v in report.items() if k in ("steps_run", "steps_skipped", "tokens_seen")}
+
+
+def _compare_baseline(pipe: Any, log: Any) -> None:
+    """Fail the task with a readable difference when the run differs from the recipe's baseline."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tidal import metrics_statsd as m
+    from tidal.baseline import BaselineError, BaselineMismatch, baseline_path, check_pipeline
+
+    client = m.StatsdClient.from_env()
+    try:
+        check_pipeline(pipe)
+    except BaselineMismatch as err:
+        client.gauge(m.BASELINE_DIFFERENCES, len(err.differences), tags={"recipe": pipe.recipe.name})
+        raise AirflowFailException(str(err)) from None
+    except BaselineError as err:
+        raise AirflowFailException(str(err)) from None
+    client.gauge(m.BASELINE_DIFFERENCES, 0, tags={"recipe": pipe.recipe.name})
+    log.info("baseline %s: every metric within tolerance", baseline_path(pipe))
+
+
+def _emit_checkpoint_metrics(pipe: Any) -> None:
+    """StatsD gauges: unix time and age (s) of the latest committed checkpoint of the train step."""
+    import time
+
+    from tidal import metrics_statsd as m
+
+    client = m.StatsdClient.from_env()
+    if not client.enabled or "train" not in pipe.graph.by_name:
+        return
+    manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / "checkpoint_manifest.json"
+    if manifest.is_file():
+        written = manifest.stat().st_mtime
+        client.gauge(m.CHECKPOINT_TIME, written, tags={"recipe": pipe.recipe.name})
+        client.gauge(m.CHECKPOINT_AGE, time.time() - written, tags={"recipe": pipe.recipe.name})
+    client.close()
 
 
 class BrokenRecipeOperator(BaseOperator):

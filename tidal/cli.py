@@ -1,4 +1,4 @@
-"""The ``tidal`` command: plan, explain, run, report and fetch archives for a recipe.
+"""The ``tidal`` command: plan, explain, run, report, verify, lineage and fetch archives for a recipe.
 
 No Airflow here: ``tidal run`` executes the same steps in-process (handy for debugging),
 while Airflow runs them as one task per step through ``operators/``.
@@ -38,7 +38,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
     step = pipe.graph.find(args.step)
-    print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_dir(step.step_id)})")
+    print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
     print(json.dumps(step.hash_input, indent=2, sort_keys=True))
     return 0
@@ -73,7 +73,7 @@ def _cmd_archives(args: argparse.Namespace) -> int:
     from tidal.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
-    for path in ensure_archives([s.archive.model_dump() for s in recipe.sources.values()]):
+    for path in ensure_archives([s.archive.model_dump() for s in recipe.sources.values() if s.archive is not None]):
         print(path)
     return 0
 
@@ -89,6 +89,87 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else format_forecast(result))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from tidal.lineage import TargetError, resolve_target
+    from tidal.signing import SigningKeyError, load_key
+    from tidal.verify import format_verification, verify_steps
+
+    try:
+        key = load_key()
+        target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
+    except (TargetError, SigningKeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    ids = list(target.steps.values()) if target.steps else target.final
+    # one named step is verified even without _SUCCESS (a mismatch then); a recipe or run: its committed steps
+    check = ids if target.kind == "step" else [sid for sid in ids if target.storage.is_committed(sid)]
+    waiting = [sid for sid in ids if sid not in check]
+    results = verify_steps(target.storage, check, key, args.require_signature)
+    if args.json:
+        print(json.dumps({"steps": [r.as_dict() for r in results], "not_committed": waiting}, indent=1))
+    else:
+        print(format_verification(results, waiting))
+    if not results:
+        print("error: nothing committed to verify", file=sys.stderr)
+        return 1
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _cmd_lineage(args: argparse.Namespace) -> int:
+    from tidal.lineage import TargetError, build_lineage, format_lineage, resolve_target
+
+    try:
+        target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
+    except TargetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    lineage = build_lineage(target)
+    print(json.dumps(lineage, indent=1, sort_keys=True) if args.json else format_lineage(lineage))
+    return 0
+
+
+def _cmd_failures(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from tidal.failures import format_groups, group_failures, list_failures
+
+    recipe_name = None
+    if args.recipe:
+        from tidal.pipeline import Pipeline
+
+        pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+        root, recipe_name = pipe.storage.local_dir, pipe.recipe.name
+    else:
+        root = Path(args.storage_root or os.environ.get("TIDAL_STORAGE_ROOT") or ".tidal")
+    records = list_failures(root, recipe_name)[: args.limit]
+    if args.json:
+        print(json.dumps(records, indent=1, sort_keys=True, default=str))
+    else:
+        print(f"failure catalog {Path(root) / 'failures'}: {len(records)} failure(s)")
+        print(format_groups(group_failures(records)))
+    return 0
+
+
+def _cmd_baseline(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tidal.baseline import baseline_path, read_run_values, step_dirs_of_run, write_baseline
+    from tidal.pipeline import Pipeline
+
+    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    out = Path(args.out) if args.out else baseline_path(pipe)
+    if out is None:
+        print("error: the recipe has no `baseline.file`; pass --out FILE", file=sys.stderr)
+        return 2
+    stats_dir, train_dir, source = step_dirs_of_run(pipe, args.from_run)
+    values = read_run_values(stats_dir, train_dir)
+    write_baseline(out, pipe.recipe.name, source, values)
+    print(f"baseline {out}: {len(values['stats'])} stats, {len(values['loss_curve'])} loss points, "
+          f"eval loss {values['eval_loss']} (from {source})")
     return 0
 
 
@@ -124,6 +205,31 @@ def build_parser() -> argparse.ArgumentParser:
     forecast = add("forecast", _cmd_forecast, "scaling suite: N*, D* and predicted loss at a compute budget")
     forecast.add_argument("--flops", type=float, required=True, help="training compute C in FLOPs, e.g. 1e21")
     forecast.add_argument("--json", action="store_true", help="print the forecast as JSON")
+    for name, func, help_text in (
+        ("verify", _cmd_verify, ("recompute every content hash, step id and signature of committed steps; "
+         "exit 1 on any mismatch")),
+        ("lineage", _cmd_lineage, ("the chain from source archives (licences) through each step to the final "
+         "checkpoint")),
+    ):
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("target", help="recipe file, step directory, step id or MLflow run key")
+        cmd.add_argument("--recipe", help="recipe whose storage root and tracking store hold a step id / run key")
+        cmd.add_argument("--storage-root", help="storage root holding a step id / run key (or TIDAL_STORAGE_ROOT)")
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
+        cmd.set_defaults(func=func)
+        if name == "verify":
+            cmd.add_argument("--require-signature", action="store_true",
+                             help="count unsigned steps and signatures that cannot be checked as failures")
+    failures = sub.add_parser("failures", help="list recorded task failures, newest first, grouped by fingerprint")
+    failures.add_argument("recipe", nargs="?", help="recipe YAML (its storage root and name); default: all in "
+                          "--storage-root / $TIDAL_STORAGE_ROOT / .tidal")
+    failures.add_argument("--storage-root", help="storage root holding failures/")
+    failures.add_argument("--limit", type=int, default=1000, help="newest N failures")
+    failures.add_argument("--json", action="store_true", help="print the records as JSON")
+    failures.set_defaults(func=_cmd_failures)
+    base = add("baseline", _cmd_baseline, "write the recipe's baseline (stats, loss curve) from a committed run")
+    base.add_argument("--from-run", help="MLflow run key of the known-good run (default: current step ids)")
+    base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")
     schema = sub.add_parser("recipe-schema", help="print the JSON schema of a recipe (every field, its type and help)")
     schema.set_defaults(func=_cmd_recipe_schema)
     return parser
@@ -134,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
 USER_ERRORS = frozenset({
     "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "GateFailed", "StatsIncomplete",
     "TrainingFailed", "TokenizerMismatch", "DataContractError", "ConfigError", "MixtureError",
-    "TokenizerFileError", "GateConfigError",
+    "TokenizerFileError", "GateConfigError", "SigningKeyError",
+    "BaselineError", "BaselineMismatch",
+    "BotoCoreError", "ClientError",  # object storage unreachable, no credentials, access denied
 })
 
 

@@ -1,0 +1,165 @@
+"""Task callbacks of tidal DAGs: record each failure in the catalog, count it, alert on it.
+
+``on_failure_callback`` (set through ``default_args`` in operators/dag_factory.py) runs in the
+task's own process after the task failed, with the task's context: the exception object
+(a :class:`tidal.gates.GateFailed` keeps its failed expectations), the task, the try number.
+It must never raise: whatever part fails (MLflow down, storage read-only) is logged and the
+rest still happens.
+
+The log tail is the end of the attempt's Airflow log file (:func:`task_log_tail`); when that
+file is not on this machine, the lines logged in this process (:func:`capture_log_tail` attaches
+a :class:`tidal.failures.LogTail` ring buffer to the root logger when a tidal task starts).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+_TAIL = None
+
+
+def capture_log_tail() -> None:
+    """Keep the last lines logged in this process (idempotent; called at the start of a task)."""
+    global _TAIL
+    if _TAIL is None:
+        from tidal.failures import LogTail
+
+        _TAIL = LogTail()
+        logging.getLogger().addHandler(_TAIL)
+
+
+def log_tail() -> list[str]:
+    """The captured lines, oldest first (empty if nothing was captured)."""
+    return list(_TAIL.lines) if _TAIL is not None else []
+
+
+def task_log_tail(dag_id: str, run_id: str, task_id: str, try_number: int | None, map_index: int = -1,
+                  lines: int = 40) -> list[str]:
+    """The last ``lines`` of the task attempt's Airflow log file, as ``time level logger: event``.
+
+    Airflow's supervisor writes each attempt's log as JSON lines under ``[logging]
+    base_log_folder`` (default template ``dag_id=…/run_id=…/task_id=…/[map_index=…/]attempt=N.log``);
+    on a worker the file is local while the task runs, also with remote logging. Errors add their
+    exception type and value. Returns [] when the file cannot be found or read.
+    """
+    import json
+    from pathlib import Path
+
+    from airflow.configuration import conf
+
+    base = Path(conf.get("logging", "base_log_folder"))
+    task_dir = base / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    if map_index >= 0:
+        task_dir = task_dir / f"map_index={map_index}"
+    path = task_dir / f"attempt={try_number}.log"
+    if not path.is_file():
+        return []
+    out = []
+    for raw in path.read_text(errors="replace").splitlines()[-4 * lines:]:
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError:
+            out.append(raw[:1000])
+            continue
+        text = f"{event.get('timestamp', '')} {event.get('level', '')} {event.get('logger', '')}: {event.get('event', '')}"
+        for detail in event.get("error_detail") or []:
+            text += f" [{detail.get('exc_type')}: {str(detail.get('exc_value'))[:500]}]"
+        out.append(text[:1500])
+    return out[-lines:]
+
+
+def mlflow_link(pipe: Any, run_key: str) -> tuple[str | None, str | None]:
+    """``(parent run id, link)`` of the DAG run's MLflow parent run; ``(None, None)`` if not found.
+
+    The link uses ``TIDAL_MLFLOW_UI_URL`` (the MLflow server's browser URL), else the tracking
+    URI when it is http(s); a SQLite store has no UI, so its link is the ``runs:/`` URI.
+    """
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(pipe.tracking_uri)
+    exp = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
+    if exp is None:
+        return None, None
+    runs = client.search_runs([exp.experiment_id], f"tags.`tidal.run_key` = '{run_key}'", max_results=1)
+    if not runs:
+        return None, None
+    run_id = runs[0].info.run_id
+    ui = os.environ.get("TIDAL_MLFLOW_UI_URL") or (
+        pipe.tracking_uri if pipe.tracking_uri.startswith(("http://", "https://")) else None)
+    link = f"{ui.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{run_id}" if ui else f"runs:/{run_id}"
+    return run_id, link
+
+
+def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
+    """The catalog record of a failed task and its pipeline (None if the recipe cannot load)."""
+    from operators.step import pipeline_for_run, run_key_of
+    from tidal.failures import build_record
+
+    ti, task, dag_run = context["ti"], context["task"], context["dag_run"]
+    exc = context.get("exception")
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(str(exc) if exc else "task failed without an exception (killed or timed out?)")
+    fields: dict[str, Any] = {
+        "dag_id": dag_run.dag_id, "task_id": ti.task_id, "run_id": dag_run.run_id,
+        "map_index": getattr(ti, "map_index", -1), "try_number": getattr(ti, "try_number", None),
+    }
+    try:
+        fields["log_tail"] = task_log_tail(dag_run.dag_id, dag_run.run_id, ti.task_id, fields["try_number"],
+                                           fields["map_index"]) or log_tail()
+    except Exception as err:  # noqa: BLE001 - a missing log is not worth losing the record
+        log.warning("failure record: task log not readable: %s", err)
+        fields["log_tail"] = log_tail()
+    pipe = None
+    recipe_path = getattr(task, "recipe_path", None)
+    if recipe_path:
+        try:
+            pipe = pipeline_for_run(recipe_path, context)
+            fields.update(recipe=pipe.recipe.name, recipe_hash=pipe.recipe_hash)
+            step_name = getattr(task, "step_name", None) or ti.task_id.split(".")[0]
+            if step_name in pipe.graph.by_name:
+                fields.update(step_name=step_name, step_id=pipe.graph[step_name].step_id,
+                              step_kind=pipe.graph[step_name].kind)
+        except Exception as err:  # noqa: BLE001 - a broken recipe is itself the failure to record
+            log.warning("failure record: recipe %s did not load: %s", recipe_path, err)
+    if pipe is not None:
+        try:
+            fields["mlflow_run_id"], fields["mlflow_link"] = mlflow_link(pipe, run_key_of(context))
+        except Exception as err:  # noqa: BLE001 - tracking never takes a callback down
+            log.warning("failure record: MLflow lookup failed: %s", err)
+    return build_record(exc, **fields), pipe
+
+
+def on_failure_callback(context: Any) -> None:
+    """Record the failure in ``{storage_root}/failures/``, send metrics and the webhook alert."""
+    try:
+        record, pipe = failure_record(context)
+    except Exception:
+        log.exception("tidal failure callback could not build a record")
+        return
+    if pipe is not None:
+        try:
+            from tidal.failures import record_failure
+
+            path = record_failure(pipe.storage.local_dir, record)
+            log.info("failure %s recorded in %s", record["fingerprint"], path)
+        except Exception:
+            log.exception("tidal failure callback could not write the catalog")
+    try:
+        from tidal import metrics_statsd as m
+
+        client = m.StatsdClient.from_env()
+        tags = {"recipe": str(record.get("recipe")), "step": str(record.get("task_id")),
+                "kind": str(record.get("step_kind"))}
+        client.incr(m.STEP_FAILED, tags=tags)
+        if record["failed_expectations"]:
+            client.incr(m.GATE_FAILED, tags=tags)
+        client.close()
+    except Exception:
+        log.exception("tidal failure callback could not send metrics")
+    from operators.alerts import send_alert
+
+    send_alert(record)

@@ -1,0 +1,176 @@
+"""What the on-call page shows for one recipe, read from the storage root (no Airflow DB here).
+
+The Airflow side (latest DAG runs and task states) is added by the plugin
+(plugins/tidal_oncall.py), which runs inside the API server. Everything here is read from what
+runs left behind: committed step directories, kept failed attempts, the failure catalog and
+checkpoint manifests, so the page is right even when MLflow is down.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def recipe_files(recipes_dir: Path) -> list[Path]:
+    """Pipeline recipes in ``recipes_dir`` (scaling suites excluded), sorted by name."""
+    from tidal.scaling.suite import is_suite_file
+
+    return [p for p in sorted(Path(recipes_dir).glob("*.yaml")) if not is_suite_file(p)]
+
+
+def recipe_status(recipe_path: Path) -> dict[str, Any]:
+    """The storage-side status of one recipe.
+
+    Returns:
+        ``{"recipe", "dag_id", "path", "schedule", "recipe_hash", "storage_root", "steps": [{"name",
+        "kind", "step_id", "status"}], "failing_gates": [{"attempt", "failed": [...]}],
+        "failures": groups from tidal.failures.group_failures, "checkpoint": {"path", "step",
+        "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}``, or ``{"path", "error"}``
+        when the recipe does not load.
+    """
+    from tidal.failures import group_failures, list_failures
+    from tidal.pipeline import Pipeline
+
+    try:
+        pipe = Pipeline.load(recipe_path)
+    except Exception as err:  # noqa: BLE001 - a broken recipe is shown, not hidden
+        return {"path": str(recipe_path), "error": f"{type(err).__name__}: {err}"}
+    steps = [{"name": s.name, "kind": s.kind, "step_id": s.step_id, "status": pipe.status(s.name)} for s in pipe.graph]
+    failing_gates = []
+    for step in pipe.graph:
+        if step.kind != "gate" or pipe.storage.is_committed(step.step_id):
+            continue
+        for attempt in pipe.storage.failed_attempts(step.step_id)[-3:]:
+            result_file = attempt / "gate_result.json"
+            if result_file.is_file():
+                result = json.loads(result_file.read_text())
+                failing_gates.append({"step_id": step.step_id, "attempt": str(attempt),
+                                      "failed": [r for r in result.get("results", []) if not r.get("success")]})
+    checkpoint = None
+    if "train" in pipe.graph.by_name:
+        manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / "checkpoint_manifest.json"
+        if manifest.is_file():
+            data = json.loads(manifest.read_text())
+            checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))), "step": data.get("step"),
+                          "age_s": time.time() - manifest.stat().st_mtime, "root_hash": data.get("root_hash")}
+    ui = os.environ.get("TIDAL_MLFLOW_UI_URL") or (
+        pipe.tracking_uri if pipe.tracking_uri.startswith(("http://", "https://")) else None)
+    return {
+        "recipe": pipe.recipe.name, "dag_id": f"tidal_{pipe.recipe.name}", "path": str(recipe_path),
+        "schedule": pipe.recipe.schedule, "recipe_hash": pipe.recipe_hash, "storage_root": str(pipe.storage.local_dir),
+        "steps": steps, "failing_gates": failing_gates,
+        "failures": group_failures(list_failures(pipe.storage.local_dir, pipe.recipe.name))[:20],
+        "checkpoint": checkpoint,
+        "mlflow": {"uri": pipe.tracking_uri, "link": f"{ui.rstrip('/')}/#/experiments" if ui else None},
+    }
+
+
+def mlflow_run_links(status: dict[str, Any], run_keys: list[str]) -> dict[str, str]:
+    """run key (``{dag_id}__{run_id}``) -> link of its MLflow parent run, for the runs found.
+
+    The link opens the MLflow UI (``TIDAL_MLFLOW_UI_URL``, or an http(s) tracking URI); with the
+    embedded SQLite store there is no UI and the link is the ``runs:/<id>`` URI. Tracking errors
+    give no links (the page never fails because MLflow is down).
+    """
+    if not run_keys or "mlflow" not in status:
+        return {}
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(status["mlflow"]["uri"])
+        exp = client.get_experiment_by_name(f"tidal-{status['recipe']}")
+        if exp is None:
+            return {}
+        # MLflow's search grammar has no IN for tags: one LIKE on the DAG id prefix, newest first
+        prefix = status["dag_id"].replace("'", "") + "__%"
+        runs = client.search_runs([exp.experiment_id], f"tags.`tidal.run_key` LIKE '{prefix}'",
+                                  order_by=["attributes.start_time DESC"], max_results=200)
+    except Exception:  # noqa: BLE001 - tracking never takes the page down
+        return {}
+    ui, wanted = status["mlflow"]["link"], set(run_keys)
+    return {r.data.tags["tidal.run_key"]: (f"{ui}/{exp.experiment_id}/runs/{r.info.run_id}" if ui
+                                           else f"runs:/{r.info.run_id}")
+            for r in runs if r.data.tags.get("tidal.run_key") in wanted}
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The on-call page as one HTML document (no scripts; every value escaped).
+
+    Args:
+        statuses: from :func:`recipe_status`, one per recipe.
+        runs: dag_id -> latest runs ``[{"run_id", "run_type", "state", "start", "end", "failed_tasks",
+            "mlflow_link"}]`` (from the Airflow DB, newest first).
+    """
+    e = html.escape
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>tidal on-call</title><style>",
+           ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1em}"
+           "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
+           ".failed,.blocked{background:#fdd}.success,.skip{background:#dfd}.run,.running,.queued{background:#ffd}"
+           "code{font-size:12px}h2{border-top:2px solid #246;padding-top:.5em}"),
+           "</style></head><body><h1>tidal on-call</h1>"]
+    for st in statuses:
+        if "error" in st:
+            out.append(f"<h2>{e(st['path'])}</h2><p class='failed'>recipe does not load: {e(st['error'])}</p>")
+            continue
+        dag_id = st["dag_id"]
+        out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <code>{e(dag_id)}</code>, schedule "
+                   f"{e(st['schedule'] or 'manual')}, recipe hash <code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
+        out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
+                   "<th>end</th><th>failed tasks</th><th>MLflow</th></tr>")
+        for run in runs.get(dag_id, []):
+            link = run.get("mlflow_link") or ""
+            link = f"<a href='{e(link)}'>run</a>" if link.startswith("http") else f"<code>{e(link)}</code>"
+            out.append(f"<tr class='{e(str(run['state']))}'><td><code>{e(run['run_id'])}</code></td>"
+                       f"<td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td><td>{e(str(run['start']))}</td>"
+                       f"<td>{e(str(run['end']))}</td><td>{e(', '.join(run['failed_tasks']))}</td><td>{link}</td></tr>")
+        if not runs.get(dag_id):
+            out.append("<tr><td colspan='7'>no runs yet</td></tr>")
+        out.append("</table><h3>Steps (cache status)</h3><table class='steps'><tr><th>step</th><th>kind</th>"
+                   "<th>step id</th><th>cache</th></tr>")
+        label = {"skip": "committed (cached)", "run": "not committed, ready", "blocked": "not committed, blocked"}
+        for step in st["steps"]:
+            out.append(f"<tr class='{e(step['status'])}'><td>{e(step['name'])}</td><td>{e(step['kind'])}</td>"
+                       f"<td><code>{e(step['step_id'])}</code></td><td>{e(label[step['status']])}</td></tr>")
+        out.append("</table><h3>Failing gates</h3>")
+        if not st["failing_gates"]:
+            out.append("<p>none</p>")
+        for gate in st["failing_gates"]:
+            out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> (evidence {e(gate['attempt'])})</p><ul>")
+            out += [f"<li>{e(str(c.get('column')))} [source={e(str(c.get('source')))}]: expected "
+                    f"{e(str(c.get('expected')))}, got {e(str(c.get('observed')))}</li>" for c in gate["failed"]]
+            out.append("</ul>")
+        out.append("<h3>Failure catalog</h3><table class='failures'><tr><th>fingerprint</th><th>count</th>"
+                   "<th>last seen</th><th>exception</th><th>tasks</th><th>latest message</th><th>MLflow</th></tr>")
+        for group in st["failures"]:
+            latest = group["latest"]
+            link = f"<a href='{e(latest['mlflow_link'])}'>run</a>" if latest.get("mlflow_link") else ""
+            tasks = ", ".join(f"{k} x{n}" for k, n in group["tasks"].items())
+            message = (latest.get("message") or "").splitlines()[:1]
+            out.append(f"<tr><td><code>{e(group['fingerprint'])}</code></td><td>{group['count']}</td>"
+                       f"<td>{e(str(group['last_seen']))}</td><td>{e(str(group['exception_type']))}</td>"
+                       f"<td>{e(tasks)}</td><td>{e(message[0][:200] if message else '')}</td><td>{link}</td></tr>")
+        if not st["failures"]:
+            out.append("<tr><td colspan='7'>no failures recorded</td></tr>")
+        out.append("</table><h3>Latest checkpoint</h3>")
+        ckpt = st["checkpoint"]
+        out.append(f"<p class='checkpoint'>step {e(str(ckpt['step']))} at <code>{e(ckpt['path'])}</code>, age "
+                   f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
+                   if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
+        mlflow = st["mlflow"]
+        out.append(f"<p>MLflow: <code>{e(mlflow['uri'])}</code>"
+                   + (f" &middot; <a href='{e(mlflow['link'])}'>experiments</a>" if mlflow["link"] else "") + "</p>")
+    out.append("</body></html>")
+    return "\n".join(out)

@@ -1,0 +1,90 @@
+"""The trigger form of a recipe DAG: Airflow Params, and how their values become recipe overrides.
+
+Invariant: a trigger-time value reaches the steps only through the recipe's own override
+mechanism (:func:`tidal.recipe.load_recipe` with dotted overrides), so it is validated by the
+same pydantic model as the YAML and changes a step id exactly where it changes what the step
+computes: ``seed`` (mix, train and their descendants), ``train_steps`` (train only). The
+launcher and the resource profile go to ``train.resources``, which the planner never hashes;
+``force_steps`` and ``dry_run`` are run options, not recipe fields. Only values that differ
+from the recipe become overrides, so a run with the form's defaults is the recipe as written
+(same step ids, same recipe hash).
+
+Each Param carries a JSON schema (types, bounds, enums); Airflow validates a trigger's conf
+against it in the UI form and in ``POST /api/v2/dags/{dag_id}/dagRuns`` and refuses invalid
+values (HTTP 400) before a run exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Bounds mirror tidal/recipe.py: seed is a non-negative int (Recipe.seed, ge=0; 2**63-1 is the
+# largest int JSON schema validators and numpy seeds agree on); train.steps is a PositiveInt.
+# The upper bound on steps is a guard against typos (1e7 steps is far beyond any tidal recipe).
+SEED_MAX = 2**63 - 1
+TRAIN_STEPS_MAX = 10_000_000
+LAUNCHERS = ("local", "gke")
+# Named train.resources shapes (not hashed: where and how fast, never what). They match the
+# golden pod specs in tests/launch/golden/ and the hardware table in tidal/launch/resources.py.
+# "recipe" keeps what the recipe says. They take effect with the gke launcher.
+RESOURCE_PROFILES: dict[str, dict[str, Any]] = {
+    "recipe": {},
+    "cpu-spot": {"accelerator": {"kind": "cpu"}, "spot": True},
+    "gpu-h100-8": {"accelerator": {"kind": "gpu", "type": "nvidia-h100-80gb", "count": 8}},
+    "tpu-v5e-2x4": {"accelerator": {"kind": "tpu", "type": "tpu-v5-lite-podslice", "topology": "2x4"}},
+    "tpu-v5p-2x2x4-multislice": {"accelerator": {"kind": "tpu", "type": "tpu-v5p-slice", "topology": "2x2x4",
+                                                 "slices": 2}},
+}
+
+
+def recipe_params(recipe: Any, step_names: list[str]) -> dict[str, Any]:
+    """The ``params`` of a recipe's DAG: ``{name: airflow.sdk.Param}`` with defaults from ``recipe``.
+
+    Args:
+        recipe: the validated :class:`tidal.recipe.Recipe` the DAG is built from.
+        step_names: the names in its step graph (enum of ``force_steps``).
+    """
+    from airflow.sdk import Param
+
+    return {
+        "seed": Param(recipe.seed, type="integer", minimum=0, maximum=SEED_MAX, title="Seed",
+                      description="recipe seed; changes the ids of mix, train and what reads them"),
+        "train_steps": Param(recipe.train.steps, type="integer", minimum=1, maximum=TRAIN_STEPS_MAX,
+                             title="Training steps", description="train.steps; changes only the train step's id"),
+        "launcher": Param(recipe.train.resources.launcher, type="string", enum=list(LAUNCHERS), title="Launcher",
+                          description="where training runs (not hashed); the DAG's train task was built for the "
+                                      "recipe's launcher and refuses another one"),
+        "resource_profile": Param("recipe", type="string", enum=list(RESOURCE_PROFILES), title="Resource profile",
+                                  description="named train.resources shape (not hashed); 'recipe' keeps the recipe's"),
+        "force_steps": Param([], type="array", items={"type": "string", "enum": list(step_names)},
+                             uniqueItems=True, title="Steps to force-rerun",
+                             description="steps to recompute even if committed"),
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="plan only: every step logs run/skip/blocked and computes nothing"),
+    }
+
+
+def overrides_from_params(recipe: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Dotted recipe overrides for the run's params: only values that differ from ``recipe``.
+
+    Raises:
+        ValueError: an unknown resource profile (the Param enum refuses it first in Airflow).
+    """
+    overrides: dict[str, Any] = {}
+    if "seed" in params and params["seed"] != recipe.seed:
+        overrides["seed"] = int(params["seed"])
+    if "train_steps" in params and params["train_steps"] != recipe.train.steps:
+        overrides["train.steps"] = int(params["train_steps"])
+    if "launcher" in params and params["launcher"] != recipe.train.resources.launcher:
+        overrides["train.resources.launcher"] = params["launcher"]
+    profile = params.get("resource_profile") or "recipe"
+    if profile not in RESOURCE_PROFILES:
+        raise ValueError(f"unknown resource profile {profile!r}; known: {sorted(RESOURCE_PROFILES)}")
+    for key, value in RESOURCE_PROFILES[profile].items():
+        overrides[f"train.resources.{key}"] = value
+    return overrides
+
+
+def run_options(params: dict[str, Any]) -> tuple[set[str], bool]:
+    """``(force_steps, dry_run)`` of a run's params."""
+    return set(params.get("force_steps") or []), bool(params.get("dry_run", False))

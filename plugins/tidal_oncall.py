@@ -1,0 +1,115 @@
+"""Airflow plugin: the tidal on-call page, a FastAPI app mounted in the API server at ``/tidal-oncall``.
+
+It shows, per recipe: the latest DAG runs and their states, each step's cache status and id,
+failing gates with their failed expectations, the failure catalog, the latest checkpoint and
+its age, and links into MLflow (operators/oncall.py builds the page). A nav entry
+("external view") links it from the Airflow UI.
+
+Access: plugin apps are not protected by Airflow on their own, so every route resolves the
+caller's Airflow JWT (``Authorization: Bearer`` or the UI's ``_token`` cookie) through the
+configured auth manager and answers 401/403 without one. Recipes come from
+``$TIDAL_RECIPES_DIR`` (default: ``recipes/`` next to this directory). Module import stays
+light (FastAPI only), since every Airflow component loads plugins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse
+
+URL_PREFIX = "/tidal-oncall"
+RUNS_SHOWN = 5
+
+
+async def airflow_user(request: Request) -> Any:
+    """The Airflow user of the request's JWT (bearer header, else the UI's ``_token`` cookie)."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    header = request.headers.get("authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    if not token:
+        raise HTTPException(status_code=401, detail="Not authenticated: log in to Airflow first")
+    return await resolve_user_from_token(token)
+
+
+def _recipes_dir() -> Path:
+    return Path(os.environ.get("TIDAL_RECIPES_DIR", Path(__file__).resolve().parent.parent / "recipes"))
+
+
+def _latest_runs(dag_ids: list[str], mlflow_links: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """dag_id -> its latest runs (newest first) with failed task ids, from the Airflow metadata DB."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    with create_session() as session:
+        for dag_id in dag_ids:
+            runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
+                                   .order_by(DagRun.run_after.desc()).limit(RUNS_SHOWN)).all()
+            rows = []
+            for run in runs:
+                failed = session.scalars(select(TaskInstance.task_id).where(
+                    TaskInstance.dag_id == dag_id, TaskInstance.run_id == run.run_id,
+                    TaskInstance.state.in_(["failed", "upstream_failed"]))).all()
+                rows.append({"run_id": run.run_id, "run_type": str(run.run_type), "state": str(run.state),
+                             "start": run.start_date, "end": run.end_date, "failed_tasks": sorted(failed),
+                             "mlflow_link": mlflow_links.get(f"{dag_id}__{run.run_id}")})
+            out[dag_id] = rows
+    return out
+
+
+def _mlflow_links(statuses: list[dict[str, Any]]) -> dict[str, str]:
+    """run key -> MLflow link of the parent runs named in the failure catalog."""
+    return {f"{g['latest'].get('dag_id')}__{g['latest'].get('run_id')}": g["latest"]["mlflow_link"]
+            for st in statuses for g in st.get("failures", []) if g["latest"].get("mlflow_link")}
+
+
+def collect() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Everything the page shows: per-recipe storage status and the latest runs from Airflow."""
+    from operators.oncall import mlflow_run_links, recipe_files, recipe_status
+
+    statuses = [recipe_status(path) for path in recipe_files(_recipes_dir())]
+    runs = _latest_runs([st["dag_id"] for st in statuses if "dag_id" in st], _mlflow_links(statuses))
+    for st in statuses:
+        keys = [f"{st.get('dag_id')}__{run['run_id']}" for run in runs.get(st.get("dag_id"), [])]
+        links = mlflow_run_links(st, keys)
+        for run, key in zip(runs.get(st.get("dag_id"), []), keys, strict=True):
+            run["mlflow_link"] = links.get(key, run["mlflow_link"])
+    return statuses, runs
+
+
+app = FastAPI(title="tidal on-call", description=__doc__)
+
+
+@app.get("/", response_class=HTMLResponse)
+async def oncall_page(user: Annotated[Any, Depends(airflow_user)]) -> HTMLResponse:
+    """The on-call page (HTML)."""
+    from operators.oncall import render_page
+
+    statuses, runs = await asyncio.to_thread(collect)
+    return HTMLResponse(render_page(statuses, runs))
+
+
+@app.get("/status")
+async def oncall_status(user: Annotated[Any, Depends(airflow_user)]) -> dict[str, Any]:
+    """The same content as JSON, for scripts and tests."""
+    statuses, runs = await asyncio.to_thread(collect)
+    return {"recipes": statuses, "runs": runs}
+
+
+class TidalOncallPlugin(AirflowPlugin):
+    """Mounts the on-call app and links it from the Airflow UI's navigation."""
+
+    name = "tidal_oncall"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": app, "url_prefix": URL_PREFIX, "name": "tidal on-call"}]
+    external_views: ClassVar[list[dict[str, Any]]] = [{"name": "tidal on-call", "href": f"{URL_PREFIX}/", "destination": "nav",
+                       "url_route": "tidal-oncall", "category": "browse"}]

@@ -1,0 +1,126 @@
+"""The trigger form: real Airflow Param validation, overrides through the recipe, run-time step ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.ops.recipes import write_ops_recipe
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("params")
+    return write_ops_recipe(base / "ops_ci.yaml", base / "storage")
+
+
+@pytest.fixture(scope="module")
+def dag(recipe):
+    from operators.dag_factory import build_dag
+
+    return build_dag(recipe)
+
+
+def test_form_defaults_are_the_recipe_and_validate(dag, recipe):
+    from airflow.sdk.definitions.param import ParamsDict
+
+    from tidal.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    values = ParamsDict(dag.params).validate()
+    assert values == {"seed": r.seed, "train_steps": r.train.steps, "launcher": "local",
+                      "resource_profile": "recipe", "force_steps": [], "dry_run": False}
+    schema = {k: p.schema for k, p in ParamsDict(dag.params).items()}
+    assert schema["train_steps"]["minimum"] == 1 and schema["seed"]["minimum"] == 0
+    assert schema["force_steps"]["items"]["enum"][-1] == "train"
+
+
+@pytest.mark.parametrize("name,value,rule", [
+    ("seed", -1, "less than the minimum"),
+    ("seed", "7", "is not of type 'integer'"),
+    ("train_steps", 0, "less than the minimum"),
+    ("train_steps", 2.5, "is not of type 'integer'"),
+    ("launcher", "aws", "is not one of"),
+    ("resource_profile", "huge", "is not one of"),
+    ("force_steps", ["no-such-step"], "is not one of"),
+    ("force_steps", ["train", "train"], "non-unique elements"),
+    ("dry_run", "yes", "is not of type 'boolean'"),
+])
+def test_invalid_values_are_refused_by_the_param(dag, name, value, rule):
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = ParamsDict(dag.params)
+    with pytest.raises(ParamValidationError, match=rule):
+        params[name] = value
+
+
+def _ids(recipe: Path, params: dict) -> dict[str, str]:
+    from operators.step import pipeline_for_run
+
+    return {s.name: s.step_id for s in pipeline_for_run(str(recipe), {"params": params}).graph}
+
+
+def test_an_override_changes_a_step_id_only_where_it_changes_the_computation(dag, recipe):
+    from airflow.sdk.definitions.param import ParamsDict
+
+    defaults = ParamsDict(dag.params).validate()
+    base = _ids(recipe, defaults)
+    assert base == {s.name: s.step_id for s in __import__("tidal.pipeline").pipeline.Pipeline.load(recipe).graph}
+
+    steps = _ids(recipe, {**defaults, "train_steps": defaults["train_steps"] + 5})
+    assert [n for n in base if base[n] != steps[n]] == ["train"]
+
+    seed = _ids(recipe, {**defaults, "seed": defaults["seed"] + 1})
+    assert [n for n in base if base[n] != seed[n]] == ["mix", "stats", "gate", "train"]
+
+    for where in ({"launcher": "gke"}, {"dry_run": True}, {"resource_profile": "tpu-v5e-2x4"},
+                  {"resource_profile": "gpu-h100-8"}, {"force_steps": ["mix"]}):
+        assert _ids(recipe, {**defaults, **where}) == base, where
+
+
+def test_overrides_reach_the_recipe_and_defaults_make_none(dag, recipe):
+    from airflow.sdk.definitions.param import ParamsDict
+
+    from operators.params import overrides_from_params
+    from operators.step import pipeline_for_run
+    from tidal.pipeline import Pipeline
+    from tidal.recipe import load_recipe
+
+    defaults = ParamsDict(dag.params).validate()
+    assert overrides_from_params(load_recipe(recipe), defaults) == {}
+    assert pipeline_for_run(str(recipe), {"params": defaults}).recipe_hash == Pipeline.load(recipe).recipe_hash
+    pipe = pipeline_for_run(str(recipe), {"params": {**defaults, "train_steps": 3, "resource_profile": "tpu-v5e-2x4",
+                                                     "launcher": "gke"}})
+    assert pipe.recipe.train.steps == 3
+    assert pipe.recipe.train.resources.launcher == "gke"
+    assert pipe.recipe.train.resources.accelerator.topology == "2x4"
+
+
+def test_the_operator_resolves_ids_at_run_time_and_dry_run_computes_nothing(dag, recipe):
+    from airflow.sdk.definitions.param import ParamsDict
+
+    from tidal.pipeline import Pipeline
+
+    defaults = ParamsDict(dag.params).validate()
+    train = dag.get_task("train")
+    parse_time_id = Pipeline.load(recipe).graph["train"].step_id
+    assert parse_time_id in train.doc_md
+    out = train.execute({"params": {**defaults, "train_steps": 7, "dry_run": True}})
+    assert out["status"] == "dry-run:blocked"
+    assert out["step_id"] != parse_time_id
+    assert out["step_id"] == Pipeline.load(recipe, {"train.steps": 7}).graph["train"].step_id
+    fetch = dag.get_task("fetch-brown").execute({"params": {**defaults, "dry_run": True}})
+    assert fetch["status"] == "dry-run:run"
+    assert not Pipeline.load(recipe).storage.is_committed(fetch["step_id"])
+
+
+def test_dag_docs_show_the_description_and_the_step_graph(dag, recipe):
+    from tidal.pipeline import Pipeline
+
+    pipe = Pipeline.load(recipe)
+    assert pipe.recipe.description in dag.doc_md
+    for step in pipe.graph:
+        assert f"| `{step.name}` | {step.kind} | `{step.step_id}` |" in dag.doc_md
+    assert "| `train` | train |" in dag.doc_md and "`gate`" in dag.doc_md.split("| `train` |")[1]
