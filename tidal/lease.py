@@ -75,7 +75,8 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if a process with ``pid`` exists on this host (signal 0 probes without sending anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,7 +103,7 @@ def is_free(record: dict[str, Any], now: float | None = None) -> bool:
         return False
     if int(pid) == os.getpid():
         return owner not in _HELD
-    return not _pid_alive(int(pid))
+    return not pid_alive(int(pid))
 
 
 class Lease:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tidal.lease import Lease, LocalLeaseStore
+from tidal.lease import pid_alive as _alive
 
 SUCCESS = "_SUCCESS"
 SCRATCH = ".scratch"
@@ -289,14 +290,3 @@ class LocalStorage:
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.rename(path, trash)
         return trash
-
-
-def _alive(pid: int) -> bool:
-    """True if a process with ``pid`` exists (signal 0 probes without sending anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
