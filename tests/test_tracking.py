@@ -144,12 +144,15 @@ def test_unreachable_uri_is_not_retried_again_within_the_hold(tmp_path, monkeypa
 def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
     """Parallel Airflow tasks on a new storage root: the first-open migration runs once, under a lock."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("import sys; from tidal.tracking import Tracker; "
+    code = ("import logging, sys; logging.basicConfig(level=logging.WARNING); "
+            "logging.getLogger('tidal.tracking').setLevel(logging.DEBUG); from tidal.tracking import Tracker; "
             f"t = Tracker({uri!r}, {EXPERIMENT!r}); print(t.parent_run(sys.argv[1], {{}}, {{}}))")
     procs = [subprocess.Popen([sys.executable, "-c", code, f"run-{i}"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    # Without the lock, alembic races ("table _alembic_tmp_... already exists") and calls are retried.
+    assert not [err for _, err in outs if "failed (try" in err], [err[-2000:] for _, err in outs]
     run_ids = [out.strip().splitlines()[-1] for out, _ in outs]
     assert not any(r.startswith(PENDING_PREFIX) for r in run_ids), run_ids
     client = MlflowClient(uri)

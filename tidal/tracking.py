@@ -166,18 +166,21 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             db = _sqlite_path(self.uri)
-            client = MlflowClient(tracking_uri=self.uri)
-            if db:
-                # MLflow creates and migrates a SQLite store on first open; two processes doing
-                # that at once (parallel Airflow tasks on a fresh storage root) leave a half-
-                # migrated store that every later open refuses. Open it once under a file lock.
-                db.parent.mkdir(parents=True, exist_ok=True)
-                with open(db.with_name(db.name + ".lock"), "a") as lock:
-                    fcntl.flock(lock, fcntl.LOCK_EX)
-                    try:
-                        client.search_experiments(max_results=1)
-                    finally:
-                        fcntl.flock(lock, fcntl.LOCK_UN)
+            if not db:
+                self._client_obj = MlflowClient(tracking_uri=self.uri)
+                return self._client_obj
+            # MLflow creates and migrates a SQLite store when it first opens it; two processes
+            # doing that at once (parallel Airflow tasks on a fresh storage root) race in alembic
+            # ("table _alembic_tmp_... already exists") and can leave a half-migrated store.
+            # Open it, and make one call, under a file lock next to the database.
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(db.with_name(db.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    client = MlflowClient(tracking_uri=self.uri)
+                    client.search_experiments(max_results=1)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
             self._client_obj = client
         return self._client_obj
 
