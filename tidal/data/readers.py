@@ -37,9 +37,10 @@ import os
 import posixpath
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tidal.data.sources import ref_sort_key
 
@@ -86,40 +87,41 @@ def _chunks(path: Path) -> Iterator[bytes]:
     name = path.name
     with open(path, "rb") as handle:
         if name.endswith(".gz"):
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            started = False  # a zero-byte file holds no stream: empty, not truncated (as for .zst)
-            try:
-                for chunk in iter(lambda: handle.read(READ_CHUNK_BYTES), b""):
-                    started = True
-                    while chunk:
-                        yield d.decompress(chunk)
-                        chunk = d.unused_data if d.eof else b""
-                        if d.eof and chunk:
-                            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                yield d.flush()
-            except zlib.error as err:
-                raise TruncatedStream(f"corrupt gzip data: {err}") from None
-            if started and not d.eof:
-                raise TruncatedStream("gzip stream ends before its end marker")
+            yield from _decompressed(handle, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), zlib.error,
+                                     "corrupt gzip data", "gzip stream ends before its end marker")
         elif name.endswith(".zst"):
             import zstandard
 
-            d = zstandard.ZstdDecompressor().decompressobj()
-            started = False
-            try:
-                for chunk in iter(lambda: handle.read(READ_CHUNK_BYTES), b""):
-                    started = True
-                    while chunk:
-                        yield d.decompress(chunk)
-                        chunk = d.unused_data if d.eof else b""
-                        if d.eof and chunk:
-                            d = zstandard.ZstdDecompressor().decompressobj()
-            except zstandard.ZstdError as err:
-                raise TruncatedStream(f"corrupt zstd data: {err}") from None
-            if started and not d.eof:
-                raise TruncatedStream("zstd frame ends before its end")
+            yield from _decompressed(handle, lambda: zstandard.ZstdDecompressor().decompressobj(),
+                                     zstandard.ZstdError, "corrupt zstd data", "zstd frame ends before its end")
         else:
             yield from iter(lambda: handle.read(READ_CHUNK_BYTES), b"")
+
+
+def _decompressed(handle, new: Callable[[], Any], error: type[Exception], corrupt: str,
+                  unfinished: str) -> Iterator[bytes]:
+    """Decompressed chunks of ``handle`` through decompressors made by ``new``, reading through
+    concatenated members/frames. A zero-byte file holds no stream: empty, not truncated.
+
+    Raises:
+        TruncatedStream: ``corrupt`` when ``error`` is raised; ``unfinished`` when the data
+            ends inside a member/frame.
+    """
+    d = new()
+    started = False
+    try:
+        for chunk in iter(lambda: handle.read(READ_CHUNK_BYTES), b""):
+            started = True
+            while chunk:
+                yield d.decompress(chunk)
+                chunk = d.unused_data if d.eof else b""
+                if d.eof and chunk:
+                    d = new()
+        yield d.flush()
+    except error as err:
+        raise TruncatedStream(f"{corrupt}: {err}") from None
+    if started and not d.eof:
+        raise TruncatedStream(unfinished)
 
 
 def list_files(path: str | Path) -> list[tuple[str, Path]]:
