@@ -22,9 +22,9 @@ def corpus() -> list[tuple[str, bytes]]:
     records = []
     for i in range(60):
         records.append((f"d:{i}", document(i).encode()))
-    for i in range(0, 60, 6):  # planted near-duplicates: one sentence changed
-        text = document(i).split("\n")
-        text[3] = "Lantern orchard meadow valley changed sentence of the town."
+    for i in range(0, 60, 6):  # planted near-duplicates: one word changed (Jaccard ~0.9, so LSH
+        text = document(i).split("\n")  # proposes each pair with probability 1 - (1 - 0.9^8)^14 > 0.999)
+        text[3] = "Changed " + text[3].split(" ", 1)[1]
         records.append((f"n:{i}", "\n".join(text).encode()))
     records += [(f"x:{i}", document(i).encode()) for i in range(5)]  # exact duplicates
     records += [("bad:1", b"caf\xe9 " * 10), ("cjk:1", "春风又绿江南岸。明月何时照我还。千山鸟飞绝。万径人踪灭。".encode()),
@@ -56,7 +56,7 @@ def reference(tmp_path_factory):
 
 def test_reference_run_exercises_every_outcome(reference):
     counts, files = reference
-    assert counts["duplicates_by_kind"]["near"] >= 8 and counts["duplicates_by_kind"]["exact"] == 5
+    assert counts["duplicates_by_kind"]["near"] == 10 and counts["duplicates_by_kind"]["exact"] == 5
     assert counts["quarantined"]["invalid_utf8"] == 1 and counts["filtered"]["too_short"] == 1
     assert sum(counts["filtered"].values()) >= 2 and counts["languages"]["en"] == counts["kept"] >= 50
     assert set(files) == {"counts.json", "quarantine.parquet", "removed.parquet",

@@ -50,9 +50,11 @@ Outputs (in ``out_dir``):
   The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
   of the files agree (:func:`check_outputs`).
 
-Each shard, the quarantine, the removed list and the counts are written by a Beam ``DoFn``
-after a ``CoGroupByKey`` on the shard number, i.e. one worker sorts and writes one whole
-shard in memory (fine for these corpora, tens of MB; at scale a shard would be
+Beam elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (slices
+of ``raw.parquet``'s row groups), so the runner's per-element cost and the counters are paid
+once per batch (:mod:`tidal.data.clean_fns`). Exact duplicates meet where they are written:
+a document's shard is a function of its id, so after a ``GroupByKey`` on the shard number
+one worker deduplicates, sorts and writes one whole shard in memory (fine for these corpora, tens of MB; at scale a shard would be
 range-partitioned and written with ``WriteToParquet``). Workers write into ``out_dir``
 directly, so ``out_dir`` must be reachable from workers (a shared filesystem on a cluster).
 Parquet writer options are fixed (:data:`tidal.data.fetch.PARQUET_OPTIONS`), so reruns
@@ -69,66 +71,60 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tidal.context import StepContext
 from tidal.data.beam_options import beam_args
-from tidal.data.fetch import RAW_FILE, write_parquet
+from tidal.data.clean_fns import (
+    COUNTS_FILE,
+    DOCUMENT_SCHEMA,
+    GROUPS,
+    METRICS_NAMESPACE,
+    OUTCOME_TAG,
+    QUARANTINE_FILE,
+    QUARANTINE_SCHEMA,
+    QUARANTINE_TAG,
+    REMOVED_FILE,
+    REMOVED_SCHEMA,
+    REMOVED_TAG,
+    CleanBatchFn,
+    WriteCountsFn,
+    WriteRowsFn,
+    WriteShardFn,
+    by_shard,
+    counts_from_totals,
+    raw_slices,
+    shard_name,
+    shard_of,
+    sum_counts,
+    write_rows,
+)
+from tidal.data.fetch import RAW_FILE
 from tidal.data.filters import QualityFilters
-from tidal.data.langid import LANGUAGE_RULES, LanguageFilter, identify
+from tidal.data.langid import LANGUAGE_RULES, LanguageFilter
 from tidal.data.neardup import NearDupConfig, NearDuplicates
 from tidal.data.normalize import (
-    DEFAULT_SPECIAL_TOKENS,
     FILTER_RULES,
-    NORMALIZATION_STEPS,
-    QUARANTINE_REASONS,
     SPECIAL_TOKEN_POLICIES,
     UTF8_POLICIES,
     FilterThresholds,
-    Quarantine,
-    apply_special_token_policy,
     check_form,
-    decode_with_policy,
-    document_id,
-    filter_reason,
-    normalize_text_steps,
 )
-from tidal.data.readers import READ_REASONS
-from tidal.data.sources import ref_sort_key
 from tidal.jobcli import main
 
-STEP_VERSION = 2
-COUNTS_FILE = "counts.json"
-QUARANTINE_FILE = "quarantine.parquet"
-REMOVED_FILE = "removed.parquet"
-METRICS_NAMESPACE = "tidal.clean"
+STEP_VERSION = 3
 CONFIG_KEYS = {"source", "input", "normalization", "min_chars", "max_chars", "min_letter_fraction", "shards",
                "invalid_utf8", "special_tokens", "filters", "language", "near_dedup"}
-DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
-                             ("ref", pa.string()), ("language", pa.string())])
-QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()), ("detail", pa.string())])
-REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
-                            ("cluster", pa.string()), ("detail", pa.string())])
-# Count groups of counts.json besides in/kept (outcome key prefix -> counts.json key).
-_GROUPS = {"filtered": "filtered", "quarantined": "quarantined", "duplicates": "duplicates_by_kind",
-           "hits": "hits", "c4_lines": "c4_lines_dropped", "repaired": "repaired",
-           "special_tokens": "special_tokens", "languages": "languages", "neardup": "neardup",
-           "normalized": "normalized"}
-
-_QUARANTINE_TAG = "quarantine"
-_OUTCOME_TAG = "outcome"
-_REMOVED_TAG = "removed"
+__all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
+           "check_counts", "check_outputs", "clean", "counts_from_totals", "flat_counts", "run", "shard_name",
+           "shard_of", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -199,256 +195,48 @@ class CleanConfig:
         return [*FILTER_RULES, *self.filters.rule_names(), *(f"language.{r}" for r in LANGUAGE_RULES)]
 
 
-def shard_name(shard: int, shards: int) -> str:
-    """File name of document shard ``shard`` of ``shards``: ``documents-00000-of-00002.parquet``."""
-    return f"documents-{shard:05d}-of-{shards:05d}.parquet"
-
-
-def shard_of(doc_id: str, shards: int) -> int:
-    """Shard number of a document: ``int(id, 16) % shards``."""
-    return int(doc_id, 16) % shards
-
-
-# ---------------------------------------------------------------- per record
-
-
-def _count(key: str, n: int = 1):
-    Metrics.counter(METRICS_NAMESPACE, key).inc(n)
-    return beam.pvalue.TaggedOutput(_OUTCOME_TAG, (key, n))
-
-
-def _removed(ref: str, outcome: str, reason: str, cluster: str | None = None, detail: str | None = None):
-    return beam.pvalue.TaggedOutput(_REMOVED_TAG, {"ref": ref, "outcome": outcome, "reason": reason,
-                                                   "cluster": cluster, "detail": detail})
-
-
-class NormalizeFn(beam.DoFn):
-    """raw.parquet row -> ``(id, (ref, text, source, language))`` for survivors (module
-    docstring, steps 1-7); tagged outputs ``quarantine`` (row dicts), ``removed`` (row
-    dicts of filtered records) and ``outcome`` (``(count key, n)``)."""
-
-    def __init__(self, cfg: CleanConfig):
-        self.cfg = cfg
-
-    def process(self, row: dict) -> Iterable:
-        cfg = self.cfg
-        ref, raw = row["ref"], row["raw"]
-        if row.get("reason"):
-            yield from self._quarantine(ref, raw, row["reason"], row.get("detail") or "")
-            return
-        text, problem = decode_with_policy(raw, cfg.invalid_utf8)
-        if isinstance(text, Quarantine):
-            yield from self._quarantine(ref, raw, text.reason, text.detail)
-            return
-        if problem is not None:
-            yield _count(f"repaired.{problem}")
-        text, steps = normalize_text_steps(text, cfg.normalization)
-        for step in steps:
-            yield _count(f"normalized.{step}")
-        text, found = apply_special_token_policy(text, cfg.special_tokens, DEFAULT_SPECIAL_TOKENS)
-        if found:
-            yield _count(f"special_tokens.{cfg.special_tokens}")
-        if isinstance(text, Quarantine):
-            yield from self._quarantine(ref, raw, text.reason, text.detail)
-            return
-        rule = filter_reason(text, cfg.thresholds)
-        if rule is not None:
-            yield from self._filtered(ref, rule, [rule])
-            return
-        line_drops: Counter = Counter()
-        text, hits = cfg.filters.apply(text, line_drops)
-        for reason, n in sorted(line_drops.items()):
-            yield _count(f"c4_lines.{reason}", n)
-        lang, confidence = identify(text) if text else ("und", 0.0)
-        language_rule = cfg.language.check(lang, confidence)
-        if language_rule is not None:
-            hits.append(f"language.{language_rule}")
-        if not text and not hits:  # C4 removed every line but C4's own rules were off
-            hits.append("empty")
-        if hits:
-            yield from self._filtered(ref, hits[0], hits, f"language {lang} ({confidence})" if language_rule else None)
-            return
-        yield document_id(text), (ref, text, row["source"], lang)
-
-    def _quarantine(self, ref: str, raw: bytes, reason: str, detail: str) -> Iterable:
-        yield _count(f"quarantined.{reason}")
-        yield beam.pvalue.TaggedOutput(_QUARANTINE_TAG, {"ref": ref, "raw": raw, "reason": reason, "detail": detail})
-
-    def _filtered(self, ref: str, rule: str, hits: list[str], detail: str | None = None) -> Iterable:
-        yield _count(f"filtered.{rule}")
-        for hit in hits:
-            yield _count(f"hits.{hit}")
-        yield _removed(ref, "filtered", rule, detail=detail)
-
-
-class KeepLowestRefFn(beam.DoFn):
-    """``(id, [(ref, text, source, language)...])`` -> the lowest-ref one as ``(id, (ref, text,
-    source, language))``; the others go to ``removed`` as exact duplicates of cluster ``id``."""
-
-    def process(self, element: tuple) -> Iterable:
-        doc_id, group = element
-        group = sorted(group, key=lambda item: (ref_sort_key(item[0]), item))
-        yield doc_id, group[0]
-        for ref, *_ in group[1:]:
-            yield _count("duplicates.exact")
-            yield _removed(ref, "duplicate", "exact", cluster=doc_id)
-
-
-def _apply_near(element: tuple, removed: dict) -> Iterable:
-    """``(id, (ref, text, source, language))`` -> the kept document, or a near-duplicate
-    ``removed`` row when ``removed`` (``{id: (survivor id, jaccard)}``) names it."""
-    doc_id, (ref, *_) = element
-    if doc_id in removed:
-        survivor, sim = removed[doc_id]
-        yield _count("duplicates.near")
-        yield _removed(ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}")
-    else:
-        yield element
-
-
-# ---------------------------------------------------------------- writers
-
-
-class WriteShardFn(beam.DoFn):
-    """``(shard, {"docs": [...], "shard": [...]})`` -> writes that shard's file, sorted by id."""
-
-    def __init__(self, out_dir: str, shards: int):
-        self.out_dir = out_dir
-        self.shards = shards
-
-    def process(self, element: tuple) -> Iterable:
-        shard, grouped = element
-        docs = sorted((doc_id, *rest) for doc_id, rest in grouped["docs"])
-        table = pa.table(
-            {"id": [d[0] for d in docs], "text": [d[2] for d in docs], "source": [d[3] for d in docs],
-             "ref": [d[1] for d in docs], "language": [d[4] for d in docs]},
-            schema=DOCUMENT_SCHEMA,
-        )
-        path = write_parquet(table, Path(self.out_dir) / shard_name(shard, self.shards))
-        yield str(path)
-
-
-class WriteRowsFn(beam.DoFn):
-    """``(0, {"rows": [...], ...})`` -> writes one Parquet file of row dicts, sorted by ref."""
-
-    def __init__(self, out_dir: str, name: str, schema: pa.Schema):
-        self.out_dir = out_dir
-        self.name = name
-        self.schema = schema
-
-    def process(self, element: tuple) -> Iterable:
-        rows = sorted(element[1]["rows"], key=lambda r: (ref_sort_key(r["ref"]), r["ref"]))
-        table = pa.table({name: [r[name] for r in rows] for name in self.schema.names}, schema=self.schema)
-        yield str(write_parquet(table, Path(self.out_dir) / self.name))
-
-
-def WriteQuarantineFn(out_dir: str) -> WriteRowsFn:
-    """The writer of ``quarantine.parquet``."""
-    return WriteRowsFn(out_dir, QUARANTINE_FILE, QUARANTINE_SCHEMA)
-
-
-def counts_from_totals(totals: dict[str, int], rules: Iterable[str] = FILTER_RULES) -> dict[str, Any]:
-    """Outcome totals (``in``, ``kept``, ``<group>.<name>``) -> the ``counts.json`` structure;
-    every rule in ``rules`` and every known quarantine reason is present (zero if unseen)."""
-    rules = list(rules)
-    out: dict[str, Any] = {
-        "in": totals.get("in", 0),
-        "kept": totals.get("kept", 0),
-        "filtered": dict.fromkeys(rules, 0),
-        "quarantined": dict.fromkeys((*QUARANTINE_REASONS, "special_token", *READ_REASONS), 0),
-        "duplicates_by_kind": {"exact": 0, "near": 0},
-        "hits": dict.fromkeys(rules, 0),
-        "c4_lines_dropped": {},
-        "repaired": dict.fromkeys(QUARANTINE_REASONS, 0),
-        "normalized": dict.fromkeys(NORMALIZATION_STEPS, 0),
-        "special_tokens": {},
-        "languages": {},
-        "neardup": {"candidate_pairs": 0, "verified_pairs": 0},
-    }
-    for key, n in sorted(totals.items()):
-        group, _, name = key.partition(".")
-        if group in _GROUPS:
-            bucket = out[_GROUPS[group]]
-            bucket[name] = bucket.get(name, 0) + n
-    out["duplicates"] = sum(out["duplicates_by_kind"].values())
-    return out
-
-
-class WriteCountsFn(beam.DoFn):
-    """The list of ``(outcome, n)`` totals -> writes ``counts.json``."""
-
-    def __init__(self, out_dir: str, rules: list[str]):
-        self.out_dir = out_dir
-        self.rules = rules
-
-    def process(self, totals: list) -> Iterable:
-        counts = counts_from_totals(dict(totals), self.rules)
-        path = Path(self.out_dir) / COUNTS_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
-        yield str(path)
-
-
-def _write_one(pipeline, label: str, rows, writer: beam.DoFn) -> None:
-    """Group every row under key 0 (a group exists even with no row) and write it."""
-    (
-        {"rows": rows | f"Key{label}" >> beam.Map(lambda r: (0, r)),
-         "one": pipeline | f"{label}Key" >> beam.Create([(0, 0)])}
-        | f"Group{label}" >> beam.CoGroupByKey()
-        | f"Write{label}" >> beam.ParDo(writer)
-    )
-
 
 def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
-    """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``."""
-    rows = pipeline | "ReadRaw" >> beam.io.ReadFromParquet(raw_path)
-    normalized = rows | "Normalize" >> beam.ParDo(NormalizeFn(cfg)).with_outputs(
-        _QUARANTINE_TAG, _OUTCOME_TAG, _REMOVED_TAG, main="docs"
+    """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``.
+
+    Elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (a slice of
+    ``raw.parquet``), not single records, so Beam's per-element cost and the per-event
+    counters are paid once per batch. Documents meet their exact duplicates where they are
+    written: a document's shard is a function of its id, so the shard writer keeps the lowest
+    ref of each id (and drops the verified near duplicates, a side input).
+    """
+    slices = pipeline | "RawSlices" >> beam.Create(raw_slices(raw_path))
+    batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg)).with_outputs(
+        QUARANTINE_TAG, REMOVED_TAG, OUTCOME_TAG, main="docs"
     )
-    exact = (
-        normalized.docs
-        | "GroupById" >> beam.GroupByKey()
-        | "KeepLowestRef" >> beam.ParDo(KeepLowestRefFn()).with_outputs(_OUTCOME_TAG, _REMOVED_TAG, main="kept")
-    )
-    outcomes = [normalized[_OUTCOME_TAG], exact[_OUTCOME_TAG]]
-    removed = [normalized[_REMOVED_TAG], exact[_REMOVED_TAG]]
-    kept = exact.kept
+    outcomes = [batches[OUTCOME_TAG]]
+    removed = [batches[REMOVED_TAG]]
+    near = None
     if cfg.near_dedup.enabled:
-        near, pair_counts = (
-            kept
-            | "RefText" >> beam.Map(lambda d: (d[0], (d[1][0], d[1][1])))
-            | "NearDuplicates" >> NearDuplicates(cfg.near_dedup)
-        )
-        outcomes.append(pair_counts)
-        applied = kept | "ApplyNear" >> beam.FlatMap(_apply_near, removed=beam.pvalue.AsDict(near)).with_outputs(
-            _OUTCOME_TAG, _REMOVED_TAG, main="kept"
-        )
-        kept = applied.kept
-        outcomes.append(applied[_OUTCOME_TAG])
-        removed.append(applied[_REMOVED_TAG])
-    # documents: one CoGroupByKey group per shard, including empty shards
-    shard_keys = pipeline | "ShardKeys" >> beam.Create([(k, k) for k in range(cfg.shards)])
-    keyed_docs = kept | "KeyByShard" >> beam.Map(lambda d, n=cfg.shards: (shard_of(d[0], n), d))
-    (
-        {"docs": keyed_docs, "shard": shard_keys}
-        | "GroupShards" >> beam.CoGroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards))
+        near, pair_counts = batches.docs | "NearDuplicates" >> NearDuplicates(cfg.near_dedup)
+        outcomes.append(pair_counts | "PairCounts" >> beam.Map(lambda kv: {kv[0]: kv[1]}))
+    # documents: one group per shard, including empty shards
+    shard_keys = pipeline | "ShardKeys" >> beam.Create([(k, []) for k in range(cfg.shards)])
+    keyed = batches.docs | "KeyByShard" >> beam.FlatMap(by_shard, cfg.shards)
+    near_side = beam.pvalue.AsDict(near) if near is not None else beam.pvalue.AsDict(
+        pipeline | "NoNear" >> beam.Create([]))
+    written = (
+        (keyed, shard_keys)
+        | "FlattenShards" >> beam.Flatten()
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=near_side).with_outputs(
+            REMOVED_TAG, OUTCOME_TAG, main="paths")
     )
-    _write_one(pipeline, "Quarantine", normalized[_QUARANTINE_TAG], WriteQuarantineFn(out_dir))
-    _write_one(pipeline, "Removed", tuple(removed) | "FlattenRemoved" >> beam.Flatten(),
+    outcomes.append(written[OUTCOME_TAG])
+    removed.append(written[REMOVED_TAG])
+    write_rows(pipeline, "Quarantine", batches[QUARANTINE_TAG], WriteRowsFn(out_dir, QUARANTINE_FILE, QUARANTINE_SCHEMA))
+    write_rows(pipeline, "Removed", tuple(removed) | "FlattenRemoved" >> beam.Flatten(),
                WriteRowsFn(out_dir, REMOVED_FILE, REMOVED_SCHEMA))
-    # counts, from the data itself (the Beam counters count the same events; run() compares)
-    outcomes += [
-        rows | "CountIn" >> beam.Map(lambda _: ("in", 1)),
-        kept | "CountKept" >> beam.Map(lambda _: ("kept", 1)),
-        kept | "CountLanguages" >> beam.Map(lambda d: (f"languages.{d[1][3]}", 1)),
-    ]
+    # counts, from the data itself (the Beam counters count the same events; clean() compares)
     (
         tuple(outcomes)
         | "FlattenOutcomes" >> beam.Flatten()
-        | "SumOutcomes" >> beam.CombinePerKey(sum)
-        | "AllTotals" >> beam.combiners.ToList()
+        | "SumOutcomes" >> beam.CombineGlobally(sum_counts)
         | "WriteCounts" >> beam.ParDo(WriteCountsFn(out_dir, cfg.rule_names()))
     )
 
@@ -541,7 +329,7 @@ def flat_counts(counts: dict[str, Any]) -> dict[str, int]:
     """``counts.json`` as flat ``group_name`` keys (``filtered_c4.lorem_ipsum``, ``languages_en`` ...)."""
     flat = {"in": counts["in"], "kept": counts["kept"], "duplicates": counts["duplicates"],
             "filtered": sum(counts["filtered"].values()), "quarantined": sum(counts["quarantined"].values())}
-    for prefix, key in _GROUPS.items():
+    for prefix, key in GROUPS.items():
         for name, n in counts.get(key, {}).items():
             flat[f"{prefix}_{name}"] = n
     return flat

@@ -259,8 +259,14 @@ class GopherRepetition:
         for n, limit in self.top_ngram_chars:
             if len(doc_words) >= n and _top_ngram_chars(doc_words, n) / word_chars > limit:
                 out.append(f"top_{n}gram_chars")
+        no_repeat_from = None  # if no n-gram repeats, no longer one does (it would contain a repeat)
         for n, limit in self.dup_ngram_chars:
-            if len(doc_words) >= n and _dup_ngram_chars(doc_words, n) / word_chars > limit:
+            if len(doc_words) < n or (no_repeat_from is not None and n >= no_repeat_from):
+                continue
+            chars = _dup_ngram_chars(doc_words, n)
+            if chars is None:
+                no_repeat_from = n if no_repeat_from is None else min(n, no_repeat_from)
+            elif chars / word_chars > limit:
                 out.append(f"dup_{n}gram_chars")
         return out
 
@@ -292,12 +298,13 @@ def _top_ngram_chars(doc_words: list[str], n: int) -> int:
     return sum(len(w) for w in gram) * count if count > 1 else 0
 
 
-def _dup_ngram_chars(doc_words: list[str], n: int) -> int:
+def _dup_ngram_chars(doc_words: list[str], n: int) -> int | None:
     """Word characters of n-grams that repeat an earlier n-gram, scanning left to right and
-    skipping past each repeat (non-overlapping), as in datatrove's ``find_all_duplicate``."""
+    skipping past each repeat (non-overlapping), as in datatrove's ``find_all_duplicate``;
+    ``None`` (count 0) when no n-gram repeats at all, so no longer n-gram can repeat either."""
     grams = list(zip(*(doc_words[k:] for k in range(n))))  # grams[i] == tuple(doc_words[i : i + n])
     if len(set(grams)) == len(grams):  # no n-gram repeats (most documents): nothing to scan
-        return 0
+        return None
     seen: set[tuple[str, ...]] = set()
     chars = i = 0
     while i < len(grams):

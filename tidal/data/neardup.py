@@ -10,7 +10,8 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    whole word sequence, on purpose: two short documents then match only if their word
    sequences are equal (Jaccard 1), and a short document never matches a long one.
 2. MinHash signature (Broder 1997, "On the resemblance and containment of documents") of
-   ``bands * rows`` permutations with datasketch's ``MinHash`` (seeded, ``update_batch``).
+   ``bands * rows`` permutations: datasketch's ``affine32`` MinHash with its seeded
+   permutations, computed a batch of documents at a time (:mod:`tidal.data.minhash`).
 3. LSH banding (Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", ch. 3.4):
    the signature is cut into ``bands`` bands of ``rows`` values; each band's values hash
    (blake2b, 8 bytes) to a bucket key ``band:hex``. Documents sharing any bucket are
@@ -41,15 +42,15 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 
 from tidal.data.filters import words
+from tidal.data.minhash import shingle_hashes, signatures
 from tidal.data.sources import ref_sort_key
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
@@ -128,28 +129,21 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / union if union else 0.0
 
 
-@lru_cache(maxsize=8)
-def _permutations(num_perm: int, seed: int):
-    from datasketch import MinHash
-
-    probe = MinHash(num_perm=num_perm, seed=seed)
-    return probe.permutations, getattr(probe, "scheme", None)
+def signature(text: str, cfg: NearDupConfig) -> np.ndarray:
+    """MinHash signature of one document, 1-D ``uint32[cfg.num_perm]`` (:mod:`tidal.data.minhash`)."""
+    return signature_batch([text], cfg)[0]
 
 
-def signature(shingle_set: Iterable[str], cfg: NearDupConfig) -> np.ndarray:
-    """MinHash signature, 1-D ``uint64`` of ``cfg.num_perm`` values (datasketch ``MinHash``)."""
-    from datasketch import MinHash
-
-    perms, scheme = _permutations(cfg.num_perm, cfg.seed)
-    kwargs = {"scheme": scheme} if scheme is not None else {}
-    minhash = MinHash(num_perm=cfg.num_perm, seed=cfg.seed, permutations=perms, **kwargs)
-    minhash.update_batch([s.encode("utf-8") for s in shingle_set])  # a minimum: the order cannot matter
-    return np.asarray(minhash.hashvalues, dtype=np.uint64)
+def signature_batch(texts: Sequence[str], cfg: NearDupConfig) -> np.ndarray:
+    """MinHash signatures of a batch of documents, ``uint32[len(texts), cfg.num_perm]``
+    (:mod:`tidal.data.minhash`; shingles as :func:`shingles`)."""
+    hashes, counts = shingle_hashes([words(t) for t in texts], cfg.shingle_size)
+    return signatures(hashes, counts, cfg.num_perm, cfg.seed)
 
 
 def band_keys(sig: np.ndarray, cfg: NearDupConfig) -> list[str]:
-    """One bucket key per band: ``"{band}:{blake2b-64 of the band's little-endian values}"``."""
-    values = sig.astype("<u8")
+    """One bucket key per band: ``"{band}:{blake2b-64 of the band's little-endian uint32 values}"``."""
+    values = np.asarray(sig, dtype="<u4")
     return [
         f"{b}:{hashlib.blake2b(values[b * cfg.rows : (b + 1) * cfg.rows].tobytes(), digest_size=8).hexdigest()}"
         for b in range(cfg.bands)
@@ -194,100 +188,149 @@ def star_clusters(edges: Iterable[tuple[str, str, str, str, float]]) -> dict[str
 
 # ---------------------------------------------------------------- Beam
 
-
-class _BandKeysFn(beam.DoFn):
-    """``(id, (ref, text))`` -> ``(bucket key, id)`` for every band."""
-
-    def __init__(self, cfg: NearDupConfig):
-        self.cfg = cfg
-
-    def process(self, element):
-        doc_id, (_, text) = element
-        shingle_set = shingles(text, self.cfg.shingle_size)
-        if not shingle_set:
-            return
-        for key in band_keys(signature(shingle_set, self.cfg), self.cfg):
-            yield key, doc_id
+BUCKET_PARTITIONS = 16  # shuffle keys of the bucket stage; any value gives the same result
 
 
-def _pairs_of_bucket(element, max_bucket_size: int):
-    _, members = element
-    members = list(members)
-    if len(members) < 2:
-        return []
-    return bucket_pairs(members, max_bucket_size)
+def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
+                 partitions: int = BUCKET_PARTITIONS) -> dict[int, list[tuple[str, str, str]]]:
+    """Bucket entries of a batch of ``(id, ref, text)`` documents, grouped for the shuffle.
+
+    Returns:
+        ``{partition: [(bucket key, id, ref), ...]}``, ``bands`` entries per document with
+        at least one shingle; a bucket's entries all land in one partition (the key's
+        hash, mod ``partitions``), so buckets can be completed per partition. Exact
+        duplicates (same id) give the same entries with their own refs.
+    """
+    docs = list(docs)
+    doc_words = [words(text) for _, _, text in docs]
+    hashes, counts = shingle_hashes(doc_words, cfg.shingle_size)
+    sigs = signatures(hashes, counts, cfg.num_perm, cfg.seed)
+    out: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
+    for (doc_id, ref, _), sig, n in zip(docs, sigs, counts, strict=True):
+        if not n:
+            continue
+        for key in band_keys(sig, cfg):
+            out[int(key[-4:], 16) % partitions].append((key, doc_id, ref))
+    return dict(out)
+
+
+def partition_pairs(entries: Iterable[tuple[str, str, str]], max_bucket_size: int) -> list[tuple[str, str, str, str]]:
+    """Candidate pairs of one partition's bucket entries ``(bucket key, id, ref)``.
+
+    Within a bucket, each id keeps its lowest ref (:func:`tidal.data.sources.ref_sort_key`,
+    the exact-dedup survivor's), then :func:`bucket_pairs` proposes pairs.
+
+    Returns:
+        Sorted distinct ``(id_a, ref_a, id_b, ref_b)`` with ``id_a < id_b``.
+    """
+    buckets: dict[str, dict[str, str]] = defaultdict(dict)
+    for key, doc_id, ref in entries:
+        members = buckets[key]
+        if doc_id not in members or ref_sort_key(ref) < ref_sort_key(members[doc_id]):
+            members[doc_id] = ref
+    pairs: set[tuple[str, str, str, str]] = set()
+    for members in buckets.values():
+        if len(members) < 2:
+            continue
+        for id_a, id_b in bucket_pairs(members, max_bucket_size):
+            pairs.add((id_a, members[id_a], id_b, members[id_b]))
+    return sorted(pairs)
+
+
+def _lowest_refs(pairs: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """All partitions' pairs, distinct per id pair with each id's lowest ref (sorted)."""
+    refs: dict[str, str] = {}
+    for id_a, ref_a, id_b, ref_b in pairs:
+        for doc_id, ref in ((id_a, ref_a), (id_b, ref_b)):
+            if doc_id not in refs or ref_sort_key(ref) < ref_sort_key(refs[doc_id]):
+                refs[doc_id] = ref
+    return sorted({(a, refs[a], b, refs[b]) for a, _, b, _ in pairs})
+
+
+def _candidate_texts(batch, ids):
+    """A batch of :class:`tidal.data.clean_record.Document` -> ``(id, text)`` of candidates."""
+    for doc in batch:
+        if doc.id in ids:
+            yield doc.id, doc.text
 
 
 def _attach_first(element):
-    """``(id_a, {"doc": [(ref, text)], "pair": [id_b...]})`` -> ``(id_b, (id_a, ref_a, text_a))``."""
+    """``(id_a, {"text": [text_a...], "pair": [(ref_a, id_b, ref_b)...]})`` -> ``(id_b, (id_a, ref_a,
+    text_a, ref_b))``."""
     id_a, grouped = element
-    docs = list(grouped["doc"])
-    if not docs:
+    texts = list(grouped["text"])
+    if not texts:
         return
-    ref_a, text_a = docs[0]
-    for id_b in grouped["pair"]:
-        yield id_b, (id_a, ref_a, text_a)
+    for ref_a, id_b, ref_b in grouped["pair"]:
+        yield id_b, (id_a, ref_a, texts[0], ref_b)
 
 
 class _VerifyFn(beam.DoFn):
-    """``(id_b, {"doc": [(ref, text)], "pair": [(id_a, ref_a, text_a)...]})`` -> verified edges."""
+    """``(id_b, {"text": [text_b...], "pair": [(id_a, ref_a, text_a, ref_b)...]})`` -> verified edges
+    ``(id_a, ref_a, id_b, ref_b, jaccard)``; pair counts on the ``pair_counts`` output."""
 
     def __init__(self, cfg: NearDupConfig):
         self.cfg = cfg
 
     def process(self, element):
         id_b, grouped = element
-        docs = list(grouped["doc"])
+        texts = list(grouped["text"])
         pairs = list(grouped["pair"])
-        if not docs or not pairs:
+        if not texts or not pairs:
             return
-        ref_b, text_b = docs[0]
-        shingles_b = shingles(text_b, self.cfg.shingle_size)
-        for id_a, ref_a, text_a in pairs:
+        shingles_b = shingles(texts[0], self.cfg.shingle_size)
+        verified = 0
+        for id_a, ref_a, text_a, ref_b in pairs:
             sim = jaccard(shingles(text_a, self.cfg.shingle_size), shingles_b)
-            beam.metrics.Metrics.counter("tidal.clean", "neardup.candidate_pairs").inc()
-            yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.candidate_pairs", 1))
             if sim >= self.cfg.jaccard_threshold:
-                beam.metrics.Metrics.counter("tidal.clean", "neardup.verified_pairs").inc()
-                yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.verified_pairs", 1))
+                verified += 1
                 yield id_a, ref_a, id_b, ref_b, round(sim, 6)
+        beam.metrics.Metrics.counter("tidal.clean", "neardup.candidate_pairs").inc(len(pairs))
+        yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.candidate_pairs", len(pairs)))
+        if verified:
+            beam.metrics.Metrics.counter("tidal.clean", "neardup.verified_pairs").inc(verified)
+            yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.verified_pairs", verified))
 
 
 class NearDuplicates(beam.PTransform):
-    """``(id, (ref, text))`` documents -> ``(removed, pair_counts)``: ``(removed id, (survivor
-    id, jaccard))`` (module docstring) and ``("neardup.candidate_pairs" | "neardup.verified_pairs",
-    1)`` per checked pair (also Beam counters of namespace ``tidal.clean``).
+    """Batches of documents -> ``(removed, pair_counts)``.
+
+    Input: a PCollection of lists of :class:`tidal.data.clean_record.Document` (exact
+    duplicates included: they collapse onto their id, with the lowest ref). Output:
+    ``removed``, ``(removed id, (survivor id, jaccard))`` (module docstring), and
+    ``pair_counts``, ``("neardup.candidate_pairs" | "neardup.verified_pairs", n)`` (also Beam
+    counters of namespace ``tidal.clean``).
     """
 
     def __init__(self, cfg: NearDupConfig):
         super().__init__()
         self.cfg = cfg
 
-    def expand(self, docs):
+    def expand(self, batches):
         cfg = self.cfg
         pairs = (
-            docs
-            | "BandKeys" >> beam.ParDo(_BandKeysFn(cfg))
-            | "GroupBuckets" >> beam.GroupByKey()
-            | "BucketPairs" >> beam.FlatMap(_pairs_of_bucket, cfg.max_bucket_size)
-            | "DistinctPairs" >> beam.Distinct()
+            batches
+            | "BandEntries" >> beam.FlatMap(lambda b: band_entries(((d.id, d.ref, d.text) for d in b), cfg).items())
+            | "GroupPartitions" >> beam.GroupByKey()
+            | "PartitionPairs" >> beam.Map(
+                lambda kv: partition_pairs((e for chunk in kv[1] for e in chunk), cfg.max_bucket_size))
+            | "AllPairs" >> beam.CombineGlobally(lambda lists: [p for chunk in lists for p in chunk])
+            | "LowestRefs" >> beam.FlatMap(_lowest_refs)
         )
-        # only documents in some candidate pair travel to the verification joins
-        candidate_ids = (
-            pairs
-            | "PairMembers" >> beam.FlatMap(lambda pair: [(pair[0], None), (pair[1], None)])
-            | "DistinctMembers" >> beam.Distinct()
-        )
-        candidates = docs | "CandidateDocs" >> beam.Filter(
-            lambda doc, ids: doc[0] in ids, ids=beam.pvalue.AsDict(candidate_ids)
+        # only candidate documents' texts travel to the verification joins
+        candidate_ids = pairs | "PairMembers" >> beam.FlatMap(lambda p: [p[0], p[2]])
+        texts = (
+            batches
+            | "CandidateTexts" >> beam.FlatMap(
+                _candidate_texts, ids=beam.pvalue.AsDict(candidate_ids | "AsKeys" >> beam.Map(lambda i: (i, None))))
         )
         first = (
-            {"doc": candidates, "pair": pairs}
+            {"text": texts, "pair": pairs | "ByFirst" >> beam.Map(lambda p: (p[0], (p[1], p[2], p[3])))}
             | "JoinFirst" >> beam.CoGroupByKey()
             | "AttachFirst" >> beam.FlatMap(_attach_first)
         )
         verified = (
-            {"doc": candidates, "pair": first}
+            {"text": texts, "pair": first}
             | "JoinSecond" >> beam.CoGroupByKey()
             | "Verify" >> beam.ParDo(_VerifyFn(cfg)).with_outputs(PAIR_COUNTS, main="edges")
         )

@@ -1,0 +1,241 @@
+"""The clean step's Beam functions: batch reader and cleaner, shard writer, row and count writers.
+
+File layout and the accounting rules are in :mod:`tidal.data.clean`'s module docstring;
+the per-record rules in :mod:`tidal.data.clean_record`. Every element that crosses a Beam
+stage here is a batch (a list of documents or rows, a dict of counts), so the runner's
+per-element cost is paid once per :data:`BATCH_ROWS` records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.metrics import Metrics
+
+from tidal.data.clean_record import Document, clean_record, removed_row
+from tidal.data.fetch import write_parquet
+from tidal.data.normalize import FILTER_RULES, NORMALIZATION_STEPS, QUARANTINE_REASONS
+from tidal.data.readers import READ_REASONS
+from tidal.data.sources import ref_sort_key
+
+if TYPE_CHECKING:
+    from tidal.data.clean import CleanConfig
+
+BATCH_ROWS = 1000  # records per batch element (a slice of one raw.parquet row group)
+COUNTS_FILE = "counts.json"
+QUARANTINE_FILE = "quarantine.parquet"
+REMOVED_FILE = "removed.parquet"
+METRICS_NAMESPACE = "tidal.clean"
+DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+                             ("ref", pa.string()), ("language", pa.string())])
+QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()), ("detail", pa.string())])
+REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
+                            ("cluster", pa.string()), ("detail", pa.string())])
+# Count groups of counts.json besides in/kept (outcome key prefix -> counts.json key).
+GROUPS = {"filtered": "filtered", "quarantined": "quarantined", "duplicates": "duplicates_by_kind",
+          "hits": "hits", "c4_lines": "c4_lines_dropped", "repaired": "repaired",
+          "special_tokens": "special_tokens", "languages": "languages", "neardup": "neardup",
+          "normalized": "normalized"}
+QUARANTINE_TAG = "quarantine"
+OUTCOME_TAG = "outcome"
+REMOVED_TAG = "removed"
+
+
+def shard_name(shard: int, shards: int) -> str:
+    """File name of document shard ``shard`` of ``shards``: ``documents-00000-of-00002.parquet``."""
+    return f"documents-{shard:05d}-of-{shards:05d}.parquet"
+
+
+def shard_of(doc_id: str, shards: int) -> int:
+    """Shard number of a document: ``int(id, 16) % shards``."""
+    return int(doc_id, 16) % shards
+
+
+def raw_slices(raw_path: str | Path, batch_rows: int = BATCH_ROWS) -> list[tuple[int, int, int]]:
+    """``(row group, start, stop)`` slices of at most ``batch_rows`` rows covering ``raw_path``
+    (none for a file without rows)."""
+    meta = pq.read_metadata(raw_path)
+    out = []
+    for group in range(meta.num_row_groups):
+        rows = meta.row_group(group).num_rows
+        out += [(group, start, min(start + batch_rows, rows)) for start in range(0, rows, batch_rows)]
+    return out
+
+
+def _emit_counts(counts: Counter) -> dict[str, int]:
+    """Beam counters of a batch's events (keys with a group prefix), once per key."""
+    for key, n in counts.items():
+        if "." in key and n:
+            Metrics.counter(METRICS_NAMESPACE, key).inc(n)
+    return dict(counts)
+
+
+class CleanBatchFn(beam.DoFn):
+    """``(row group, start, stop)`` of ``raw.parquet`` -> the batch's documents (a list of
+    :class:`tidal.data.clean_record.Document`, main output), and one list each of quarantine
+    rows and removed (filtered) rows, and one dict of outcome counts (``in`` included), on
+    the tagged outputs. Reads each row group once per worker (the last one is cached)."""
+
+    def __init__(self, raw_path: str, cfg: CleanConfig):
+        self.raw_path = raw_path
+        self.cfg = cfg
+        self._group: tuple[int, pa.Table] | None = None
+
+    def _rows(self, group: int, start: int, stop: int) -> list[dict[str, Any]]:
+        if self._group is None or self._group[0] != group:
+            self._group = (group, pq.ParquetFile(self.raw_path).read_row_group(group))
+        return self._group[1].slice(start, stop - start).to_pylist()
+
+    def process(self, element: tuple[int, int, int]) -> Iterable:
+        rows = self._rows(*element)
+        counts: Counter = Counter(**{"in": len(rows)})
+        docs: list[Document] = []
+        out: dict[str, list] = {QUARANTINE_TAG: [], REMOVED_TAG: []}
+        for row in rows:
+            kind, value = clean_record(row, self.cfg, counts)
+            if kind == "document":
+                docs.append(value)
+            else:
+                out[QUARANTINE_TAG if kind == "quarantine" else REMOVED_TAG].append(value)
+        if docs:
+            yield docs
+        for tag, values in out.items():
+            if values:
+                yield beam.pvalue.TaggedOutput(tag, values)
+        yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
+
+
+def by_shard(batch: list[Document], shards: int) -> Iterable[tuple[int, list[Document]]]:
+    """A batch of documents -> ``(shard, that shard's documents)`` per shard it touches."""
+    keyed: dict[int, list[Document]] = defaultdict(list)
+    for doc in batch:
+        keyed[shard_of(doc.id, shards)].append(doc)
+    return sorted(keyed.items())
+
+
+class WriteShardFn(beam.DoFn):
+    """``(shard, [[Document...]...])`` -> writes the shard's file, sorted by id.
+
+    Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
+    copies are exact duplicates of cluster ``id``; a kept id named in the side input ``near``
+    (``{id: (survivor id, jaccard)}``) is a near duplicate. Removed rows and the counts
+    (``kept``, ``languages.<lang>``, ``duplicates.exact|near``) go to the tagged outputs.
+    """
+
+    def __init__(self, out_dir: str, shards: int):
+        self.out_dir = out_dir
+        self.shards = shards
+
+    def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
+        shard, chunks = element
+        by_id: dict[str, list[Document]] = defaultdict(list)
+        for chunk in chunks:
+            for doc in chunk:
+                by_id[doc.id].append(doc)
+        counts: Counter = Counter()
+        removed: list[dict] = []
+        kept: list[Document] = []
+        for doc_id in sorted(by_id):
+            group = sorted(by_id[doc_id], key=lambda d: (ref_sort_key(d.ref), d.ref, d.text, d.source, d.language))
+            for dup in group[1:]:
+                counts["duplicates.exact"] += 1
+                removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=doc_id))
+            first = group[0]
+            if doc_id in near:
+                survivor, sim = near[doc_id]
+                counts["duplicates.near"] += 1
+                removed.append(removed_row(first.ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}"))
+            else:
+                kept.append(first)
+                counts[f"languages.{first.language}"] += 1
+        counts["kept"] = len(kept)
+        table = pa.table({"id": [d.id for d in kept], "text": [d.text for d in kept],
+                          "source": [d.source for d in kept], "ref": [d.ref for d in kept],
+                          "language": [d.language for d in kept]}, schema=DOCUMENT_SCHEMA)
+        path = write_parquet(table, Path(self.out_dir) / shard_name(shard, self.shards))
+        if removed:
+            yield beam.pvalue.TaggedOutput(REMOVED_TAG, removed)
+        yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
+        yield str(path)
+
+
+class WriteRowsFn(beam.DoFn):
+    """``(0, [[row...]...])`` -> writes one Parquet file of row dicts, sorted by ref."""
+
+    def __init__(self, out_dir: str, name: str, schema: pa.Schema):
+        self.out_dir = out_dir
+        self.name = name
+        self.schema = schema
+
+    def process(self, element: tuple) -> Iterable:
+        rows = sorted((r for chunk in element[1] for r in chunk), key=lambda r: (ref_sort_key(r["ref"]), r["ref"]))
+        table = pa.table({name: [r[name] for r in rows] for name in self.schema.names}, schema=self.schema)
+        yield str(write_parquet(table, Path(self.out_dir) / self.name))
+
+
+def write_rows(pipeline, label: str, chunks, writer: beam.DoFn) -> None:
+    """Group every chunk of rows under key 0 (the group exists even with no row) and write it."""
+    (
+        (chunks | f"Key{label}" >> beam.Map(lambda c: (0, c)), pipeline | f"{label}Key" >> beam.Create([(0, [])]))
+        | f"Merge{label}" >> beam.Flatten()
+        | f"Group{label}" >> beam.GroupByKey()
+        | f"Write{label}" >> beam.ParDo(writer)
+    )
+
+
+def sum_counts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Sum outcome-count dicts key by key (a Beam ``CombineGlobally`` function)."""
+    total: Counter = Counter()
+    for d in dicts:
+        total.update(d)
+    return dict(total)
+
+
+def counts_from_totals(totals: dict[str, int], rules: Iterable[str] = FILTER_RULES) -> dict[str, Any]:
+    """Outcome totals (``in``, ``kept``, ``<group>.<name>``) -> the ``counts.json`` structure;
+    every rule in ``rules`` and every known quarantine reason is present (zero if unseen)."""
+    rules = list(rules)
+    out: dict[str, Any] = {
+        "in": totals.get("in", 0),
+        "kept": totals.get("kept", 0),
+        "filtered": dict.fromkeys(rules, 0),
+        "quarantined": dict.fromkeys((*QUARANTINE_REASONS, "special_token", *READ_REASONS), 0),
+        "duplicates_by_kind": {"exact": 0, "near": 0},
+        "hits": dict.fromkeys(rules, 0),
+        "c4_lines_dropped": {},
+        "repaired": dict.fromkeys(QUARANTINE_REASONS, 0),
+        "normalized": dict.fromkeys(NORMALIZATION_STEPS, 0),
+        "special_tokens": {},
+        "languages": {},
+        "neardup": {"candidate_pairs": 0, "verified_pairs": 0},
+    }
+    for key, n in sorted(totals.items()):
+        group, _, name = key.partition(".")
+        if group in GROUPS:
+            bucket = out[GROUPS[group]]
+            bucket[name] = bucket.get(name, 0) + n
+    out["duplicates"] = sum(out["duplicates_by_kind"].values())
+    return out
+
+
+class WriteCountsFn(beam.DoFn):
+    """The summed outcome totals (one dict) -> writes ``counts.json``."""
+
+    def __init__(self, out_dir: str, rules: list[str]):
+        self.out_dir = out_dir
+        self.rules = rules
+
+    def process(self, totals: dict[str, int]) -> Iterable:
+        counts = counts_from_totals(totals, self.rules)
+        path = Path(self.out_dir) / COUNTS_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+        yield str(path)
