@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# Bounds mirror tidal/recipe.py: seed is a non-negative int (Recipe.seed, ge=0; 2**63-1 is the
+# Bounds mirror tidal/recipe/schema.py: seed is a non-negative int (Recipe.seed, ge=0; 2**63-1 is the
 # largest int JSON schema validators and numpy seeds agree on); train.steps is a PositiveInt.
 # The upper bound on steps is a guard against typos (1e7 steps is far beyond any tidal recipe).
 SEED_MAX = 2**63 - 1

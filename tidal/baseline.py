@@ -18,6 +18,14 @@ max(|expected|, 1)`` (relative, with an absolute floor of ``stats_tolerance`` fo
 near zero such as rates); a loss point and the eval loss pass when ``|got - expected| <=
 loss_tolerance`` (absolute, in nats). Loss-curve points are matched by training step; a
 step in the baseline that the run did not log is a difference too.
+
+A missing baseline file: the recipe still loads (``tidal baseline RECIPE`` writes the file
+from a committed run *of that recipe*, so it cannot be required before the first run, and the
+section is not hashed), but it is never silent: ``tidal plan`` prints it as MISSING
+(:func:`describe_baseline`), and a comparison (:func:`check_pipeline`, the Airflow report task)
+fails with a :class:`BaselineError` naming the recipe file, ``baseline.file``, the resolved
+path and the command that writes it. A run is never passed without a comparison.
+A scaling suite has no single ``train`` step: its baselines are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -161,6 +169,38 @@ def baseline_path(pipe: Any) -> Path | None:
     return path if path.is_absolute() else (pipe.recipe_path.parent / path)
 
 
+def _refuse_suite(pipe: Any) -> None:
+    if getattr(pipe, "suite", None) is not None:
+        raise BaselineError(f"{pipe.recipe_path}: a scaling suite has no single `train` step to take a baseline "
+                            f"from or compare with; baselines belong to recipes (its base recipe is "
+                            f"{pipe.recipe.name!r})")
+
+
+def missing_file_message(pipe: Any, path: Path) -> str:
+    """What to do about a ``baseline.file`` that does not exist (names recipe, field, path, command)."""
+    return (f"{pipe.recipe_path}: baseline.file {pipe.recipe.baseline.file!r}: {path} does not exist; write it "
+            f"from a known-good run with `tidal baseline {pipe.recipe_path} [--from-run RUN_KEY]`, or remove the "
+            "`baseline` section")
+
+
+def describe_baseline(pipe: Any) -> str | None:
+    """One line on the recipe's baseline for ``tidal plan``: its path and size, or MISSING /
+    unreadable with what to do; None when the recipe has no ``baseline`` (or is a suite)."""
+    if getattr(pipe, "suite", None) is not None:
+        return None
+    path = baseline_path(pipe)
+    if path is None:
+        return None
+    if not path.exists():
+        return (f"baseline {path}: MISSING: runs that compare with it fail until `tidal baseline "
+                f"{pipe.recipe_path}` writes it from a known-good run")
+    try:
+        data = load_baseline(path)
+    except BaselineError as err:
+        return f"baseline {path}: UNREADABLE: {err}"
+    return f"baseline {path}: {len(data['stats'])} stats, {len(data['loss_curve'])} loss points"
+
+
 def check_pipeline(pipe: Any) -> list[Difference]:
     """Compare ``pipe``'s committed stats and train outputs with its recipe's baseline.
 
@@ -168,12 +208,16 @@ def check_pipeline(pipe: Any) -> list[Difference]:
         The differences (empty: the run matches). No baseline configured: empty.
 
     Raises:
-        BaselineError: the baseline file is unreadable.
+        BaselineError: the baseline file does not exist (:func:`missing_file_message`) or is
+            unreadable, or ``pipe`` is a scaling suite.
         BaselineMismatch: differences were found (raised, so a task fails with the text).
     """
     path = baseline_path(pipe)
     if path is None:
         return []
+    _refuse_suite(pipe)
+    if not path.exists():
+        raise BaselineError(missing_file_message(pipe, path))
     baseline = load_baseline(path)
     stats, train = pipe.graph["stats"], pipe.graph["train"]
     run = read_run_values(
@@ -195,8 +239,10 @@ def step_dirs_of_run(pipe: Any, run_key: str | None) -> tuple[Path, Path, str]:
     earlier run even after the recipe changed.
 
     Raises:
-        BaselineError: the run is unknown, or a step it names is not committed.
+        BaselineError: the run is unknown, a step it names is not committed, or ``pipe`` is a
+            scaling suite.
     """
+    _refuse_suite(pipe)
     ids = {"stats": pipe.graph["stats"].step_id, "train": pipe.graph["train"].step_id}
     source = "current recipe: " + ", ".join(ids.values())
     if run_key is not None:

@@ -17,10 +17,14 @@ from tidal.recipe import RecipeError
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from tidal.baseline import describe_baseline
     from tidal.pipeline import Pipeline
 
     pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
+    baseline = describe_baseline(pipe)
+    if baseline is not None:
+        print(baseline)
     width = max(len(s.step_id) for s in pipe.graph)
     for step in pipe.graph:
         status = pipe.status(step.name)
@@ -93,7 +97,7 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from tidal.lineage import TargetError, resolve_target
+    from tidal.lineage import TargetError, nothing_committed, resolve_target
     from tidal.signing import SigningKeyError, load_key
     from tidal.verify import format_verification, verify_steps
 
@@ -113,13 +117,22 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(format_verification(results, waiting))
     if not results:
-        print("error: nothing committed to verify", file=sys.stderr)
+        print(f"error: {nothing_committed(target)}", file=sys.stderr)
         return 1
-    return 0 if all(r.ok for r in results) else 1
+    failed = sum(not r.ok for r in results)
+    if failed:
+        print(f"error: {failed} of {len(results)} step(s) failed verification", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cmd_lineage(args: argparse.Namespace) -> int:
-    from tidal.lineage import TargetError, build_lineage, format_lineage, resolve_target
+    from tidal.lineage import (
+        TargetError,
+        build_lineage,
+        format_lineage,
+        nothing_committed,
+        resolve_target,
+    )
 
     try:
         target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
@@ -128,6 +141,9 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
         return 2
     lineage = build_lineage(target)
     print(json.dumps(lineage, indent=1, sort_keys=True) if args.json else format_lineage(lineage))
+    if not any(step["committed"] for step in lineage["steps"]):
+        print(f"error: {nothing_committed(target)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -249,8 +265,10 @@ USER_ERRORS = frozenset({
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tidal`` console script.
 
-    Exit status: 0 ok; 1 a step or check failed (one ``error:`` line, no traceback);
-    2 bad recipe or unknown step name; 130 interrupted (Ctrl-C).
+    Exit status: 0 ok; 1 a step or check failed (one ``error:`` line, no traceback), or
+    ``verify``/``lineage`` found nothing committed; 2 bad recipe, unknown step name, or a
+    ``verify``/``lineage`` target that names nothing (tidal/lineage.py resolve_target);
+    130 interrupted (Ctrl-C).
     """
     from tidal.logs import quiet_libraries
 

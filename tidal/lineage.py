@@ -11,6 +11,11 @@ taken from the recipe's graph and shown as such.
 Targets (:func:`resolve_target`, shared with ``tidal verify``): a recipe file, a step
 directory, a step id in a storage root, or an MLflow run key (the parent run's
 ``tidal.run_key``, e.g. ``tidal_tiny__manual__2026-...`` or ``cli__20261130T...``).
+``tidal verify`` and ``tidal lineage`` treat a target alike: one that names nothing (a
+missing path, a directory that is not a step directory, a file that is not a recipe, an
+unknown step id or run key) is a :class:`TargetError`, exit status 2, one ``error:`` line;
+a target whose steps are none of them committed exits 1 with :func:`nothing_committed`'s line
+after printing what is known (planned steps, mismatches).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 from tidal.storage import LocalStorage, open_storage
 
 STEP_TAG_PREFIX = "tidal.step_id."
+#: Files the commit protocol writes; a directory holding none of them is not a step directory.
+STEP_MARKERS = ("step.json", "manifest.json", "_SUCCESS")
 #: Packages shown in a step's environment summary (the rest stay in step.json).
 SUMMARY_PACKAGES = ("tidal", "numpy", "apache-beam", "tokenizers", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
@@ -42,6 +49,7 @@ class Target:
         final: ids of the steps the chain ends at (the last step of a recipe or run, or the one step).
         pipe: the loaded :class:`tidal.pipeline.Pipeline`, when a recipe is known.
         run: MLflow parent run (``run_id``, ``run_key``, tags) for a run-key target.
+        label: the target as the user wrote it (for messages).
     """
 
     kind: str
@@ -50,9 +58,10 @@ class Target:
     final: list[str]
     pipe: Any = None
     run: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
 
 
-def _storage_from(storage_root: str | None, recipe: str | None) -> tuple[Any, Any]:
+def _storage_from(storage_root: str | None, recipe: str | None, target: str) -> tuple[Any, Any]:
     """(storage, pipeline or None) from --storage-root, $TIDAL_STORAGE_ROOT or --recipe."""
     pipe = None
     if recipe:
@@ -62,8 +71,8 @@ def _storage_from(storage_root: str | None, recipe: str | None) -> tuple[Any, An
         return pipe.storage, pipe
     root = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
     if not root:
-        raise TargetError("a step id or run key needs a storage root: pass --recipe RECIPE or --storage-root DIR "
-                          "(or set TIDAL_STORAGE_ROOT)")
+        raise TargetError(f"{target}: a step id or run key needs a storage root: pass --recipe RECIPE or "
+                          "--storage-root DIR (or set TIDAL_STORAGE_ROOT)")
     return open_storage(root), None
 
 
@@ -75,31 +84,51 @@ def _where(storage: Any) -> str:
 def resolve_target(target: str, recipe: str | None = None, storage_root: str | None = None) -> Target:
     """Resolve a ``tidal verify`` / ``tidal lineage`` argument.
 
-    Tried in order: a recipe file (``.yaml``/``.yml``); a step directory (holds ``step.json``);
-    a step id under the storage root; an MLflow run key (parent run tagged ``tidal.run_key``)
+    Tried in order: a recipe file (``.yaml``/``.yml``); a step directory (holds one of
+    :data:`STEP_MARKERS`); a step id under the storage root (committed, or its directory holds
+    ``step.json`` or ``manifest.json``); an MLflow run key (parent run tagged ``tidal.run_key``)
     in the tracking store of ``--recipe`` / ``$MLFLOW_TRACKING_URI`` / the storage root's
-    embedded store.
+    embedded store. A target written as a path (it holds ``/`` or ends in ``.yaml``/``.yml``)
+    is only ever a path: when it names nothing usable the error says so, whatever the storage root.
 
     Raises:
-        TargetError: nothing matched, or a step id / run key came without a storage root.
+        TargetError: a missing path, a directory that is not a step directory, a file that is
+            not a recipe, nothing matched, or a step id / run key came without a storage root.
         tidal.recipe.RecipeError: the recipe file is invalid.
     """
     path = Path(target)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        from tidal.pipeline import Pipeline
+    if "://" in target:
+        raise TargetError(f"{target}: a URL is not a target; pass the step id and the root, e.g. "
+                          "`STEP_ID --storage-root s3://bucket/root`")
+    as_path = "/" in target or os.sep in target or path.suffix in (".yaml", ".yml")
+    if path.is_file():
+        if path.suffix in (".yaml", ".yml"):
+            from tidal.pipeline import Pipeline
 
-        pipe = Pipeline.load(path, storage_root=storage_root)
-        steps = {s.name: s.step_id for s in pipe.graph}
-        return Target("recipe", pipe.storage, steps, [pipe.graph.steps[-1].step_id], pipe)
-    if path.is_dir() and any((path / name).is_file() for name in ("step.json", "manifest.json", "_SUCCESS")):
-        path = path.resolve()
-        return Target("step", LocalStorage(path.parent), {}, [path.name], None)
-    storage, pipe = _storage_from(storage_root, recipe)
-    if storage.is_committed(target) or Path(storage.step_dir(target)).is_dir():
-        return Target("step", storage, {}, [target], pipe)
+            pipe = Pipeline.load(path, storage_root=storage_root)
+            steps = {s.name: s.step_id for s in pipe.graph}
+            return Target("recipe", pipe.storage, steps, [pipe.graph.steps[-1].step_id], pipe, label=target)
+        if as_path:
+            raise TargetError(f"{target}: a file, but not a recipe (.yaml or .yml); a target is a recipe file, a "
+                              "step directory, a step id or an MLflow run key")
+    elif path.is_dir():
+        if any((path / name).is_file() for name in STEP_MARKERS):
+            path = path.resolve()
+            return Target("step", LocalStorage(path.parent), {}, [path.name], None, label=target)
+        if as_path:
+            raise TargetError(f"{target}: a directory, but not a step directory (it holds none of "
+                              f"{', '.join(STEP_MARKERS)})")
+    elif as_path:
+        raise TargetError(f"{target}: no such file or directory")
+    storage, pipe = _storage_from(storage_root, recipe, target)
+    if _is_stored_step(storage, target):
+        return Target("step", storage, {}, [target], pipe, label=target)
     run = _find_run(target, pipe, storage)
     if run is None:
-        raise TargetError(f"{target!r} is not a recipe file, a step directory, a step id under {_where(storage)} "
+        if Path(storage.step_dir(target)).is_dir():
+            raise TargetError(f"{target}: a directory under {_where(storage)}, but not a step directory (it holds "
+                              f"none of {', '.join(STEP_MARKERS)})")
+        raise TargetError(f"{target}: not a recipe file, a step directory, a step id under {_where(storage)} "
                           "or an MLflow run key in its tracking store")
     steps = {k[len(STEP_TAG_PREFIX):]: v for k, v in run["tags"].items() if k.startswith(STEP_TAG_PREFIX)}
     recipe_path = run["tags"].get("tidal.recipe_path")
@@ -115,7 +144,32 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
         steps = dict(sorted(steps.items(), key=lambda kv: order.get(kv[0], len(order))))
     final = [steps[pipe.graph.steps[-1].name]] if pipe is not None and pipe.graph.steps[-1].name in steps else (
         list(steps.values())[-1:])
-    return Target("run", storage, steps, final, pipe, run)
+    return Target("run", storage, steps, final, pipe, run, label=target)
+
+
+def _is_stored_step(storage: Any, step_id: str) -> bool:
+    """True when ``step_id`` is committed under ``storage`` or its directory (objects) holds
+    ``step.json`` or ``manifest.json`` (a step whose ``_SUCCESS`` is missing is still a step)."""
+    if storage.is_committed(step_id):
+        return True
+    for name in STEP_MARKERS[:2]:
+        try:
+            storage.read_text(step_id, name)
+        except OSError:  # FileNotFoundError: not there; IsADirectoryError: not a step file either
+            continue
+        return True
+    return False
+
+
+def nothing_committed(target: Target) -> str:
+    """The error line ``tidal verify`` and ``tidal lineage`` print (exit 1) when none of a resolved
+    target's steps is committed."""
+    ids = list(target.steps.values()) or target.final
+    hint = {"recipe": "run it first (`tidal run RECIPE`)",
+            "step": "`tidal verify` lists what is missing",
+            "run": "the run has not committed a step (yet)"}.get(target.kind, "")
+    return (f"nothing committed for {target.kind} {target.label or ', '.join(ids)}: none of its {len(ids)} "
+            f"step(s) has _SUCCESS under {_where(target.storage)}; {hint}")
 
 
 def _find_run(run_key: str, pipe: Any, storage: Any) -> dict[str, Any] | None:

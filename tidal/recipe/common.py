@@ -1,0 +1,24 @@
+"""Shared pieces of every recipe section: constrained types, the base model, the error type."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Strict as StrictType
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
+# Integers are strict: YAML `true` is not 1, and "1e12" (a YAML 1.1 *string*) is not a number.
+PositiveInt = Annotated[int, StrictType(), Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class RecipeError(ValueError):
+    """A recipe file could not be read or validated; the message names file, field and rule."""
+
+
+class Strict(BaseModel):
+    """Base for every recipe section: unknown fields are errors, models are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+

@@ -1,0 +1,109 @@
+"""Reading a recipe: YAML (duplicate keys refused), dotted-path overrides, validation, and
+errors that name the file, the dotted field and the rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tidal.recipe.common import RecipeError
+from tidal.recipe.schema import Recipe
+
+
+def _format_errors(path: str, err: ValidationError) -> str:
+    lines = [f"{path}: {err.error_count()} problem(s) in the recipe:"]
+    for item in err.errors():
+        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {got!r})"
+        message = item["msg"].removeprefix("Value error, ")
+        if isinstance(got, str) and _looks_numeric(got):
+            message += f" (YAML read {got!r} as text: write plain digits, or a float like 1.0e+12)"
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see `tidal recipe-schema`)"
+        lines.append(f"  {loc}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None) -> Recipe:
+    """Validate recipe data (already parsed YAML), optionally with dotted-path overrides.
+
+    Args:
+        data: the mapping from YAML.
+        path: file name used in error messages.
+        overrides: ``{"train.steps": 10, "seed": 3}`` applied before validation.
+
+    Raises:
+        RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``.
+    """
+    if data is None:
+        raise RecipeError(f"{path}: the recipe is empty")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    data = _apply_overrides(data, overrides or {}, path)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(_format_errors(path, err)) from None
+
+
+def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:
+    import copy
+
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(f"{path}: override {dotted!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read and validate a recipe YAML file.
+
+    Raises:
+        RecipeError: file missing, YAML syntax error (with line and column), or invalid fields.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise RecipeError(f"{path}: cannot read recipe: {err.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RecipeError(f"{path}:{where} YAML syntax error: {getattr(err, 'problem', err)}") from None
+    return parse_recipe(data, str(path), overrides)

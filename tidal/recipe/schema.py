@@ -1,0 +1,115 @@
+"""The whole recipe (:class:`Recipe`): its sections and the rules that span them (sources
+named by the mixture and evaluation exist, training fits the accelerator, the licence gate)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic import Strict as StrictType
+
+from tidal.licences import Use
+from tidal.recipe.common import PositiveInt, Strict
+from tidal.recipe.data import (
+    CleanConfig,
+    EvaluationConfig,
+    GateConfig,
+    MixtureConfig,
+    Source,
+    TokenizeConfig,
+    TokenizerConfig,
+)
+from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
+from tidal.recipe.training import TrainConfig
+
+
+class Recipe(Strict):
+    """A whole pretraining recipe: sources, data steps, gate, training."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="DAG id suffix: tidal_<name>")
+    version: PositiveInt = Field(description="bump when the recipe's intent changes")
+    description: str = ""
+    seed: Annotated[int, StrictType(), Field(ge=0)] = Field(description="every step seed derives from it")
+    sources: dict[str, Source] = Field(min_length=1)
+    intended_use: list[Use] = Field(
+        min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
+        "each (tidal/licences.py; not hashed)"
+    )
+    clean: CleanConfig = CleanConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    mixture: MixtureConfig
+    evaluation: EvaluationConfig
+    gate: GateConfig
+    train: TrainConfig = TrainConfig()
+    storage_root: str = Field(
+        default=".tidal",
+        description="where step outputs live, relative to the recipe file's directory (not hashed)",
+    )
+    tracking_uri: str | None = Field(default=None, description="MLflow URI (not hashed)")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="object-store settings (not hashed)")
+    beam: BeamConfig = Field(default_factory=BeamConfig, description="where Beam data steps run (not hashed)")
+    schedule: str | None = Field(
+        default=None,
+        description="when Airflow reruns the recipe for validation: a cron expression (5 fields) or a preset "
+        f"({', '.join(SCHEDULE_PRESETS)}); none: manual trigger only (not hashed)",
+    )
+    baseline: BaselineConfig | None = Field(
+        default=None, description="known-good stats and loss curve that runs are compared with (not hashed)"
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_form(cls, schedule: str | None) -> str | None:
+        import re
+
+        if schedule is None or schedule in SCHEDULE_PRESETS:
+            return schedule
+        fields = schedule.split()
+        if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*,/\-]+", f) for f in fields):
+            raise ValueError(f"schedule {schedule!r}: write a 5-field cron expression ('0 3 * * *') "
+                             f"or one of {', '.join(SCHEDULE_PRESETS)}")
+        from croniter import croniter  # what Airflow's CronTriggerTimetable parses cron with
+
+        if not croniter.is_valid(schedule):
+            raise ValueError(f"schedule {schedule!r}: not a valid cron expression (a field out of range or "
+                             "unknown name; minute 0-59, hour 0-23, day 1-31, month 1-12, weekday 0-6)")
+        return schedule
+
+    @model_validator(mode="after")
+    def _sources_exist(self) -> Recipe:
+        for field, names in (("mixture.weights", self.mixture.weights), ("evaluation.sources", self.evaluation.sources)):
+            unknown = sorted(set(names) - set(self.sources))
+            if unknown:
+                raise ValueError(f"{field} names unknown sources {unknown}; known: {sorted(self.sources)}")
+        overlap = sorted(set(self.mixture.weights) & set(self.evaluation.sources))
+        if overlap:
+            raise ValueError(f"sources {overlap} are both in the training mixture and held out for evaluation")
+        return self
+
+    @model_validator(mode="after")
+    def _training_fits(self) -> Recipe:
+        from tidal.train.memory import check_recipe
+
+        check_recipe(self)  # MemoryPlanError (a ValueError) names every term in GiB and the capacity
+        return self
+
+    @model_validator(mode="after")
+    def _licence_gate(self) -> Recipe:
+        from tidal.licences import gate_problems
+
+        problems = gate_problems(self.sources, self.intended_use)
+        if problems:
+            raise ValueError("licence gate: " + "; ".join(problems))
+        return self
+
+    @property
+    def train_sources(self) -> list[str]:
+        """Names of the sources in the training mixture, sorted."""
+        return sorted(self.mixture.weights)
+
+    @property
+    def eval_sources(self) -> list[str]:
+        """Names of the held-out evaluation sources, sorted."""
+        return sorted(self.evaluation.sources)
+
