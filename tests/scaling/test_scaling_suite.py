@@ -168,7 +168,8 @@ def test_fit_step_writes_results_and_forecast_cli_reads_them(tmp_path, monkeypat
     assert result.summary["n_runs"] == 20 and "holdout_rel_error" in result.summary
     assert "a_N" in result.summary and "alpha_C" in result.summary  # approach 2 and the frontier fitted
     fc = forecast_suite(pipe, 1e21)["forecast"]
-    assert fc["loss3"]["lo95"] <= fc["loss3"]["estimate"] <= fc["loss3"]["hi95"]
+    slack = 1e-9 * fc["loss3"]["estimate"]  # a replicate can refit the same runs: equal up to rounding
+    assert fc["loss3"]["lo95"] - slack <= fc["loss3"]["estimate"] <= fc["loss3"]["hi95"] + slack
     assert main(["forecast", str(path), "--flops", "1e21"]) == 0
     assert pipe.run("fit").status == "skip"
 
