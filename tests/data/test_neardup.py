@@ -57,10 +57,17 @@ def test_signature_and_bands_are_deterministic_and_seeded():
     cfg = NearDupConfig(enabled=True)
     sig = signature(A, cfg)
     assert sig.shape == (112,) and sig.dtype.name == "uint32"
-    assert band_keys(sig, cfg) == band_keys(signature(A, cfg), cfg)
-    assert len(band_keys(sig, cfg)) == 14 and band_keys(sig, cfg)[3].startswith("3:")
+    keys = band_keys(sig, cfg)
+    assert keys.shape == (14,) and keys.dtype.name == "uint64" and len(set(keys.tolist())) == 14
+    assert (keys == band_keys(signature(A, cfg), cfg)).all()
     other = NearDupConfig(enabled=True, seed=2)
-    assert band_keys(signature(A, other), other) != band_keys(sig, cfg)
+    assert not set(band_keys(signature(A, other), other).tolist()) & set(keys.tolist())
+    # equal bands give equal keys only at the same band index
+    sig_b = signature(B, cfg)
+    same = [b for b in range(14) if (sig[b * 8 : (b + 1) * 8] == sig_b[b * 8 : (b + 1) * 8]).all()]
+    assert [b for b in range(14) if keys[b] == band_keys(sig_b, cfg)[b]] == same
+    swapped = sig.copy().reshape(14, 8)[[1, 0, *range(2, 14)]].reshape(-1)
+    assert band_keys(swapped, cfg)[0] != keys[1] and band_keys(swapped, cfg)[1] != keys[0]
 
 
 def test_bucket_pairs_all_pairs_or_a_star_when_large():
@@ -120,3 +127,27 @@ def test_pipeline_removes_verified_near_duplicates_only(tmp_path):
     flipped = [("r:1", C.encode()), ("r:2", B.encode()), ("r:3", A.encode())]
     _, out = run_near(tmp_path, "flipped", flipped)
     assert kept_refs(out) == ["r:1", "r:3"]
+
+
+def test_band_entries_and_partition_pairs_collapse_exact_copies():
+    from tidal.data.neardup import band_entries, partition_pairs
+    from tidal.data.normalize import document_id
+
+    cfg = NearDupConfig(enabled=True)
+    id_a, id_b = document_id(A), document_id(B)
+    other = " ".join(f"other{i}" for i in range(200))
+    batches = [[(id_a, "a:10", A), (document_id(other), "o:1", other)], [(id_b, "b:1", B), (id_a, "a:2", A)]]
+    by_partition: dict = {}
+    for batch in batches:  # entries of several batches meet in their partitions, as after the shuffle
+        for part, chunk in band_entries(batch, cfg, partitions=4).items():
+            keys, members, ids = chunk
+            assert set((keys % 4).tolist()) == {part} and keys.dtype.name == "uint64" and ids.shape[1:] == (32,)
+            assert members.max() < len(ids)
+            by_partition.setdefault(part, []).append(chunk)
+    pairs = sorted({p for chunks in by_partition.values() for p in partition_pairs(chunks, 64)})
+    assert pairs == [tuple(sorted([id_a, id_b]))]  # A's two copies are one id; `other` meets nobody
+    assert band_entries([("e" * 64, "e:1", "")], cfg) == {}  # no shingle, no entry
+    # ids ending in zero bytes survive the compact form (numpy "S" strings would strip them)
+    zero_a, zero_b = "ab" * 31 + "00", "cd" * 30 + "0000"
+    chunks = band_entries([(zero_a, "z:1", A), (zero_b, "z:2", A)], cfg, partitions=1)
+    assert partition_pairs(chunks.values(), 64) == [(zero_a, zero_b)]

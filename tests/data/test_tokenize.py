@@ -184,3 +184,59 @@ def test_byte_fallback_ids_are_the_lone_bytes_of_unmerged_characters(steps):
     assert len(rare) == 3 and set(rare) <= set(fallback)
     ascii_ids = tokenizer.encode("data model", add_special_tokens=False).ids
     assert not set(ascii_ids) & set(fallback)
+
+
+@pytest.mark.parametrize(("n_docs", "shards_in", "shards_out", "seq_len"), [(0, 2, 2, 4), (1, 1, 3, 5), (57, 3, 2, 7),
+                                                                            (200, 4, 5, 16)])
+def test_streaming_merge_writes_what_numpy_save_of_the_packed_array_writes(tmp_path, n_docs, shards_in, shards_out,
+                                                                           seq_len, monkeypatch):
+    """token_spill's streaming merge against the in-memory reference (pack_sequences, then
+    write_token_shards, i.e. np.array_split + np.save): the same bytes in every output shard."""
+    from tidal.data import token_spill
+    from tidal.data.shards import write_token_shards
+
+    monkeypatch.setattr(token_spill, "CHUNK_ROWS", 3)  # many flushes, rows split across calls
+    rng = np.random.default_rng(n_docs)
+    docs = sorted((f"{rng.integers(1 << 62):032x}", rng.integers(0, 60000, rng.integers(1, 40)).astype(np.uint32))
+                  for _ in range(n_docs))
+    eos = 65000
+    docs = [(doc_id, np.append(ids, eos).astype(np.uint32)) for doc_id, ids in docs]
+    spills = []
+    for k in range(shards_in):  # documents dealt to input shards by id, each shard in id order
+        mine = [d for i, d in enumerate(docs) if i % shards_in == k]
+        spills.append(token_spill.encode_shard(k, f"shard{k}", str(tmp_path / "spill"), iter([(mine, [])]), [], None))
+    out = [tmp_path / f"stream-{k}.npy" for k in range(shards_out)]
+    merged = token_spill.merge_spills(spills, out, seq_len, np.dtype(np.uint16))
+    packed, tail = tokenize_step.pack_sequences((ids for _, ids in docs), seq_len, np.uint16)
+    (tmp_path / "ref").mkdir()
+    names = write_token_shards(tmp_path / "ref", packed, shards_out)
+    assert merged == {"n_sequences": packed.shape[0], "tokens_dropped_tail": tail, "n_documents": n_docs}
+    for path, name in zip(out, names, strict=True):
+        assert path.read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+
+
+def test_streaming_merge_refuses_ids_that_do_not_fit_and_repeated_ids(tmp_path):
+    from tidal.data import token_spill
+
+    big = [("a" * 64, np.array([70000, 1], dtype=np.uint32))]
+    spill = token_spill.encode_shard(0, "s", str(tmp_path / "s"), iter([(big, [])]), [], None)
+    with pytest.raises(ValueError, match="does not fit in uint16"):
+        token_spill.merge_spills([spill], [tmp_path / "o.npy"], 1, np.dtype(np.uint16))
+    doc = [("b" * 64, np.array([1, 2], dtype=np.uint32))]
+    twice = [token_spill.encode_shard(k, "s", str(tmp_path / f"t{k}"), iter([(doc, [])]), [], None) for k in (0, 1)]
+    with pytest.raises(ValueError, match="appears in two document shards"):
+        token_spill.merge_spills(twice, [tmp_path / "p.npy"], 1, np.dtype(np.uint16))
+
+
+def test_encode_batches_bound_documents_and_characters(tmp_path):
+    import pyarrow as pa
+
+    from tidal.data.fetch import write_parquet
+
+    texts = ["a" * 10, "b" * 300, "c" * 50, "d" * 50, "e" * 50, "f" * 1000, "g" * 5]
+    ids = [f"{i:064x}" for i in range(len(texts))]
+    path = write_parquet(pa.table({"id": ids, "text": texts}), tmp_path / "documents-00000-of-00001.parquet")
+    batches = list(tokenize_step.encode_batches(path, max_documents=3, max_chars=120))
+    assert [[doc_id for doc_id, _ in b] for b in batches] == [[ids[0]], [ids[1]], [ids[2], ids[3]], [ids[4]],
+                                                               [ids[5]], [ids[6]]]
+    assert [t for b in batches for _, t in b] == texts  # every document once, in id order

@@ -50,8 +50,8 @@ Outputs (in ``out_dir``):
   The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
   of the files agree (:func:`check_outputs`).
 
-Beam elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (slices
-of ``raw.parquet``'s row groups), so the runner's per-element cost and the counters are paid
+Beam elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (each
+``raw.parquet`` row group is one input element, streamed in such batches), so the runner's per-element cost and the counters are paid
 once per batch (:mod:`tidal.data.clean_fns`). Exact duplicates meet where they are written:
 a document's shard is a function of its id, so after a ``GroupByKey`` on the shard number
 one worker deduplicates, sorts and writes one whole shard in memory (fine for these corpora, tens of MB; at scale a shard would be
@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tidal.context import StepContext
 from tidal.data.beam_options import beam_args
 from tidal.data.clean_fns import (
+    BANDS_TAG,
     COUNTS_FILE,
     DOCUMENT_SCHEMA,
     GROUPS,
@@ -94,13 +96,14 @@ from tidal.data.clean_fns import (
     REMOVED_FILE,
     REMOVED_SCHEMA,
     REMOVED_TAG,
+    SPILL_DIR,
     CleanBatchFn,
     WriteCountsFn,
     WriteRowsFn,
     WriteShardFn,
-    by_shard,
     counts_from_totals,
     raw_slices,
+    remove_spill,
     shard_name,
     shard_of,
     sum_counts,
@@ -199,34 +202,36 @@ class CleanConfig:
 def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
     """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``.
 
-    Elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (a slice of
-    ``raw.parquet``), not single records, so Beam's per-element cost and the per-event
+    Elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (streamed
+    from one ``raw.parquet`` row group), not single records, so Beam's per-element cost and the per-event
     counters are paid once per batch. Documents meet their exact duplicates where they are
     written: a document's shard is a function of its id, so the shard writer keeps the lowest
     ref of each id (and drops the verified near duplicates, a side input).
     """
+    spill_dir = str(Path(out_dir) / SPILL_DIR)
     slices = pipeline | "RawSlices" >> beam.Create(raw_slices(raw_path))
-    batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg)).with_outputs(
-        QUARANTINE_TAG, REMOVED_TAG, OUTCOME_TAG, main="docs"
+    batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg, spill_dir, cfg.shards)).with_outputs(
+        QUARANTINE_TAG, REMOVED_TAG, OUTCOME_TAG, BANDS_TAG, main="docs"
     )
     outcomes = [batches[OUTCOME_TAG]]
     removed = [batches[REMOVED_TAG]]
-    near = None
     if cfg.near_dedup.enabled:
-        near, pair_counts = batches.docs | "NearDuplicates" >> NearDuplicates(cfg.near_dedup)
+        near, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
+            cfg.near_dedup)
         outcomes.append(pair_counts | "PairCounts" >> beam.Map(lambda kv: {kv[0]: kv[1]}))
+    else:
+        near = pipeline | "NoNear" >> beam.Create([])
     # documents: one group per shard, including empty shards
     shard_keys = pipeline | "ShardKeys" >> beam.Create([(k, []) for k in range(cfg.shards)])
-    keyed = batches.docs | "KeyByShard" >> beam.FlatMap(by_shard, cfg.shards)
-    near_side = beam.pvalue.AsDict(near) if near is not None else beam.pvalue.AsDict(
-        pipeline | "NoNear" >> beam.Create([]))
     written = (
-        (keyed, shard_keys)
+        (batches.docs, shard_keys)
         | "FlattenShards" >> beam.Flatten()
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=near_side).with_outputs(
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=beam.pvalue.AsDict(near)).with_outputs(
             REMOVED_TAG, OUTCOME_TAG, main="paths")
     )
+    _ = (written.paths | "ShardsDone" >> beam.combiners.Count.Globally()
+         | "RemoveSpill" >> beam.Map(remove_spill, spill_dir=spill_dir))
     outcomes.append(written[OUTCOME_TAG])
     removed.append(written[REMOVED_TAG])
     write_rows(pipeline, "Quarantine", batches[QUARANTINE_TAG], WriteRowsFn(out_dir, QUARANTINE_FILE, QUARANTINE_SCHEMA))
@@ -306,8 +311,11 @@ def clean(
     out_dir.mkdir(parents=True, exist_ok=True)
     pipeline = beam.Pipeline(options=PipelineOptions(args if args is not None else beam_args()))
     build_pipeline(pipeline, str(raw_path), str(out_dir), cfg)
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:  # the pipeline removes its spill files; this also covers a failed run
+        shutil.rmtree(out_dir / SPILL_DIR, ignore_errors=True)
     log = log or logging.getLogger("tidal.step")
     counters = {}
     for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:

@@ -9,10 +9,11 @@ per-element cost is paid once per :data:`BATCH_ROWS` records.
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
@@ -21,14 +22,17 @@ from apache_beam.metrics import Metrics
 
 from tidal.data.clean_record import Document, clean_record, removed_row
 from tidal.data.fetch import write_parquet
+from tidal.data.neardup import band_entries
 from tidal.data.normalize import FILTER_RULES, NORMALIZATION_STEPS, QUARANTINE_REASONS
 from tidal.data.readers import READ_REASONS
 from tidal.data.sources import ref_sort_key
+from tidal.data.spill import read_texts, write_spill
 
 if TYPE_CHECKING:
     from tidal.data.clean import CleanConfig
 
-BATCH_ROWS = 1000  # records per batch element (a slice of one raw.parquet row group)
+BATCH_ROWS = 1000  # records per batch (raw.parquet row groups are read in batches of this many)
+BATCH_BYTES = 4 << 20  # and at most this many raw bytes: per-batch memory is a few times this
 COUNTS_FILE = "counts.json"
 QUARANTINE_FILE = "quarantine.parquet"
 REMOVED_FILE = "removed.parquet"
@@ -45,6 +49,8 @@ GROUPS = {"filtered": "filtered", "quarantined": "quarantined", "duplicates": "d
           "normalized": "normalized"}
 QUARANTINE_TAG = "quarantine"
 OUTCOME_TAG = "outcome"
+BANDS_TAG = "bands"
+SPILL_DIR = "_spill"
 REMOVED_TAG = "removed"
 
 
@@ -58,15 +64,11 @@ def shard_of(doc_id: str, shards: int) -> int:
     return int(doc_id, 16) % shards
 
 
-def raw_slices(raw_path: str | Path, batch_rows: int = BATCH_ROWS) -> list[tuple[int, int, int]]:
-    """``(row group, start, stop)`` slices of at most ``batch_rows`` rows covering ``raw_path``
-    (none for a file without rows)."""
+def raw_slices(raw_path: str | Path) -> list[tuple[int, int]]:
+    """``(row group, rows)`` of ``raw_path``, one per non-empty row group: the elements the
+    clean step's first stage reads (each streamed in batches of :data:`BATCH_ROWS`)."""
     meta = pq.read_metadata(raw_path)
-    out = []
-    for group in range(meta.num_row_groups):
-        rows = meta.row_group(group).num_rows
-        out += [(group, start, min(start + batch_rows, rows)) for start in range(0, rows, batch_rows)]
-    return out
+    return [(g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
 
 
 def _emit_counts(counts: Counter) -> dict[str, int]:
@@ -77,24 +79,52 @@ def _emit_counts(counts: Counter) -> dict[str, int]:
     return dict(counts)
 
 
-class CleanBatchFn(beam.DoFn):
-    """``(row group, start, stop)`` of ``raw.parquet`` -> the batch's documents (a list of
-    :class:`tidal.data.clean_record.Document`, main output), and one list each of quarantine
-    rows and removed (filtered) rows, and one dict of outcome counts (``in`` included), on
-    the tagged outputs. Reads each row group once per worker (the last one is cached)."""
+class DocStub(NamedTuple):
+    """A surviving document without its text, which waits in a spill file (:mod:`tidal.data.spill`).
 
-    def __init__(self, raw_path: str, cfg: CleanConfig):
+    Attributes:
+        id, ref, source, language: as :class:`tidal.data.clean_record.Document`.
+        spill: the spill file holding the text.
+        row: the text's row in it.
+    """
+
+    id: str
+    ref: str
+    source: str
+    language: str
+    spill: str
+    row: int
+
+
+class CleanBatchFn(beam.DoFn):
+    """``(row group, rows)`` of ``raw.parquet``, read in batches of :data:`BATCH_ROWS` records
+    (streamed: memory holds a batch, not the row group) -> per batch and shard it touches,
+    ``(shard, [DocStub...])`` (main output), with the texts written to one spill file per
+    shard under ``spill_dir``; on the tagged outputs one list each of quarantine rows and
+    removed (filtered) rows, one dict of outcome counts (``in`` included) and, with
+    near-dedup on, the batch's LSH bucket entries ``(partition, [(key, id, ref)...])``
+    (:func:`tidal.data.neardup.band_entries`)."""
+
+    def __init__(self, raw_path: str, cfg: CleanConfig, spill_dir: str, shards: int):
         self.raw_path = raw_path
         self.cfg = cfg
-        self._group: tuple[int, pa.Table] | None = None
+        self.spill_dir = spill_dir
+        self.shards = shards
 
-    def _rows(self, group: int, start: int, stop: int) -> list[dict[str, Any]]:
-        if self._group is None or self._group[0] != group:
-            self._group = (group, pq.ParquetFile(self.raw_path).read_row_group(group))
-        return self._group[1].slice(start, stop - start).to_pylist()
+    def process(self, element: tuple[int, int]) -> Iterable:
+        group, _ = element
+        start = 0
+        for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=BATCH_ROWS, row_groups=[group]):
+            rows = record_batch.to_pylist()
+            while rows:  # at most BATCH_BYTES raw bytes a batch, unless one record alone is larger
+                take, size = 0, 0
+                while take < len(rows) and (take == 0 or size + len(rows[take]["raw"]) <= BATCH_BYTES):
+                    size += len(rows[take]["raw"])
+                    take += 1
+                yield from self._batch(group, start, rows[:take])
+                rows, start = rows[take:], start + take
 
-    def process(self, element: tuple[int, int, int]) -> Iterable:
-        rows = self._rows(*element)
+    def _batch(self, group: int, start: int, rows: list[dict[str, Any]]) -> Iterable:
         counts: Counter = Counter(**{"in": len(rows)})
         docs: list[Document] = []
         out: dict[str, list] = {QUARANTINE_TAG: [], REMOVED_TAG: []}
@@ -104,29 +134,43 @@ class CleanBatchFn(beam.DoFn):
                 docs.append(value)
             else:
                 out[QUARANTINE_TAG if kind == "quarantine" else REMOVED_TAG].append(value)
-        if docs:
-            yield docs
+        by_shard: dict[int, list[Document]] = defaultdict(list)
+        for doc in docs:
+            by_shard[shard_of(doc.id, self.shards)].append(doc)
+        for shard, mine in sorted(by_shard.items()):
+            path = write_spill(Path(self.spill_dir) / f"s{shard:05d}-g{group:05d}-r{start:09d}.arrow",
+                               [d.id for d in mine], [d.text for d in mine])
+            yield shard, [DocStub(d.id, d.ref, d.source, d.language, path, i) for i, d in enumerate(mine)]
+        if self.cfg.near_dedup.enabled and docs:
+            entries = band_entries(((d.id, d.ref, d.text) for d in docs), self.cfg.near_dedup)
+            for partition, values in sorted(entries.items()):
+                yield beam.pvalue.TaggedOutput(BANDS_TAG, (partition, values))
         for tag, values in out.items():
             if values:
                 yield beam.pvalue.TaggedOutput(tag, values)
         yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
 
 
-def by_shard(batch: list[Document], shards: int) -> Iterable[tuple[int, list[Document]]]:
-    """A batch of documents -> ``(shard, that shard's documents)`` per shard it touches."""
-    keyed: dict[int, list[Document]] = defaultdict(list)
-    for doc in batch:
-        keyed[shard_of(doc.id, shards)].append(doc)
-    return sorted(keyed.items())
+def shard_texts(stubs: list[DocStub]) -> list[str]:
+    """The texts of ``stubs`` (in their order), each spill file read once."""
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for n, stub in enumerate(stubs):
+        by_file[stub.spill].append(n)
+    texts: list[str] = [""] * len(stubs)
+    for path, positions in sorted(by_file.items()):
+        for n, text in zip(positions, read_texts(path, [stubs[n].row for n in positions]), strict=True):
+            texts[n] = text
+    return texts
 
 
 class WriteShardFn(beam.DoFn):
-    """``(shard, [[Document...]...])`` -> writes the shard's file, sorted by id.
+    """``(shard, [[DocStub...]...])`` -> writes the shard's file, sorted by id.
 
     Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
     copies are exact duplicates of cluster ``id``; a kept id named in the side input ``near``
     (``{id: (survivor id, jaccard)}``) is a near duplicate. Removed rows and the counts
-    (``kept``, ``languages.<lang>``, ``duplicates.exact|near``) go to the tagged outputs.
+    (``kept``, ``languages.<lang>``, ``duplicates.exact|near``) go to the tagged outputs. The
+    texts of the kept documents are read from their spill files.
     """
 
     def __init__(self, out_dir: str, shards: int):
@@ -135,15 +179,15 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
         shard, chunks = element
-        by_id: dict[str, list[Document]] = defaultdict(list)
+        by_id: dict[str, list[DocStub]] = defaultdict(list)
         for chunk in chunks:
-            for doc in chunk:
-                by_id[doc.id].append(doc)
+            for stub in chunk:
+                by_id[stub.id].append(stub)
         counts: Counter = Counter()
         removed: list[dict] = []
-        kept: list[Document] = []
+        kept: list[DocStub] = []
         for doc_id in sorted(by_id):
-            group = sorted(by_id[doc_id], key=lambda d: (ref_sort_key(d.ref), d.ref, d.text, d.source, d.language))
+            group = sorted(by_id[doc_id], key=lambda d: (ref_sort_key(d.ref), d.ref, d.source, d.language))
             for dup in group[1:]:
                 counts["duplicates.exact"] += 1
                 removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=doc_id))
@@ -156,14 +200,20 @@ class WriteShardFn(beam.DoFn):
                 kept.append(first)
                 counts[f"languages.{first.language}"] += 1
         counts["kept"] = len(kept)
-        table = pa.table({"id": [d.id for d in kept], "text": [d.text for d in kept],
+        table = pa.table({"id": [d.id for d in kept], "text": shard_texts(kept),
                           "source": [d.source for d in kept], "ref": [d.ref for d in kept],
                           "language": [d.language for d in kept]}, schema=DOCUMENT_SCHEMA)
         path = write_parquet(table, Path(self.out_dir) / shard_name(shard, self.shards))
+        del table
         if removed:
             yield beam.pvalue.TaggedOutput(REMOVED_TAG, removed)
         yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
         yield str(path)
+
+
+def remove_spill(_: Any, spill_dir: str) -> None:
+    """Remove the spill directory (runs after every shard is written)."""
+    shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 class WriteRowsFn(beam.DoFn):

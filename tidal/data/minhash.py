@@ -23,7 +23,7 @@ for 112 permutations).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -63,15 +63,28 @@ def fmix32(h: np.ndarray) -> np.ndarray:
     return h
 
 
+def fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer (Appleby, smhasher ``fmix64``) on ``uint64`` values."""
+    h = h.astype(np.uint64, copy=True)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
+    return h
+
+
 def _word_hash(word: str) -> int:
     return int.from_bytes(hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
-def shingle_hashes(doc_words: Sequence[Sequence[str]], size: int) -> tuple[np.ndarray, np.ndarray]:
+def shingle_hashes(doc_words: Iterable[Sequence[str]], size: int) -> tuple[np.ndarray, np.ndarray]:
     """32-bit shingle hashes of a batch of documents (module docstring).
 
     Args:
-        doc_words: per document, its words (:func:`tidal.data.filters.words`).
+        doc_words: per document, its words (:func:`tidal.data.filters.words`); consumed
+            lazily, one document's word list at a time (a batch's words as Python strings
+            would cost about 60 bytes a word).
         size: words per shingle, >= 1.
 
     Returns:
@@ -80,14 +93,15 @@ def shingle_hashes(doc_words: Sequence[Sequence[str]], size: int) -> tuple[np.nd
         document without words, 1 for one with fewer than ``size`` words).
     """
     vocab: dict[str, int] = {}
-    ids: list[int] = []
-    lengths = np.zeros(len(doc_words), dtype=np.int64)
-    for i, ws in enumerate(doc_words):
-        lengths[i] = len(ws)
-        for w in ws:
-            ids.append(vocab.setdefault(w, len(vocab)))
+    parts: list[np.ndarray] = []
+    sizes: list[int] = []
+    for ws in doc_words:
+        sizes.append(len(ws))
+        parts.append(np.fromiter((vocab.setdefault(w, len(vocab)) for w in ws), dtype=np.int64, count=len(ws)))
+    lengths = np.asarray(sizes, dtype=np.int64)
     table = np.fromiter((_word_hash(w) for w in vocab), dtype=np.uint64, count=len(vocab))
-    w = table[np.asarray(ids, dtype=np.int64)] if ids else np.zeros(0, np.uint64)
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    w = table[ids] if ids.size else np.zeros(0, np.uint64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
     counts = np.where(lengths >= size, lengths - size + 1, np.minimum(lengths, 1))
     out = np.empty(int(counts.sum()), dtype=np.uint64)

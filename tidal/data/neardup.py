@@ -13,8 +13,8 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    ``bands * rows`` permutations: datasketch's ``affine32`` MinHash with its seeded
    permutations, computed a batch of documents at a time (:mod:`tidal.data.minhash`).
 3. LSH banding (Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", ch. 3.4):
-   the signature is cut into ``bands`` bands of ``rows`` values; each band's values hash
-   (blake2b, 8 bytes) to a bucket key ``band:hex``. Documents sharing any bucket are
+   the signature is cut into ``bands`` bands of ``rows`` values; each band's index and
+   values hash to a 64-bit bucket key (:func:`band_keys`). Documents sharing any bucket are
    candidates. Defaults 14 bands x 8 rows = 112 permutations, 5-word shingles and a 0.75
    Jaccard threshold are FineWeb's (Penedo et al. 2024, "The FineWeb Datasets", §3.3);
    the S-curve ``1 - (1 - s^8)^14`` is 0.5 at s ~ 0.72 and 0.96 at s = 0.8.
@@ -40,7 +40,6 @@ distributed connected-components pass (losing the per-edge guarantee of the star
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -50,8 +49,9 @@ import apache_beam as beam
 import numpy as np
 
 from tidal.data.filters import words
-from tidal.data.minhash import shingle_hashes, signatures
+from tidal.data.minhash import fmix64, shingle_hashes, signatures
 from tidal.data.sources import ref_sort_key
+from tidal.data.spill import read_texts
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
 PAIR_COUNTS = "pair_counts"
@@ -137,17 +137,33 @@ def signature(text: str, cfg: NearDupConfig) -> np.ndarray:
 def signature_batch(texts: Sequence[str], cfg: NearDupConfig) -> np.ndarray:
     """MinHash signatures of a batch of documents, ``uint32[len(texts), cfg.num_perm]``
     (:mod:`tidal.data.minhash`; shingles as :func:`shingles`)."""
-    hashes, counts = shingle_hashes([words(t) for t in texts], cfg.shingle_size)
+    hashes, counts = shingle_hashes((words(t) for t in texts), cfg.shingle_size)
     return signatures(hashes, counts, cfg.num_perm, cfg.seed)
 
 
-def band_keys(sig: np.ndarray, cfg: NearDupConfig) -> list[str]:
-    """One bucket key per band: ``"{band}:{blake2b-64 of the band's little-endian uint32 values}"``."""
-    values = np.asarray(sig, dtype="<u4")
-    return [
-        f"{b}:{hashlib.blake2b(values[b * cfg.rows : (b + 1) * cfg.rows].tobytes(), digest_size=8).hexdigest()}"
-        for b in range(cfg.bands)
-    ]
+def band_keys(sigs: np.ndarray, cfg: NearDupConfig) -> np.ndarray:
+    """Bucket keys: one 64-bit key per band of each signature (module docstring, step 3).
+
+    Args:
+        sigs: ``uint32[n, bands * rows]`` (or one signature, ``uint32[bands * rows]``).
+
+    Returns:
+        ``uint64[n, bands]`` (or ``uint64[bands]``): band ``b``'s key mixes ``b`` and the
+        band's ``rows`` values (FNV-1a-style multiply-xor over 64 bits, then MurmurHash3's
+        ``fmix64``), so equal bands of the same index give equal keys and bands of different
+        indexes do not meet; a chance collision (2^-64) only proposes a pair that the
+        Jaccard check then rejects.
+    """
+    sigs = np.asarray(sigs, dtype=np.uint32)
+    single = sigs.ndim == 1
+    sigs = np.atleast_2d(sigs).astype(np.uint64)
+    keys = np.empty((sigs.shape[0], cfg.bands), dtype=np.uint64)
+    for band in range(cfg.bands):
+        h = np.full(sigs.shape[0], np.uint64(0xCBF29CE484222325) ^ np.uint64(band), dtype=np.uint64)
+        for j in range(band * cfg.rows, (band + 1) * cfg.rows):
+            h = (h ^ sigs[:, j]) * _FNV_PRIME
+        keys[:, band] = fmix64(h)
+    return keys[0] if single else keys
 
 
 def bucket_pairs(members: Iterable[str], max_bucket_size: int) -> list[tuple[str, str]]:
@@ -189,84 +205,106 @@ def star_clusters(edges: Iterable[tuple[str, str, str, str, float]]) -> dict[str
 # ---------------------------------------------------------------- Beam
 
 BUCKET_PARTITIONS = 16  # shuffle keys of the bucket stage; any value gives the same result
+_FNV_PRIME = np.uint64(0x100000001B3)
 
 
 def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
-                 partitions: int = BUCKET_PARTITIONS) -> dict[int, list[tuple[str, str, str]]]:
+                 partitions: int = BUCKET_PARTITIONS) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Bucket entries of a batch of ``(id, ref, text)`` documents, grouped for the shuffle.
 
     Returns:
-        ``{partition: [(bucket key, id, ref), ...]}``, ``bands`` entries per document with
-        at least one shingle; a bucket's entries all land in one partition (the key's
-        hash, mod ``partitions``), so buckets can be completed per partition. Exact
-        duplicates (same id) give the same entries with their own refs.
+        ``{partition: (keys, members, ids)}``: ``keys`` ``uint64[m]`` bucket keys
+        (:func:`band_keys`), ``members`` ``int32[m]`` each entry's document as an index into
+        ``ids``, the raw 32-byte ids (``uint8[k, 32]``) of the documents with an entry in this
+        partition. A bucket's entries all land in one partition (``key % partitions``), so
+        buckets can be completed per partition. Exact duplicates (same id) give the same keys.
+        Compact on purpose: the entries cross a shuffle (about 12 bytes an entry, ``bands``
+        entries a document, plus 32 bytes a document per partition it appears in).
     """
     docs = list(docs)
-    doc_words = [words(text) for _, _, text in docs]
-    hashes, counts = shingle_hashes(doc_words, cfg.shingle_size)
+    hashes, counts = shingle_hashes((words(text) for _, _, text in docs), cfg.shingle_size)
     sigs = signatures(hashes, counts, cfg.num_perm, cfg.seed)
-    out: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
-    for (doc_id, ref, _), sig, n in zip(docs, sigs, counts, strict=True):
-        if not n:
-            continue
-        for key in band_keys(sig, cfg):
-            out[int(key[-4:], 16) % partitions].append((key, doc_id, ref))
-    return dict(out)
+    has = np.flatnonzero(counts > 0)
+    if not has.size:
+        return {}
+    # uint8 rows, not numpy "S32": an "S" element loses its trailing zero bytes
+    raw_ids = np.frombuffer(b"".join(bytes.fromhex(docs[i][0]) for i in has), dtype=np.uint8).reshape(-1, 32)
+    keys = band_keys(sigs[has], cfg).reshape(-1)
+    members = np.repeat(np.arange(has.size, dtype=np.int64), cfg.bands)
+    part = (keys % np.uint64(partitions)).astype(np.int64)
+    out = {}
+    for p in np.unique(part).tolist():
+        mask = part == p
+        present, local = np.unique(members[mask], return_inverse=True)
+        out[p] = (keys[mask], local.astype(np.int32), raw_ids[present])
+    return out
 
 
-def partition_pairs(entries: Iterable[tuple[str, str, str]], max_bucket_size: int) -> list[tuple[str, str, str, str]]:
-    """Candidate pairs of one partition's bucket entries ``(bucket key, id, ref)``.
-
-    Within a bucket, each id keeps its lowest ref (:func:`tidal.data.sources.ref_sort_key`,
-    the exact-dedup survivor's), then :func:`bucket_pairs` proposes pairs.
+def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                    max_bucket_size: int) -> list[tuple[str, str]]:
+    """Candidate pairs of one partition's bucket entries (the values of :func:`band_entries`):
+    each bucket's distinct ids through :func:`bucket_pairs`.
 
     Returns:
-        Sorted distinct ``(id_a, ref_a, id_b, ref_b)`` with ``id_a < id_b``.
+        Sorted distinct ``(id_a, id_b)`` (hex ids) with ``id_a < id_b``.
     """
-    buckets: dict[str, dict[str, str]] = defaultdict(dict)
-    for key, doc_id, ref in entries:
-        members = buckets[key]
-        if doc_id not in members or ref_sort_key(ref) < ref_sort_key(members[doc_id]):
-            members[doc_id] = ref
-    pairs: set[tuple[str, str, str, str]] = set()
-    for members in buckets.values():
-        if len(members) < 2:
-            continue
-        for id_a, id_b in bucket_pairs(members, max_bucket_size):
-            pairs.add((id_a, members[id_a], id_b, members[id_b]))
+    keys, members, ids = [], [], []
+    offset = 0
+    for chunk_keys, chunk_members, chunk_ids in chunks:
+        keys.append(chunk_keys)
+        members.append(chunk_members.astype(np.int64) + offset)
+        ids.append(chunk_ids)
+        offset += len(chunk_ids)
+    if not keys:
+        return []
+    keys, members, ids = np.concatenate(keys), np.concatenate(members), np.concatenate(ids)
+    order = np.argsort(keys, kind="stable")
+    keys, members = keys[order], members[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    ends = np.r_[starts[1:], keys.size]
+    big = ends - starts > 1
+    pairs: set[tuple[str, str]] = set()
+    for lo, hi in zip(starts[big].tolist(), ends[big].tolist(), strict=True):
+        bucket = {ids[m].tobytes().hex() for m in members[lo:hi].tolist()}
+        if len(bucket) > 1:
+            pairs.update(bucket_pairs(bucket, max_bucket_size))
     return sorted(pairs)
 
 
-def _lowest_refs(pairs: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
-    """All partitions' pairs, distinct per id pair with each id's lowest ref (sorted)."""
-    refs: dict[str, str] = {}
-    for id_a, ref_a, id_b, ref_b in pairs:
-        for doc_id, ref in ((id_a, ref_a), (id_b, ref_b)):
-            if doc_id not in refs or ref_sort_key(ref) < ref_sort_key(refs[doc_id]):
-                refs[doc_id] = ref
-    return sorted({(a, refs[a], b, refs[b]) for a, _, b, _ in pairs})
+def _candidate_stubs(element, ids):
+    """``(shard, [DocStub...])`` -> ``(spill file, (id, row, ref))`` of the candidates among them."""
+    for stub in element[1]:
+        if stub.id in ids:
+            yield stub.spill, (stub.id, stub.row, stub.ref)
 
 
-def _candidate_texts(batch, ids):
-    """A batch of :class:`tidal.data.clean_record.Document` -> ``(id, text)`` of candidates."""
-    for doc in batch:
-        if doc.id in ids:
-            yield doc.id, doc.text
+def _read_candidates(element):
+    """``(spill file, [(id, row, ref)...])`` -> ``(id, (ref, text))`` read from the spill file."""
+    path, wanted = element
+    wanted = sorted(set(wanted), key=lambda w: w[1])
+    texts = read_texts(path, [w[1] for w in wanted])
+    for (doc_id, _, ref), text in zip(wanted, texts, strict=True):
+        yield doc_id, (ref, text)
+
+
+def _lowest(copies) -> tuple[str, str]:
+    """The ``(ref, text)`` of an id's copies with the lowest ref (the exact-dedup survivor)."""
+    return min(copies, key=lambda c: (ref_sort_key(c[0]), c[0]))
 
 
 def _attach_first(element):
-    """``(id_a, {"text": [text_a...], "pair": [(ref_a, id_b, ref_b)...]})`` -> ``(id_b, (id_a, ref_a,
-    text_a, ref_b))``."""
+    """``(id_a, {"text": [(ref, text)...], "pair": [id_b...]})`` -> ``(id_b, (id_a, ref_a, text_a))``."""
     id_a, grouped = element
-    texts = list(grouped["text"])
-    if not texts:
+    copies = list(grouped["text"])
+    if not copies:
         return
-    for ref_a, id_b, ref_b in grouped["pair"]:
-        yield id_b, (id_a, ref_a, texts[0], ref_b)
+    ref_a, text_a = _lowest(copies)
+    for id_b in grouped["pair"]:
+        yield id_b, (id_a, ref_a, text_a)
 
 
 class _VerifyFn(beam.DoFn):
-    """``(id_b, {"text": [text_b...], "pair": [(id_a, ref_a, text_a, ref_b)...]})`` -> verified edges
+    """``(id_b, {"text": [(ref, text)...], "pair": [(id_a, ref_a, text_a)...]})`` -> verified edges
     ``(id_a, ref_a, id_b, ref_b, jaccard)``; pair counts on the ``pair_counts`` output."""
 
     def __init__(self, cfg: NearDupConfig):
@@ -274,13 +312,14 @@ class _VerifyFn(beam.DoFn):
 
     def process(self, element):
         id_b, grouped = element
-        texts = list(grouped["text"])
+        copies = list(grouped["text"])
         pairs = list(grouped["pair"])
-        if not texts or not pairs:
+        if not copies or not pairs:
             return
-        shingles_b = shingles(texts[0], self.cfg.shingle_size)
+        ref_b, text_b = _lowest(copies)
+        shingles_b = shingles(text_b, self.cfg.shingle_size)
         verified = 0
-        for id_a, ref_a, text_a, ref_b in pairs:
+        for id_a, ref_a, text_a in pairs:
             sim = jaccard(shingles(text_a, self.cfg.shingle_size), shingles_b)
             if sim >= self.cfg.jaccard_threshold:
                 verified += 1
@@ -293,39 +332,39 @@ class _VerifyFn(beam.DoFn):
 
 
 class NearDuplicates(beam.PTransform):
-    """Batches of documents -> ``(removed, pair_counts)``.
+    """LSH bucket entries and document stubs -> ``(removed, pair_counts)``.
 
-    Input: a PCollection of lists of :class:`tidal.data.clean_record.Document` (exact
-    duplicates included: they collapse onto their id, with the lowest ref). Output:
-    ``removed``, ``(removed id, (survivor id, jaccard))`` (module docstring), and
-    ``pair_counts``, ``("neardup.candidate_pairs" | "neardup.verified_pairs", n)`` (also Beam
-    counters of namespace ``tidal.clean``).
+    Input: a dict ``{"bands": (partition, [(bucket key, id, ref)...]) per batch and
+    partition (:func:`band_entries`), "docs": (shard, [DocStub...])}`` whose texts wait in
+    spill files (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the
+    lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
+    docstring), and ``pair_counts``, ``("neardup.candidate_pairs" | "neardup.verified_pairs",
+    n)`` (also Beam counters of namespace ``tidal.clean``).
     """
 
     def __init__(self, cfg: NearDupConfig):
         super().__init__()
         self.cfg = cfg
 
-    def expand(self, batches):
+    def expand(self, inputs):
         cfg = self.cfg
         pairs = (
-            batches
-            | "BandEntries" >> beam.FlatMap(lambda b: band_entries(((d.id, d.ref, d.text) for d in b), cfg).items())
+            inputs["bands"]
             | "GroupPartitions" >> beam.GroupByKey()
-            | "PartitionPairs" >> beam.Map(
-                lambda kv: partition_pairs((e for chunk in kv[1] for e in chunk), cfg.max_bucket_size))
+            | "PartitionPairs" >> beam.Map(lambda kv: partition_pairs(kv[1], cfg.max_bucket_size))
             | "AllPairs" >> beam.CombineGlobally(lambda lists: [p for chunk in lists for p in chunk])
-            | "LowestRefs" >> beam.FlatMap(_lowest_refs)
+            | "DistinctPairs" >> beam.FlatMap(lambda pairs: sorted(set(pairs)))
         )
-        # only candidate documents' texts travel to the verification joins
-        candidate_ids = pairs | "PairMembers" >> beam.FlatMap(lambda p: [p[0], p[2]])
+        # only candidate documents' texts are read back from the spill files
+        candidate_ids = pairs | "PairMembers" >> beam.FlatMap(lambda p: [(p[0], None), (p[1], None)])
         texts = (
-            batches
-            | "CandidateTexts" >> beam.FlatMap(
-                _candidate_texts, ids=beam.pvalue.AsDict(candidate_ids | "AsKeys" >> beam.Map(lambda i: (i, None))))
+            inputs["docs"]
+            | "CandidateStubs" >> beam.FlatMap(_candidate_stubs, ids=beam.pvalue.AsDict(candidate_ids))
+            | "BySpillFile" >> beam.GroupByKey()
+            | "ReadCandidates" >> beam.FlatMap(_read_candidates)
         )
         first = (
-            {"text": texts, "pair": pairs | "ByFirst" >> beam.Map(lambda p: (p[0], (p[1], p[2], p[3])))}
+            {"text": texts, "pair": pairs}
             | "JoinFirst" >> beam.CoGroupByKey()
             | "AttachFirst" >> beam.FlatMap(_attach_first)
         )

@@ -23,9 +23,10 @@ Policies:
       ``<0xAB>`` tokens): text no merge covered, e.g. a CJK character spelled as 3 bytes.
       Their rates over ``encoded_tokens`` go into the stats.
 
-Scale note: packing collects every encoded document on one worker (a global prefix over
-the id order). That is fine up to a few hundred million tokens; beyond, replace it by a
-two-pass offset computation per document shard.
+Packing streams (:mod:`tidal.data.token_spill`): each document shard is encoded into a
+token spill by one worker, then one worker merges the spills in id order and writes the
+``.npy`` shards as it goes, so memory does not grow with the corpus beyond the documents'
+ids and lengths (about 100 bytes a document).
 
 Config: source, input (clean step name), tokenizer (tokenizer step name), seq_len
 (tokens), shards (output ``.npy`` count).
@@ -40,8 +41,9 @@ and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always writt
 from __future__ import annotations
 
 import json
+import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +58,20 @@ from tidal.data.beam_options import beam_options
 from tidal.data.shards import (
     DOCUMENTS_PREFIX,
     META_NAME,
+    TOKENS_PREFIX,
     iter_shard_rows,
     list_shards,
+    shard_name,
     token_dtype,
-    write_token_shards,
 )
+from tidal.data.token_spill import encode_shard, merge_spills
 
 STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
 ENCODE_BATCH_DOCUMENTS = 256
-ID_DTYPE = np.uint32  # wire format of encoded documents between Beam stages
+ENCODE_BATCH_CHARS = 1 << 18  # characters per encode batch (see encode_batches; CJK: ~3 tokens a character)
+ID_DTYPE = np.uint32  # token ids of encoded documents in the spills
+SPILL_DIR = "_spill"  # per-shard token spills inside the step's scratch dir, removed before commit
 
 
 def encode_documents(
@@ -154,61 +160,72 @@ def special_token_ids(tokenizer: Tokenizer) -> tuple[list[int], int | None]:
     return sorted(ids), (vocab.get(unk) if unk else None)
 
 
-class EncodeDocuments(beam.DoFn):
-    """Beam DoFn: a batch of ``(id, text)`` -> ``(id, uint32 ids bytes)`` per document, and
-    ``(id, error)`` on the ``failed`` tagged output. Loads the tokenizer once per worker."""
+def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS,
+                   max_chars: int = ENCODE_BATCH_CHARS) -> Iterator[list[tuple[str, str]]]:
+    """``(id, text)`` batches of a document shard in id order, each of at most ``max_documents``
+    documents and, unless one document alone is longer, ``max_chars`` characters.
 
-    FAILED = "failed"
+    ``tokenizers`` keeps about 100 bytes per token of a batch's encodings (ids, tokens,
+    offsets, masks) until the batch is done, so the character bound, not the document count,
+    is what keeps a worker's memory flat when documents are long.
+    """
+    batch: list[tuple[str, str]] = []
+    chars = 0
+    for rows in iter_shard_rows(path, ("id", "text"), max_documents):
+        for doc_id, text in rows:
+            if batch and (len(batch) >= max_documents or chars + len(text) > max_chars):
+                yield batch
+                batch, chars = [], 0
+            batch.append((doc_id, text))
+            chars += len(text)
+    if batch:
+        yield batch
 
-    def __init__(self, tokenizer_dir: str, eos_id: int):
+
+class EncodeShardFn(beam.DoFn):
+    """Beam DoFn: ``(shard number, document shard path)`` -> that shard's token spill summary
+    (:func:`tidal.data.token_spill.encode_shard`). Loads the tokenizer once per worker."""
+
+    def __init__(self, tokenizer_dir: str, eos_id: int, spill_dir: str, fallback_ids: list[int], unk_id: int | None):
         self.tokenizer_dir = tokenizer_dir
         self.eos_id = eos_id
+        self.spill_dir = spill_dir
+        self.fallback_ids = fallback_ids
+        self.unk_id = unk_id
         self.tokenizer: Tokenizer | None = None
 
     def setup(self) -> None:
         self.tokenizer, _ = tokenizer_step.load(self.tokenizer_dir)
 
-    def process(self, batch: list[tuple[str, str]]):
-        encoded, failed = encode_documents(self.tokenizer, batch, self.eos_id)
-        for doc_id, ids in encoded:
-            yield doc_id, ids.tobytes()
-        for item in failed:
-            yield beam.pvalue.TaggedOutput(self.FAILED, item)
+    def process(self, element: tuple[int, str]):
+        index, path = element
+        batches = (encode_documents(self.tokenizer, batch, self.eos_id) for batch in encode_batches(path))
+        yield encode_shard(index, path, self.spill_dir, batches, self.fallback_ids, self.unk_id)
 
 
-def _pack_and_write(
-    encoded: list[tuple[str, bytes]],
-    failed: list[tuple[str, str]],
-    out_dir: str,
-    settings: dict[str, Any],
-) -> None:
-    """Final single-worker stage: sort by id, pack, write shards, meta.json, failures."""
-    encoded = sorted(encoded)
-    dtype = token_dtype(settings["vocab_size"])
-    sequences, tail = pack_sequences(
-        (np.frombuffer(ids, dtype=ID_DTYPE) for _, ids in encoded), settings["seq_len"], dtype
-    )
-    stream = np.concatenate([np.frombuffer(ids, dtype=ID_DTYPE)[:-1] for _, ids in encoded]) if encoded \
-        else np.zeros(0, ID_DTYPE)
-    fallback = int(np.isin(stream, np.asarray(settings["fallback_ids"], dtype=ID_DTYPE)).sum())
-    unknown = int((stream == settings["unk_id"]).sum()) if settings["unk_id"] is not None else 0
+def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[str, Any]) -> None:
+    """Final single-worker stage: merge the spills by id into the token shards, then write
+    ``failed_documents.json`` and ``meta.json``."""
     out = Path(out_dir)
-    write_token_shards(out, sequences, settings["shards"])
-    failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(failed)]
+    dtype = token_dtype(settings["vocab_size"])
+    spills = sorted(spills, key=lambda s: s["index"])
+    paths = [out / shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
+    merged = merge_spills(spills, paths, settings["seq_len"], dtype)
+    failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(f for s in spills for f in s["failed"])]
     (out / FAILED_FILE).write_text(json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
     meta = {
         "tokenizer_hash": settings["tokenizer_hash"],
         "seq_len": settings["seq_len"],
         "dtype": dtype.name,
-        "n_sequences": int(sequences.shape[0]),
-        "n_tokens": int(sequences.size),
-        "n_documents": len(encoded),
+        "n_sequences": merged["n_sequences"],
+        "n_tokens": merged["n_sequences"] * settings["seq_len"],
+        "n_documents": merged["n_documents"],
         "vocab_size": settings["vocab_size"],
-        "tokens_dropped_tail": tail,
+        "tokens_dropped_tail": merged["tokens_dropped_tail"],
         "documents_failed": len(failures),
-        "encoded_tokens": int(stream.size),
-        "unknown_tokens": unknown,
-        "byte_fallback_tokens": fallback,
+        "encoded_tokens": sum(s["encoded_tokens"] for s in spills),
+        "unknown_tokens": sum(s["unknown_tokens"] for s in spills),
+        "byte_fallback_tokens": sum(s["byte_fallback_tokens"] for s in spills),
     }
     (out / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
@@ -227,43 +244,23 @@ def run(ctx: StepContext) -> dict:
     tokenizer_dir = ctx.input_dir(config.get("tokenizer", "tokenizer"))
     tokenizer, tok_meta = tokenizer_step.load(tokenizer_dir)
     fallback_ids, unk_id = special_token_ids(tokenizer)
-    paths = [
-        str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")
-    ]
-    settings = {
-        "seq_len": seq_len,
-        "shards": shards,
-        "vocab_size": tok_meta["vocab_size"],
-        "tokenizer_hash": tok_meta["tokenizer_hash"],
-        "fallback_ids": fallback_ids,
-        "unk_id": unk_id,
-    }
-    with beam.Pipeline(options=beam_options()) as pipeline:
-        results = (
-            pipeline
-            | "DocumentShards" >> beam.Create(paths)
-            | "ReadBatches"
-            >> beam.FlatMap(
-                lambda path: iter_shard_rows(path, ("id", "text"), ENCODE_BATCH_DOCUMENTS)
+    paths = [str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")]
+    settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
+                "tokenizer_hash": tok_meta["tokenizer_hash"]}
+    spill_dir = Path(ctx.out_dir) / SPILL_DIR
+    try:
+        with beam.Pipeline(options=beam_options()) as pipeline:
+            (
+                pipeline
+                | "DocumentShards" >> beam.Create(list(enumerate(paths)))
+                | "Spread" >> beam.Reshuffle()
+                | "EncodeShards" >> beam.ParDo(EncodeShardFn(str(tokenizer_dir), tok_meta["eos_id"], str(spill_dir),
+                                                             fallback_ids, unk_id))
+                | "AllSpills" >> beam.combiners.ToList()
+                | "MergeAndWrite" >> beam.Map(_merge_and_write, out_dir=str(ctx.out_dir), settings=settings)
             )
-            | "Spread" >> beam.Reshuffle()
-            | "Encode"
-            >> beam.ParDo(EncodeDocuments(str(tokenizer_dir), tok_meta["eos_id"])).with_outputs(
-                EncodeDocuments.FAILED, main="encoded"
-            )
-        )
-        failed = results[EncodeDocuments.FAILED] | "CollectFailed" >> beam.combiners.ToList()
-        (
-            results.encoded
-            | "CollectEncoded" >> beam.combiners.ToList()
-            | "PackAndWrite"
-            >> beam.Map(
-                _pack_and_write,
-                failed=beam.pvalue.AsSingleton(failed),
-                out_dir=str(ctx.out_dir),
-                settings=settings,
-            )
-        )
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
     meta = json.loads((ctx.out_dir / META_NAME).read_text())
     if meta["documents_failed"]:
         ctx.log.warning(
