@@ -145,3 +145,24 @@ def test_quality_filters_sections_order_and_names():
 def test_c4_counts_cjk_sentences_without_spaces():
     assert C4Lines().apply("春风又绿江南岸。明月何时照我还！千山鸟飞绝。万径人踪灭？孤舟蓑笠翁。", Counter())[1] == []
     assert C4Lines().apply("春风又绿江南岸。明月何时照我还。", Counter())[1] == ["too_few_sentences"]
+
+
+def test_top_ngram_chars_numpy_path_equals_counter_path():
+    """The packed-int64 count (tidal.data.filters._top_ngram_chars with codes) against the
+    Counter of tuples, on documents built to have many ties between different-length n-grams."""
+    import random
+
+    import numpy as np
+
+    from tidal.data.filters import _top_ngram_chars, _word_codes
+
+    rng = random.Random(11)
+    vocab = ["a", "bb", "ccc", "dddd", "the", "of", "x" * 9, "春", "风"]
+    docs = [[rng.choice(vocab) for _ in range(rng.randint(1, 60))] for _ in range(300)]
+    docs += [["w1", "w2"] * 3 + ["w3", "w4"] * 3, ["z"] * 7, ["p", "q"], [f"u{i}" for i in range(40)]]
+    for doc in docs:
+        codes = _word_codes(doc)
+        lengths = np.fromiter(map(len, doc), dtype=np.int64, count=len(doc))
+        for n in (1, 2, 3, 4):
+            if len(doc) >= n:
+                assert _top_ngram_chars(doc, n, codes, lengths) == _top_ngram_chars(doc, n), (doc, n)

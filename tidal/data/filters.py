@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 # Han (CJK unified + extensions + compatibility), kana, bopomofo, CJK radicals.
 _CJK_CHARS = (
     "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
@@ -255,9 +257,11 @@ class GopherRepetition:
             out.append("dup_line_chars")
         if para_dup_chars / total_chars > self.max_dup_paragraph_chars:
             out.append("dup_paragraph_chars")
-        word_chars = sum(len(w) for w in doc_words) or 1
+        lengths = np.fromiter(map(len, doc_words), dtype=np.int64, count=len(doc_words))
+        word_chars = int(lengths.sum()) or 1
+        codes = _word_codes(doc_words) if self.top_ngram_chars else None
         for n, limit in self.top_ngram_chars:
-            if len(doc_words) >= n and _top_ngram_chars(doc_words, n) / word_chars > limit:
+            if len(doc_words) >= n and _top_ngram_chars(doc_words, n, codes, lengths) / word_chars > limit:
                 out.append(f"top_{n}gram_chars")
         no_repeat_from = None  # if no n-gram repeats, no longer one does (it would contain a repeat)
         for n, limit in self.dup_ngram_chars:
@@ -290,9 +294,35 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
     return count, chars
 
 
-def _top_ngram_chars(doc_words: list[str], n: int) -> int:
+def _word_codes(doc_words: list[str]) -> np.ndarray:
+    """Each word's index among the document's distinct words, in order of first occurrence."""
+    index: dict[str, int] = {}
+    return np.fromiter((index.setdefault(w, len(index)) for w in doc_words), dtype=np.int64, count=len(doc_words))
+
+
+def _top_ngram_chars(doc_words: list[str], n: int, codes: np.ndarray | None = None,
+                     lengths: np.ndarray | None = None) -> int:
     """Characters covered by the most frequent word n-gram: its word characters times its
-    count, or 0 when no n-gram repeats (ties: the first n-gram to reach the top count)."""
+    count, or 0 when no n-gram repeats (ties: the n-gram that occurs first).
+
+    With ``codes`` (:func:`_word_codes`) and ``lengths`` (characters per word), the n-grams
+    are packed exactly into one int64 each (``n`` codes in base ``vocabulary size``) and
+    counted with ``np.unique``; when they do not fit in 63 bits, a ``Counter`` of tuples does
+    it. Both give the same result (``tests/data/test_filters.py``).
+    """
+    if codes is not None and lengths is not None and codes.size >= n:
+        base = int(codes.max()) + 1
+        if base ** n < 2**63:
+            m = codes.size - n + 1
+            packed = np.zeros(m, dtype=np.int64)
+            for k in range(n):
+                packed = packed * base + codes[k : k + m]
+            _, first, counts = np.unique(packed, return_index=True, return_counts=True)
+            top = int(counts.max())
+            if top < 2:
+                return 0
+            start = int(first[counts == top].min())  # the first n-gram to occur among the most frequent
+            return int(lengths[start : start + n].sum()) * top
     grams = Counter(zip(*(doc_words[k:] for k in range(n))))  # the n-grams in order, counted in C
     gram, count = grams.most_common(1)[0]
     return sum(len(w) for w in gram) * count if count > 1 else 0
