@@ -62,7 +62,10 @@ largest scale> growth_16x=<(t_16/t_4)/4> growth_16x_vs_1x=<(t_16/t_1)/16>
 rss_ratio_16x_4x=<tidal peak RSS 16x / 4x>``. ``growth_16x`` uses 4x as its base because the
 1x time is dominated by the fixed start-up of eight Beam pipelines (printed separately: the
 1x-based figure is also given, and ``marginal_growth``: the time per added copy from 4x to 16x
-over that from 1x to 4x, where the fixed start-up cancels out). Targets (issue 3): ratio_vs_datatrove >= 1.5,
+over that from 1x to 4x, where the fixed start-up cancels out), then ``cpu_ratio_vs_datatrove``
+and ``cpu_ratio_vs_bare_tokenize``: the same comparisons in CPU seconds (user + system of the
+child and its children) instead of wall seconds, steadier when other work shares the cores.
+Targets (issue 3): ratio_vs_datatrove >= 1.5,
 ratio_vs_bare_tokenize >= 0.4, growth_16x <= 1.1, rss_ratio_16x_4x about 1.
 """
 
@@ -289,15 +292,22 @@ def run_bare(plan: dict, scale: str) -> dict:
              for t in pq.read_table(p).column("text").to_pylist()]
     tok = Tokenizer.from_file(str(Path(plan["tokenizer"]) / "tokenizer.json"))
     tok.encode_special_tokens = True
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     tokens = 0
     for i in range(0, len(texts), BARE_BATCH):
         tokens += sum(len(e.ids) for e in tok.encode_batch(texts[i : i + BARE_BATCH], add_special_tokens=False))
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     started = time.perf_counter()  # what tidal's tokenize step calls (ids only, no offsets)
     for i in range(0, len(texts), BARE_BATCH):
         tok.encode_batch_fast(texts[i : i + BARE_BATCH], add_special_tokens=False)
-    return {"tokens": tokens, "_seconds": seconds, "fast_seconds": round(time.perf_counter() - started, 3)}
+    return {"tokens": tokens, "_seconds": seconds, "_cpu_seconds": cpu,
+            "fast_seconds": round(time.perf_counter() - started, 3)}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def child(system: str, plan_path: str, scale: str) -> None:
@@ -314,10 +324,12 @@ def child(system: str, plan_path: str, scale: str) -> None:
         import apache_beam  # noqa: F401
 
         import tidal.data.clean  # noqa: F401
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     result = fn(plan, scale)
     seconds = result.pop("_seconds", None) or time.perf_counter() - started
-    print("CHILD " + json.dumps({"seconds": seconds, "rss_mb": peak_rss_kb() / 1024, **result}), flush=True)
+    cpu = result.pop("_cpu_seconds", None) or cpu_seconds() - cpu
+    print("CHILD " + json.dumps({"seconds": seconds, "cpu_s": round(cpu, 2), "rss_mb": peak_rss_kb() / 1024, **result}),
+          flush=True)
 
 
 def peak_rss_kb() -> int:
@@ -381,9 +393,9 @@ def main() -> int:
         for system in systems:
             r = spawn(system, plan_path, scale, args.workers)
             results[system][scale] = r
-            extra = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("seconds", "rss_mb"))
+            extra = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("seconds", "rss_mb", "cpu_s"))
             print(f"{system:<9} {scale:>2}x {mb:7.1f} MB {plan['scales'][str(scale)]['records']:>8} records "
-                  f"{r['seconds']:7.1f} s {mb / r['seconds']:6.2f} MB/s peak RSS {r['rss_mb']:6.0f} MB  {extra}",
+                  f"{r['seconds']:7.1f} s (CPU {r['cpu_s']:7.1f} s) {mb / r['seconds']:6.2f} MB/s peak RSS {r['rss_mb']:6.0f} MB  {extra}",
                   flush=True)
     top = max(scales)
     mbps = {s: {k: plan["scales"][str(k)]["bytes"] / 1e6 / v["seconds"] for k, v in results[s].items()}
@@ -400,10 +412,16 @@ def main() -> int:
     rss = results["tidal"].get(16, {}).get("rss_mb", float("nan")) / results["tidal"].get(4, {}).get("rss_mb", float("nan"))
     print(f"datatrove compared at {both}x; bare tokenization and mbps at {top}x; growth_16x base 4x "
           f"(1x base: {growth1:.3f})")
+    cpu = {sy: {k: v["cpu_s"] for k, v in results[sy].items()} for sy in results}
+    cpu_dt = cpu["datatrove"][both] / cpu["tidal"][both] if both else float("nan")
+    cpu_bare = cpu["bare"][top] / cpu["tidal"][top]
+    print(f"CPU-time ratios (work per CPU second; steadier than wall clock on a shared machine): "
+          f"cpu_ratio_vs_datatrove={cpu_dt:.3f} cpu_ratio_vs_bare_tokenize={cpu_bare:.3f}")
     print(f"RESULT mbps={mbps['tidal'][top]:.3f} ratio_vs_datatrove={ratio_dt:.3f} ratio_vs_bare_tokenize={ratio_bare:.3f} "
           f"growth_16x={growth4:.3f} rss_ratio_16x_4x={rss:.3f} growth_16x_vs_1x={growth1:.3f} "
           f"ratio_vs_bare_tokenize_fast={ratio_bare_fast:.3f} marginal_growth={marginal:.3f} "
-          f"datatrove_scale={both} workers={args.workers}")
+          f"datatrove_scale={both} workers={args.workers} cpu_ratio_vs_datatrove={cpu_dt:.3f} "
+          f"cpu_ratio_vs_bare_tokenize={cpu_bare:.3f}")
     if tmp is not None:
         tmp.cleanup()
     return 0
