@@ -1,10 +1,15 @@
 """Checkpointer: async saves with manifests, retention (newest K + permanent every M),
-skipping corrupted or unfinished checkpoints, refusing a checkpoint of another shape."""
+skipping corrupted or unfinished checkpoints, refusing a checkpoint of another shape;
+uncompressed saves restoring bit for bit in both layouts (tree, and the packed layout of
+host-state saves taken entirely in the background thread), older compressed ones too."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +17,7 @@ import numpy as np
 import pytest
 
 from tidal.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, pack_state, split_packed
 
 
 def state(value: float, rows: int = 4) -> dict:
@@ -58,8 +63,9 @@ def test_permanent_checkpoints_outlive_the_newest_k(tmp_path):
     ckpt.close()
 
 
-def test_corrupted_and_unfinished_checkpoints_are_skipped(tmp_path, caplog):
-    ckpt = Checkpointer(tmp_path, keep=5)
+@pytest.mark.parametrize("host_state", [False, True], ids=["tree", "packed"])
+def test_corrupted_and_unfinished_checkpoints_are_skipped(tmp_path, caplog, host_state):
+    ckpt = Checkpointer(tmp_path, keep=5, host_state=host_state)
     for step in (1, 2, 3):
         ckpt.save(step, state(step))
     ckpt.close()
@@ -102,8 +108,9 @@ def test_no_valid_checkpoint_means_fresh_start(tmp_path):
     ({"params": {"w": jnp.zeros((4, 3)), "v": jnp.zeros(2)}, "opt_state": {"count": jnp.int32(0)}},
      "params/v: in model, not in checkpoint"),
 ])
-def test_restoring_into_another_shape_raises(tmp_path, other, message):
-    ckpt = Checkpointer(tmp_path, keep=2)
+@pytest.mark.parametrize("host_state", [False, True], ids=["tree", "packed"])
+def test_restoring_into_another_shape_raises(tmp_path, other, message, host_state):
+    ckpt = Checkpointer(tmp_path, keep=2, host_state=host_state)
     ckpt.save(1, state(1))
     ckpt.wait()
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), other)
@@ -112,3 +119,131 @@ def test_restoring_into_another_shape_raises(tmp_path, other, message):
     assert message in str(info.value)
     assert ckpt.steps() == [1]  # the checkpoint stays: it is valid, just not for this model
     ckpt.close()
+
+
+def special_state() -> dict:
+    """Incompressible and compressible leaves, odd float bit patterns, several dtypes."""
+    noise = np.random.default_rng(3).standard_normal((256, 257)).astype(np.float32)
+    noise.ravel()[:6] = [np.nan, -np.nan, np.inf, -np.inf, -0.0, np.float32(1e-45)]  # NaNs, -0, subnormal
+    payload_nan = np.array([0x7FC00001, 0xFFC12345], np.uint32).view(np.float32)  # NaNs with payloads
+    return {"params": {"noise": jnp.asarray(noise), "nan_payloads": jnp.asarray(payload_nan),
+                       "zeros": jnp.zeros((512, 512), jnp.float32),
+                       "half": jnp.asarray(noise[:8]).astype(jnp.bfloat16)},
+            "opt_state": {"count": jnp.int32(7), "ids": jnp.arange(10, dtype=jnp.int32)}}
+
+
+def leaf_bytes(tree: dict) -> dict:
+    return {path: (str(leaf.dtype), np.asarray(leaf).tobytes())
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.parametrize("host_state", [False, True], ids=["tree", "packed"])
+def test_uncompressed_checkpoint_restores_bitwise(tmp_path, host_state):
+    want = special_state()
+    ckpt = Checkpointer(tmp_path, keep=2, host_state=host_state)
+    ckpt.save(1, want)
+    manifest = ckpt.wait()
+    # stored uncompressed: the 1 MiB of zeros alone would shrink to a few bytes under zstd
+    raw = sum(leaf.nbytes for leaf in jax.tree.leaves(want))
+    assert manifest["total_bytes"] >= raw
+    saved = ckpt.manager.item_metadata(1)
+    if host_state:  # one array per dtype, the leaf list in the orbax metadata
+        assert sorted(saved.tree["packed"]) == ["bfloat16", "float32", "int32"]
+        assert ["params/half", [8, 257], "bfloat16"] in saved.custom_metadata["tidal_packed"]
+    else:
+        assert sorted(saved.tree["params"]) == ["half", "nan_payloads", "noise", "zeros"]
+    ckpt.close()
+    ckpt = Checkpointer(tmp_path, keep=2, host_state=not host_state)  # either kind of run restores either
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), want)
+    step, got, _ = ckpt.restore_latest(abstract)
+    assert step == 1 and leaf_bytes(got) == leaf_bytes(want)  # every bit, NaN payloads included
+    ckpt.close()
+
+
+def test_host_state_save_returns_before_orbax_and_reports_its_errors(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=2, host_state=True)
+    assert ckpt.host_state
+    ckpt.save(1, state(1))
+    ckpt.wait()
+    (step, blocking, written), = ckpt.save_seconds
+    assert step == 1 and blocking < written
+    assert ckpt.problems(1) == []
+    ckpt.save(2, {})  # returns: orbax's refusal of an empty tree happens in the worker thread ...
+    with pytest.raises(ValueError, match="empty item"):
+        ckpt.wait()  # ... and reaches the caller here
+    assert ckpt.steps() == [1]
+    ckpt.close()
+    sync = Checkpointer(tmp_path / "sync", keep=1, async_save=False, host_state=True)
+    assert not sync.host_state  # nothing to overlap with a synchronous save
+    sync.close()
+
+
+def test_compressed_checkpoint_of_earlier_versions_still_restores(tmp_path):
+    """Checkpoints written before the switch to uncompressed saves (orbax StandardCheckpointHandler,
+    zstd) keep loading: each array's zarr metadata names its compressor."""
+    import orbax.checkpoint as ocp
+
+    want = special_state()
+    old = ocp.CheckpointManager(tmp_path / "checkpoints", options=ocp.CheckpointManagerOptions(create=True),
+                                item_handlers=ocp.StandardCheckpointHandler())
+    old.save(5, args=ocp.args.StandardSave(want))
+    old.wait_until_finished()
+    old.close()
+    compressed = build_manifest(tmp_path / "checkpoints" / "5")
+    assert compressed["total_bytes"] < sum(leaf.nbytes for leaf in jax.tree.leaves(want)) - 2**20  # zeros shrank
+    (tmp_path / "checkpoint_manifests").mkdir()
+    (tmp_path / "checkpoint_manifests" / "5.json").write_text(json.dumps({**compressed, "step": 5}))
+    ckpt = Checkpointer(tmp_path, keep=2)
+    step, got, _ = ckpt.restore_latest(want)
+    assert step == 5 and leaf_bytes(got) == leaf_bytes(want)
+    ckpt.close()
+
+
+def test_states_that_cannot_be_packed_are_saved_as_a_tree(tmp_path):
+    keyed = {"params": {"w": jnp.ones((2, 2))}, "opt_state": {"rng": jax.random.key(1)}}
+    assert pack_state(keyed) is None  # typed PRNG keys have no plain bytes to concatenate
+    assert pack_state(state(1), max_bytes=16) is None and pack_state(state(1), max_bytes=64) is not None
+    assert pack_state({}) is None
+    item, meta = pack_state(state(2))
+    with pytest.raises(ValueError, match="more than its 1 listed leaves"):
+        split_packed(item["packed"], meta["tidal_packed"][:1])  # a leaf list that does not fit is refused
+    ckpt = Checkpointer(tmp_path, keep=1, host_state=True)
+    ckpt.save(1, keyed)
+    ckpt.wait()
+    assert sorted(ckpt.manager.item_metadata(1).tree) == ["opt_state", "params"]
+    ckpt.close()
+
+
+RESHARD = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tidal.train.checkpoints import Checkpointer
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+rng = np.random.default_rng(0)
+host = {"params": {"w": rng.standard_normal((8, 6)).astype(np.float32), "b": np.arange(6, dtype=np.int32)},
+        "opt_state": {"mu": rng.standard_normal((8, 6)).astype(np.float32)}}
+put = lambda tree, specs: jax.tree.map(lambda a, p: jax.device_put(a, NamedSharding(mesh, p)), tree, specs)
+saved = put(host, {"params": {"w": P("a", "b"), "b": P()}, "opt_state": {"mu": P(None, "a")}})
+ckpt = Checkpointer(sys.argv[1], keep=1, host_state=True)
+ckpt.save(1, saved)
+ckpt.wait()
+want = {"params": {"w": P("b", None), "b": P("a")}, "opt_state": {"mu": P("a", "b")}}
+abstract = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)), host, want)
+step, got, _ = ckpt.restore_latest(abstract)
+layout = sorted(ckpt.manager.item_metadata(1).tree)
+ckpt.close()
+print(json.dumps({"step": step, "packed": layout,
+                  "same": all(np.array_equal(np.asarray(g), h) for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(host))),
+                  "shardings": all(g.sharding == a.sharding for g, a in zip(jax.tree.leaves(got), jax.tree.leaves(abstract)))}))
+"""
+
+
+def test_packed_checkpoint_restores_into_another_sharding(tmp_path):
+    """A packed save of arrays sharded over 4 devices restores, value for value, into other shardings."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", RESHARD, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"step": 1, "packed": ["packed"], "same": True,
+                                                                "shardings": True}

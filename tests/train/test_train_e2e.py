@@ -116,9 +116,14 @@ def final_params(step_dir: Path) -> dict[str, np.ndarray]:
     import jax
     import orbax.checkpoint as ocp
 
-    summary = json.loads((step_dir / "summary.json").read_text())
+    from tidal.train.checkpoints import PACKED_KEY, split_packed
+
+    step = json.loads((step_dir / "summary.json").read_text())["checkpoint_step"]
     with ocp.CheckpointManager(step_dir / "checkpoints") as manager:
-        tree = manager.restore(summary["checkpoint_step"], args=ocp.args.StandardRestore())
+        tree = manager.restore(step, args=ocp.args.StandardRestore())
+        leaves = (manager.item_metadata(step).custom_metadata or {}).get(PACKED_KEY)
+    if leaves is not None:  # a packed (CPU-run) checkpoint: one array per dtype
+        return {key: np.asarray(v) for key, v in split_packed(tree["packed"], leaves).items()}
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 

@@ -102,8 +102,12 @@ class CleanBatchFn(beam.DoFn):
     ``(shard, [DocStub...])`` (main output), with the texts written to one spill file per
     shard under ``spill_dir``; on the tagged outputs one list each of quarantine rows and
     removed (filtered) rows, one dict of outcome counts (``in`` included) and, with
-    near-dedup on, the batch's LSH bucket entries ``(partition, [(key, id, ref)...])``
-    (:func:`tidal.data.neardup.band_entries`)."""
+    near-dedup on, the batch's LSH bucket entries ``(partition, (keys, members, ids))``
+    (:func:`tidal.data.neardup.band_entries`).
+
+    Raises:
+        ValueError: for a record whose ``raw`` is null, naming the file, row group and ref.
+    """
 
     def __init__(self, raw_path: str, cfg: CleanConfig, spill_dir: str, shards: int):
         self.raw_path = raw_path
@@ -116,6 +120,11 @@ class CleanBatchFn(beam.DoFn):
         start = 0
         for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=BATCH_ROWS, row_groups=[group]):
             rows = record_batch.to_pylist()
+            for row in rows:
+                if not isinstance(row["raw"], bytes):  # bad data in a file: ValueError, as elsewhere
+                    raise ValueError(  # noqa: TRY004
+                        f"{self.raw_path}: row group {group}, record {row['ref']!r}: 'raw' is "
+                        f"{type(row['raw']).__name__}, not bytes (fetch writes every record's bytes)")
             while rows:  # at most BATCH_BYTES raw bytes a batch, unless one record alone is larger
                 take, size = 0, 0
                 while take < len(rows) and (take == 0 or size + len(rows[take]["raw"]) <= BATCH_BYTES):

@@ -334,8 +334,8 @@ class _VerifyFn(beam.DoFn):
 class NearDuplicates(beam.PTransform):
     """LSH bucket entries and document stubs -> ``(removed, pair_counts)``.
 
-    Input: a dict ``{"bands": (partition, [(bucket key, id, ref)...]) per batch and
-    partition (:func:`band_entries`), "docs": (shard, [DocStub...])}`` whose texts wait in
+    Input: a dict ``{"bands": (partition, (keys, members, ids)) per batch and partition
+    (:func:`band_entries`), "docs": (shard, [DocStub...])}`` whose texts wait in
     spill files (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the
     lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
     docstring), and ``pair_counts``, ``("neardup.candidate_pairs" | "neardup.verified_pairs",

@@ -43,7 +43,7 @@ def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator
         fallback_ids, unk_id: as :func:`tidal.data.tokenize.special_token_ids`.
 
     Returns:
-        ``{"index", "tokens" (spill path), "ids" (ids file path), "documents",
+        ``{"index", "source" (``path``), "tokens" (spill path), "ids" (ids file path), "documents",
         "stream_tokens" (with end-of-text ids), "encoded_tokens" (without), "unknown_tokens",
         "byte_fallback_tokens", "failed": [(id, error)]}``.
     """
@@ -73,7 +73,7 @@ def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator
             ids += [doc_id for doc_id, _ in encoded]
             lengths += sizes.tolist()
     ids_path.write_text(json.dumps({"source": str(path), "ids": ids, "lengths": lengths}))
-    return {"index": index, "tokens": str(tokens_path), "ids": str(ids_path), "documents": len(ids),
+    return {"index": index, "source": str(path), "tokens": str(tokens_path), "ids": str(ids_path), "documents": len(ids),
             "stream_tokens": int(sum(lengths)), "failed": failed, **counts}
 
 
@@ -142,7 +142,8 @@ def merge_spills(spills: Sequence[dict[str, Any]], out_paths: list[Path], seq_le
     limit = np.iinfo(dtype).max
     pending: list[np.ndarray] = []
     pending_tokens = written_rows = documents = 0
-    previous = None
+    previous = previous_index = None
+    sources = {s["index"]: s["source"] for s in spills}
     chunk_tokens = CHUNK_ROWS * seq_len
     writer = _NpyShardWriter(out_paths, rows, seq_len, np.dtype(dtype))
     with contextlib.ExitStack() as stack:
@@ -150,8 +151,9 @@ def merge_spills(spills: Sequence[dict[str, Any]], out_paths: list[Path], seq_le
         readers = {s["index"]: stack.enter_context(Path(s["tokens"]).open("rb")) for s in spills}
         for doc_id, index, length in heapq.merge(*(_doc_stream(s) for s in spills)):
             if previous is not None and doc_id == previous:
-                raise ValueError(f"document id {doc_id} appears in two document shards")
-            previous = doc_id
+                raise ValueError(f"document id {doc_id} appears in two document shards, "
+                                 f"{sources[previous_index]} and {sources[index]}")
+            previous, previous_index = doc_id, index
             documents += 1
             pending.append(np.frombuffer(readers[index].read(length * ID_DTYPE.itemsize), dtype=ID_DTYPE))
             pending_tokens += length

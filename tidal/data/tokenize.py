@@ -173,11 +173,12 @@ def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS
     chars = 0
     for rows in iter_shard_rows(path, ("id", "text"), max_documents):
         for doc_id, text in rows:
-            if batch and (len(batch) >= max_documents or chars + len(text) > max_chars):
+            size = len(text) if isinstance(text, str) else 0  # a null text fails in encode_documents, reported
+            if batch and (len(batch) >= max_documents or chars + size > max_chars):
                 yield batch
                 batch, chars = [], 0
             batch.append((doc_id, text))
-            chars += len(text)
+            chars += size
     if batch:
         yield batch
 
@@ -203,9 +204,14 @@ class EncodeShardFn(beam.DoFn):
         yield encode_shard(index, path, self.spill_dir, batches, self.fallback_ids, self.unk_id)
 
 
-def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[str, Any]) -> None:
-    """Final single-worker stage: merge the spills by id into the token shards, then write
-    ``failed_documents.json`` and ``meta.json``."""
+def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[str, Any], spill_dir: str) -> None:
+    """Final single-worker stage: merge the spills by id into the token shards, write
+    ``failed_documents.json`` and ``meta.json``, then remove ``spill_dir``.
+
+    The spills are removed here, inside the job, not only by :func:`run` after it: a job
+    that a Beam provider launched on a cluster is committed when the job ends (see
+    :mod:`tidal.launch.beam_job`), whether or not the launching process got to clean up.
+    """
     out = Path(out_dir)
     dtype = token_dtype(settings["vocab_size"])
     spills = sorted(spills, key=lambda s: s["index"])
@@ -228,6 +234,7 @@ def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[
         "byte_fallback_tokens": sum(s["byte_fallback_tokens"] for s in spills),
     }
     (out / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 def run(ctx: StepContext) -> dict:
@@ -257,7 +264,8 @@ def run(ctx: StepContext) -> dict:
                 | "EncodeShards" >> beam.ParDo(EncodeShardFn(str(tokenizer_dir), tok_meta["eos_id"], str(spill_dir),
                                                              fallback_ids, unk_id))
                 | "AllSpills" >> beam.combiners.ToList()
-                | "MergeAndWrite" >> beam.Map(_merge_and_write, out_dir=str(ctx.out_dir), settings=settings)
+                | "MergeAndWrite" >> beam.Map(_merge_and_write, out_dir=str(ctx.out_dir), settings=settings,
+                                                spill_dir=str(spill_dir))
             )
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)

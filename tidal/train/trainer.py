@@ -540,8 +540,11 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
             live.set_tags({"tidal.checkpoint_root_hash": manifest["root_hash"],
                            "tidal.checkpoint_step": str(manifest["step"])})
 
+    # the CPU step never donates its input state (see build), so a save may read it from the
+    # background thread while the next steps run
     ckpt = Checkpointer(step_dir, cfg.keep_checkpoints, log, permanent_every=cfg.checkpoint_permanent_every,
-                        primary=primary, on_manifest=on_manifest)
+                        primary=primary, on_manifest=on_manifest,
+                        host_state=jax.default_backend() == "cpu")
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
     try:
