@@ -78,9 +78,9 @@ def hand_loop(spec: dict) -> tuple[float, float]:
     import jax
     import optax
 
+    from tidal.train.config import OptimizerConfig, make_optimizer
     from tidal.train.loader import BatchLoader, TokenShards
     from tidal.train.model import ModelConfig, init_params, next_token_loss
-    from tidal.train.trainer import OptimizerConfig, make_optimizer
 
     cfg = spec["config"]
     model_cfg = ModelConfig.from_config(cfg["model"], VOCAB)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, TINY
+from tests.ops.test_baseline import _commit as commit
 from tidal.cli import main
 
 
@@ -23,21 +24,6 @@ def recipe(tiny_data, tmp_path, monkeypatch):
     path = tmp_path / "nightly.yaml"
     path.write_text(yaml.safe_dump(tiny_data, sort_keys=False))
     return path
-
-
-def commit(pipe, name: str, files: dict, summary: dict) -> None:
-    """Commit ``files`` as step ``name`` through the runner's commit protocol (no computation)."""
-    from tidal.runner import write_commit
-
-    step = pipe.graph[name]
-    out = pipe.storage.step_dir(step.step_id)
-    out.mkdir(parents=True)
-    for fname, content in files.items():
-        if isinstance(content, pd.DataFrame):
-            content.to_parquet(out / fname)
-        else:
-            (out / fname).write_text(content)
-    write_commit(step, pipe.storage, out, summary, started_at="2026-01-01T00:00:00+00:00", seconds=1.0)
 
 
 def test_a_missing_baseline_file_is_flagged_refused_at_comparison_and_created_by_tidal_baseline(recipe, capsys):

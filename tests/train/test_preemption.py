@@ -21,7 +21,7 @@ from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make
 
 import tidal.train
 from tidal.launch.local import entrypoint_command
-from tidal.train.trainer import EXIT_PREEMPTED
+from tidal.train.preemption import EXIT_PREEMPTED
 
 STEPS = 24
 RUN_CONFIG = dict(CONFIG, steps=STEPS, checkpoint_every=3, eval_every=12, log_every=1, keep_checkpoints=2)

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from tidal.train.trainer import ConfigError, TrainConfig, make_optimizer
+from tidal.train.config import ConfigError, TrainConfig, make_optimizer
 
 BASE = {
     "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64},

@@ -37,15 +37,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tidal").setLevel(logging.INFO)
     from tidal.train.checkpoints import CheckpointMismatch
+    from tidal.train.config import ConfigError
     from tidal.train.loader import DataContractError
-    from tidal.train.trainer import (
-        EXIT_PREEMPTED,
-        ConfigError,
-        Preempted,
-        load_spec,
-        profile,
-        train,
-    )
+    from tidal.train.preemption import EXIT_PREEMPTED, Preempted
+    from tidal.train.profile import profile
+    from tidal.train.trainer import load_spec, train
 
     try:
         spec = load_spec(args.step_dir)

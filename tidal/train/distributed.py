@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
@@ -107,3 +108,34 @@ def is_primary() -> bool:
     import jax
 
     return jax.process_index() == 0
+
+
+_STARTED = False
+
+
+def start_once() -> None:
+    """Join the multi-process run from the environment once per process (before any JAX use)."""
+    global _STARTED
+    if not _STARTED:
+        initialize()
+        _STARTED = True
+
+
+def host_scalar(x: Any) -> float:
+    """A replicated scalar as a Python float, also when it spans several processes."""
+    import jax
+
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(x)
+
+
+def host_tree(tree: Any) -> Any:
+    """Every leaf as a full host numpy array (gathered across processes when needed)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)

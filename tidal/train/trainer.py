@@ -1,4 +1,4 @@
-"""The training loop: config, AdamW schedule, sharded jitted step, eval, metrics, checkpoints.
+"""The training loop: sharded jitted step, eval, metrics, checkpoints (config: :mod:`tidal.train.config`).
 
 Invariant: the run is a pure function of ``spec.json`` (config, input bytes, seed). Parameters
 are initialised from the step seed, batch ``i`` is ``BatchLoader.batch(i)``, and a resumed run
@@ -14,7 +14,7 @@ over ``data x fsdp``, and the step is jitted with those in/out shardings. Anothe
 changes the order of floating-point reductions, so losses agree only to rounding.
 
 Preemption: SIGTERM (GKE sends it before a spot VM goes, then waits
-``terminationGracePeriodSeconds``) sets a flag; at the next step boundary the state is
+``terminationGracePeriodSeconds``) sets a flag (:mod:`tidal.train.preemption`); at the next step boundary the state is
 checkpointed and the process exits with :data:`EXIT_PREEMPTED`. A SIGKILL loses at most the
 steps since the last finished checkpoint.
 
@@ -29,13 +29,12 @@ import json
 import logging
 import math
 import os
-import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import jax
 import numpy as np
@@ -46,6 +45,8 @@ from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train import model as modellib
 from tidal.train.checkpoints import Checkpointer, tree_sha256
+from tidal.train.config import ConfigError, TrainConfig, make_optimizer
+from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.loader import (
     BatchLoader,
     TokenShards,
@@ -55,172 +56,11 @@ from tidal.train.loader import (
 )
 from tidal.train.metrics import LiveMetrics, device_memory, model_flops_utilisation, peak_flops
 from tidal.train.model import ModelConfig, flops_per_token, init_params, param_count
+from tidal.train.preemption import EXIT_PREEMPTED, Preempted, SigtermFlag
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 SPEC = "spec.json"
-PROFILE = "profile.json"
-# sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry" -- the state is
-# checkpointed and a rerun resumes from it.
-EXIT_PREEMPTED = 75
-
-
-class ConfigError(ValueError):
-    """The train step's config breaks a rule; the message names the key."""
-
-
-def _positive_int(config: dict, key: str, allow_zero: bool = False) -> int:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-        raise ConfigError(f"train config {key!r} must be a {'non-negative' if allow_zero else 'positive'} "
-                          f"int, got {value!r}")
-    return value
-
-
-def _number(config: dict, key: str, low: float, high: float, prefix: str = "optimizer.") -> float:
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ConfigError(f"train config '{prefix}{key}' must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
-
-
-def _check_keys(config: dict, required: tuple[str, ...], optional: tuple[str, ...], where: str) -> None:
-    if not isinstance(config, dict):
-        raise ConfigError(f"train config {where}: expected a mapping, got {type(config).__name__}")
-    missing = [k for k in required if k not in config]
-    unknown = sorted(set(config) - set(required) - set(optional))
-    if missing or unknown:
-        raise ConfigError(f"train config {where}: missing keys {missing}, unknown keys {unknown}")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with linear warmup then cosine decay, and global-norm gradient clipping.
-
-    Attributes:
-        lr: peak learning rate (reached after ``warmup_steps``).
-        min_lr_ratio: final learning rate as a fraction of ``lr`` (cosine end value).
-        warmup_steps: steps of linear warmup from 0.
-        weight_decay: decoupled weight decay (Loshchilov & Hutter 2019), applied to matrices
-            only (params with ndim >= 2), not to RMSNorm scales.
-        b1, b2: Adam moment decay rates.
-        grad_clip: max global gradient norm; 0 disables clipping.
-    """
-
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    b1: float
-    b2: float
-    grad_clip: float
-
-    @classmethod
-    def from_config(cls, config: dict) -> OptimizerConfig:
-        """Parse ``config["optimizer"]``.
-
-        Raises:
-            ConfigError: a missing/unknown key or out-of-range value, naming it.
-        """
-        names = tuple(f.name for f in fields(cls))
-        _check_keys(config, names, (), "'optimizer'")
-        return cls(lr=_number(config, "lr", 0.0, 10.0),
-                   min_lr_ratio=_number(config, "min_lr_ratio", 0.0, 1.0),
-                   warmup_steps=_positive_int(config, "warmup_steps", allow_zero=True),
-                   weight_decay=_number(config, "weight_decay", 0.0, 10.0),
-                   b1=_number(config, "b1", 0.0, 1.0), b2=_number(config, "b2", 0.0, 1.0),
-                   grad_clip=_number(config, "grad_clip", 0.0, math.inf))
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The train step's config (``ctx.config``); see docs/contracts.md, kind ``train``.
-
-    Attributes:
-        model: ``{d_model, n_layers, n_heads, d_ff}`` (checked by ``ModelConfig.from_config``).
-        optimizer: see :class:`OptimizerConfig`.
-        steps: optimizer updates to run.
-        batch_size: sequences per update.
-        checkpoint_every, eval_every, log_every: intervals in steps (the last step always
-            checkpoints, evaluates and logs).
-        eval_batches: batches of ``batch_size`` sequences per eval source.
-        keep_checkpoints: newest checkpoints kept on disk.
-        train_data: input step name of the mixture.
-        eval_data: eval source name -> input step name of its tokenized data.
-        tokenizer: input step name of the tokenizer.
-        mesh: explicit mesh axis sizes ``{data, fsdp, tensor}`` (None or missing: derived,
-            see :func:`tidal.train.mesh.mesh_shape`).
-        checkpoint_permanent_every: also keep every checkpoint whose step is a multiple of
-            this, forever (None: only the newest ``keep_checkpoints``).
-    """
-
-    model: dict[str, Any]
-    optimizer: OptimizerConfig
-    steps: int
-    batch_size: int
-    checkpoint_every: int
-    eval_every: int
-    eval_batches: int
-    log_every: int
-    keep_checkpoints: int
-    train_data: str
-    eval_data: dict[str, str]
-    tokenizer: str
-    mesh: dict[str, int | None] | None = None
-    checkpoint_permanent_every: int | None = None
-
-    @classmethod
-    def from_config(cls, config: dict) -> TrainConfig:
-        """Parse and check the step config.
-
-        Raises:
-            ConfigError: a missing/unknown key or bad value, naming the key and the rule.
-        """
-        ints = ("steps", "batch_size", "checkpoint_every", "eval_every", "eval_batches", "log_every",
-                "keep_checkpoints")
-        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"),
-                    ("eval_data", "seed", "mesh", "checkpoint_permanent_every"), "")
-        eval_data = config.get("eval_data") or {}
-        if not isinstance(eval_data, dict) or not all(isinstance(v, str) for v in eval_data.values()):
-            raise ConfigError(f"train config 'eval_data' must map source -> input step name, "
-                              f"got {eval_data!r}")
-        for key in ("train_data", "tokenizer"):
-            if not isinstance(config[key], str):
-                raise ConfigError(f"train config {key!r} must be an input step name, got {config[key]!r}")
-        mesh = config.get("mesh")
-        try:
-            meshlib.check_request(mesh)
-        except meshlib.MeshError as err:
-            raise ConfigError(str(err)) from None
-        permanent = config.get("checkpoint_permanent_every")
-        if permanent is not None:
-            permanent = _positive_int(config, "checkpoint_permanent_every")
-        out = cls(model=dict(config["model"]), optimizer=OptimizerConfig.from_config(config["optimizer"]),
-                  train_data=config["train_data"], eval_data=dict(eval_data), tokenizer=config["tokenizer"],
-                  mesh=None if mesh is None else dict(mesh), checkpoint_permanent_every=permanent,
-                  **{k: _positive_int(config, k) for k in ints})
-        if out.optimizer.warmup_steps >= out.steps:
-            raise ConfigError(f"train config 'optimizer.warmup_steps' ({out.optimizer.warmup_steps}) must be "
-                              f"below 'steps' ({out.steps})")
-        return out
-
-
-def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-    """Clip-by-global-norm then AdamW on ``optax.warmup_cosine_decay_schedule``.
-
-    The schedule rises linearly from 0 to ``lr`` over ``warmup_steps`` and decays by a cosine to
-    ``lr * min_lr_ratio`` at ``total_steps`` (optax's ``decay_steps`` includes the warmup).
-
-    Returns:
-        ``(transformation, schedule)``; ``schedule(i)`` is the learning rate of 0-based update i.
-    """
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=total_steps,
-        end_value=cfg.lr * cfg.min_lr_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
-    parts = ([optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []) + [adamw]
-    return optax.chain(*parts), schedule
 
 
 @dataclass
@@ -279,77 +119,8 @@ def _eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-class Preempted(RuntimeError):
-    """SIGTERM arrived; the state was checkpointed at ``step`` and the run stopped (exit 75)."""
-
-    def __init__(self, step: int):
-        self.step = step
-        super().__init__(f"preempted: checkpoint of step {step} saved; rerun to resume")
-
-
-class _Terminate:
-    """A SIGTERM flag for the duration of a ``with`` block (main thread only)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous: Any = None
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def __enter__(self) -> Self:
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread (e.g. called from a test thread): no handler
-            self._previous = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-    def agreed(self, sync_point: bool) -> bool:
-        """Whether to stop now. One process: the flag. Several: at sync points only, stop if
-        any process got SIGTERM (all must take the collective checkpoint together)."""
-        if jax.process_count() == 1:
-            return self.requested
-        if not sync_point:
-            return False
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.array([int(self.requested)], np.int32))
-        return bool(np.max(flags))
-
-
-_DISTRIBUTED_STARTED = False
-
-
-def start_distributed() -> None:
-    """Join the multi-process run from the environment once per process (before any JAX use)."""
-    global _DISTRIBUTED_STARTED
-    if not _DISTRIBUTED_STARTED:
-        distributed.initialize()
-        _DISTRIBUTED_STARTED = True
-
-
 def _no_print(*args: Any, **kwargs: Any) -> None:
     """Progress lines come from process 0 only."""
-
-
-def _host_scalar(x: Any) -> float:
-    """A replicated scalar as a Python float, also when it spans several processes."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        x = x.addressable_data(0)
-    return float(x)
-
-
-def _host_tree(tree: Any) -> Any:
-    """Every leaf as a full host numpy array (gathered across processes when needed)."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 @dataclass
@@ -402,7 +173,7 @@ def build(spec: dict[str, Any]) -> Run:
     Raises:
         ConfigError, DataContractError: bad config or inputs, before any training.
     """
-    start_distributed()
+    distributed.start_once()
     cfg = TrainConfig.from_config(spec["config"])
     data = open_inputs(cfg, spec.get("inputs", {}))
     seed = int(spec.get("seed", 0))
@@ -484,7 +255,7 @@ def evaluate(run: Run, params: Any) -> dict[str, float]:
         total = 0.0
         for b in batches:
             layout, mean_ce = run.eval_loss[b.shape]
-            total += _host_scalar(mean_ce(params, meshlib.put_global(b, layout))) * b.shape[0]
+            total += host_scalar(mean_ce(params, meshlib.put_global(b, layout))) * b.shape[0]
         rows = sum(b.shape[0] for b in batches)
         out[f"eval_loss/{src}"] = total / rows
         if run.data.token_bytes is not None:
@@ -581,7 +352,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     metrics_file = open(metrics_path, "a") if primary else None  # noqa: SIM115 - closed in finally
     status = "FAILED"
     try:
-        with _Terminate() as term:
+        with SigtermFlag() as term:
             for i in range(start, cfg.steps):
                 state, stats = run.step(state, run.batch(i), np.int32(i))
                 done = i + 1
@@ -594,7 +365,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                 eval_now = done % cfg.eval_every == 0 or is_last
                 log_now = done % cfg.log_every == 0 or eval_now
                 if log_now:
-                    record = {k: _host_scalar(v) for k, v in stats.items()}
+                    record = {k: host_scalar(v) for k, v in stats.items()}
                     now = time.perf_counter()
                     if done > mark_step:
                         step_s = (now - mark_time) / (done - mark_step)
@@ -663,7 +434,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         "param_count": n_params, "flops_per_token": flops_per_token(run.model_cfg, run.context),
         "seq_len": run.seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
-        "params_sha256": tree_sha256(_host_tree(state["params"])),
+        "params_sha256": tree_sha256(host_tree(state["params"])),
         "environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
         "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
@@ -707,50 +478,6 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
     return summary
 
-
-def profile(step_dir: str | Path, spec: dict[str, Any], n_steps: int) -> dict[str, Any]:
-    """Run ``n_steps`` steps from the initial state and record their speed; commit nothing.
-
-    No checkpoint is read or written and no ``metrics.jsonl``/``summary.json`` is touched;
-    only ``profile.json`` (process 0) is written, so the step stays uncommitted.
-
-    Returns:
-        ``{"steps", "compile_and_first_step_s", "step_time_s" (mean of steps 2..N, each
-        timed to completion), "step_time_s_median", "tokens_per_second", "mfu" (or None),
-        "peak_memory_bytes", "memory_source", "mesh", "device_kind", "devices",
-        "param_count", "flops_per_token", "environment_fingerprint"}``.
-
-    Raises:
-        ConfigError: ``n_steps < 2`` (one step only measures compilation), or a bad config.
-    """
-    if n_steps < 2:
-        raise ConfigError(f"--profile needs at least 2 steps (the first one compiles), got {n_steps}")
-    run = build(spec)
-    state = run.fresh_state()
-    times = []
-    for i in range(n_steps):
-        batch = run.batch(i)
-        start = time.perf_counter()
-        state, stats = run.step(state, batch, np.int32(i))
-        jax.block_until_ready((state, stats))
-        times.append(time.perf_counter() - start)
-    memory = device_memory()
-    mean = statistics.fmean(times[1:])
-    out = {"steps": n_steps, "compile_and_first_step_s": times[0], "step_time_s": mean,
-           "step_time_s_median": statistics.median(times[1:]), "tokens_per_second": run.tokens_per_step / mean,
-           "mfu": run.mfu(run.tokens_per_step / mean), "peak_memory_bytes": memory["peak_memory_bytes"],
-           "memory_source": memory["memory_source"], "mesh": meshlib.describe(run.mesh).split(" (")[0],
-           "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
-           "param_count": param_count(run.model_cfg),
-           "flops_per_token": flops_per_token(run.model_cfg, run.context),
-           "final_loss": _host_scalar(stats["loss"]), "environment_fingerprint": environment_fingerprint()}
-    if distributed.is_primary():
-        path = Path(step_dir) / PROFILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(PROFILE + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    return out
 
 def load_spec(step_dir: str | Path) -> dict[str, Any]:
     """Read ``STEP_DIR/spec.json``.
