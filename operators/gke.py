@@ -4,14 +4,21 @@ With ``train.resources.launcher: gke`` the DAG factory puts a task group named l
 in place of the single ``TidalStepOperator``:
 
 * ``{step}.prepare`` (branch, milliseconds): :func:`tidal.launch.remote.prepare`; a committed
-  step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written and
-  the launch runs.
+  step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
+  step's MLflow run is opened (:func:`open_live_run`) and the launch runs.
 * single pod (CPU, GPU node, single-host TPU slice): ``{step}.launch``, a
   ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
 * several pods (multi-host TPU, multislice, multi-node GPU): ``{step}.create`` creates the
   JobSet of :func:`tidal.launch.pods.jobset`, ``{step}.wait`` (:class:`JobSetSensor`) waits
   for its ``Completed`` / ``Failed`` condition, ``{step}.delete`` removes it whatever happened.
-* ``{step}.commit``: :func:`tidal.launch.remote.commit` writes manifest, step.json, _SUCCESS.
+* ``{step}.commit``: :func:`tidal.launch.remote.commit` writes manifest, step.json, _SUCCESS,
+  and the step is recorded in MLflow: into the live run when prepare opened one.
+
+Live metrics: prepare pushes XComs ``mlflow_tracking_uri`` and ``mlflow_run_id``; the pod env
+takes ``MLFLOW_TRACKING_URI`` / ``TIDAL_MLFLOW_RUN_ID`` from them by templating, as it takes
+its step URI. Both are empty (the trainer then logs nothing live) unless the recipe's or the
+deployment's tracking URI is an MLflow server a pod can reach
+(:func:`tidal.launch.pods.pod_tracking_uri`) and the run could be opened.
 
 Parsing stays light: importing the cncf-kubernetes provider costs seconds (the ``kubernetes``
 and ``kubernetes_asyncio`` clients), so the DAG holds :class:`ProviderOperator` shells that
@@ -28,6 +35,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
 from operators.step import run_key_of
+from tidal.train.metrics import RUN_ID_ENV, URI_ENV
 
 POD_OPERATOR = "airflow.providers.cncf.kubernetes.operators.pod:KubernetesPodOperator"
 CREATE_OPERATOR = "airflow.providers.cncf.kubernetes.operators.resource:KubernetesCreateResourceOperator"
@@ -36,6 +44,8 @@ CONN_ID = "kubernetes_default"
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 # How often the deferred pod operator comes back to a worker to fetch new log lines (s).
 LOG_INTERVAL_S = 120
+# XCom keys of the prepare task read by the pod env templates and by commit
+XCOM_TRACKING_URI, XCOM_RUN_ID = "mlflow_tracking_uri", "mlflow_run_id"
 # TPU / GPU node pools scale up from zero: node provisioning plus a multi-GB image pull.
 SCHEDULE_TIMEOUT_S = 3600
 STARTUP_TIMEOUT_S = 1200
@@ -83,7 +93,9 @@ class ProviderOperator(BaseOperator):
 class TidalPrepareOperator(BaseBranchOperator):
     """Branch: skip to ``commit`` when the step is committed, else write ``spec.json`` and launch.
 
-    XCom ``prepared`` = :func:`tidal.launch.remote.prepare`'s dict; ``step_uri`` = its step dir.
+    XCom ``prepared`` = :func:`tidal.launch.remote.prepare`'s dict; ``step_uri`` = its step dir;
+    ``mlflow_tracking_uri`` / ``mlflow_run_id`` = the live run for the pod (:func:`open_live_run`;
+    empty strings when there is none).
     """
 
     template_fields = ("recipe_path",)
@@ -101,13 +113,47 @@ class TidalPrepareOperator(BaseBranchOperator):
 
         params = context.get("params") or {}
         force = self.step_name in (params.get("force_steps") or [])
-        prepared = prepare(pipeline_for_run(self.recipe_path, context), self.step_name, force=force)
-        context["ti"].xcom_push(key="prepared", value=prepared)
-        context["ti"].xcom_push(key="step_uri", value=prepared["step_uri"])
+        pipe = pipeline_for_run(self.recipe_path, context)
+        prepared = prepare(pipe, self.step_name, force=force)
+        live = open_live_run(pipe, self.step_name, run_key_of(context), self.log) if prepared["status"] == "run" else {}
+        ti = context["ti"]
+        ti.xcom_push(key="prepared", value=prepared)
+        ti.xcom_push(key="step_uri", value=prepared["step_uri"])
+        ti.xcom_push(key=XCOM_TRACKING_URI, value=live.get(URI_ENV, ""))
+        ti.xcom_push(key=XCOM_RUN_ID, value=live.get(RUN_ID_ENV, ""))
         self.log.info("%s %s -> %s", prepared["status"], prepared["step_id"], prepared["step_uri"])
         if prepared["status"] == "skip":
             return [self.commit_task_id]
         return [self.launch_task_id, self.commit_task_id]
+
+
+def open_live_run(pipe: Any, step_name: str, run_key: str, log: Any) -> dict[str, str]:
+    """Open the MLflow run a training pod logs into while it trains; the pod's env for it.
+
+    Args:
+        pipe: the run's :class:`tidal.pipeline.Pipeline` (its ``tracking_uri``: the recipe's,
+            or ``$MLFLOW_TRACKING_URI`` of the deployment, else the storage root's SQLite).
+        step_name: the training step, about to be launched.
+        run_key: the DAG run's MLflow parent-run key.
+        log: logger for the one line saying why there is no live run.
+
+    Returns:
+        :func:`tidal.launch.pods.live_metrics_env`: both variables, or ``{}`` when the tracking
+        URI is no server a pod can reach (nothing is opened; the step's run is created when it
+        commits, as for a local run) or MLflow is unreachable now (the tracker warns).
+    """
+    from tidal.launch.pods import live_metrics_env, pod_tracking_uri
+
+    uri = pipe.tracking_uri
+    if pod_tracking_uri(uri) is None:
+        scheme = uri.split(":", 1)[0] if ":" in uri else "path"  # never the whole URI: it may hold a password
+        log.info("no live metrics for step %s: its tracking store (%s) is not an MLflow server a pod can "
+                 "reach; the step's MLflow run is recorded when it commits", step_name, scheme)
+        return {}
+    step = pipe.graph[step_name]
+    parent = pipe.parent_run(run_key)
+    run_id = pipe.tracker().open_step_run(parent, step.name, step.step_id, step.kind) if parent else None
+    return live_metrics_env(uri, run_id)
 
 
 class TidalCommitOperator(BaseOperator):
@@ -128,9 +174,14 @@ class TidalCommitOperator(BaseOperator):
         from tidal.launch.remote import commit
 
         export_signing_key()  # the commit signs step.json and manifest.json (tidal/signing.py)
-        prepared = context["ti"].xcom_pull(task_ids=self.prepare_task_id, key="prepared")
-        result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, started_at=prepared["started_at"],
-                        launcher="gke", workload=self.workload, run_key=run_key_of(context))
+        ti = context["ti"]
+        prepared = ti.xcom_pull(task_ids=self.prepare_task_id, key="prepared")
+        live_run = ti.xcom_pull(task_ids=self.prepare_task_id, key=XCOM_RUN_ID) or None
+        pipe = pipeline_for_run(self.recipe_path, context)
+        result = commit(pipe, self.step_name, started_at=prepared["started_at"], launcher="gke",
+                        workload=self.workload, run_key=None)
+        # recorded here, not by commit(), so that the pod's live run is completed, not duplicated
+        pipe.record(result, run_key_of(context), live_run=live_run)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
@@ -187,7 +238,9 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
     with TaskGroup(group_id=step.name, tooltip=f"step {step.step_id} on GKE") as group:
         prefix = f"{step.name}."
         step_uri = f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="step_uri") }}}}'
-        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels)
+        live_env = {env: f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="{key}") or "" }}}}'
+                    for env, key in ((URI_ENV, XCOM_TRACKING_URI), (RUN_ID_ENV, XCOM_RUN_ID))}
+        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env=live_env)
         single = is_single_pod(resources)
         launch_id = f"{prefix}launch" if single else f"{prefix}create"
         prepare = TidalPrepareOperator(task_id="prepare", recipe_path=recipe_path, step_name=step.name,
@@ -255,4 +308,4 @@ def pod_operator_kwargs(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["JobSetSensor", "ProviderOperator", "TidalCommitOperator", "TidalPrepareOperator",
-           "gke_train_group", "jobset_finished", "pod_operator_kwargs"]
+           "gke_train_group", "jobset_finished", "open_live_run", "pod_operator_kwargs"]

@@ -1,6 +1,7 @@
 """The GKE variant of the tiny DAG: it parses light, renders, and its operators carry the
 arguments chosen on purpose; the pod the real KubernetesPodOperator would create is
-schema-valid and hardened. Nothing runs on a cluster here."""
+schema-valid and hardened, and carries the live-metrics env of the run prepare opened.
+Nothing runs on a cluster here."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -15,7 +17,7 @@ import yaml
 from operators.dag_factory import build_dag
 from operators.gke import ProviderOperator, jobset_finished
 from tests.conftest import REPO, TINY
-from tests.launch.test_pods import K8S_VERSION, validate
+from tests.launch.test_pods import K8S_VERSION, RUN_ID, SERVER_URI, validate
 from tidal.launch.hardening import violations
 from tidal.planner import build_graph
 from tidal.recipe import parse_recipe
@@ -33,17 +35,33 @@ def write_recipe(tmp_path: Path, data: dict, name: str, resources: dict) -> Path
     return path
 
 
+# what prepare pushes when it opened a live run on a tracking server
+XCOMS = {"step_uri": STEP_URI, "mlflow_tracking_uri": SERVER_URI, "mlflow_run_id": RUN_ID}
+LIVE_ENV = {"MLFLOW_TRACKING_URI": SERVER_URI, "TIDAL_MLFLOW_RUN_ID": RUN_ID}
+
+
 class StubTI:
-    """Just enough of a task instance for Jinja: the prepare task's XCom."""
+    """Just enough of a task instance for Jinja and the prepare/commit operators: XComs."""
+
+    def __init__(self, xcoms: dict | None = None):
+        self.xcoms = dict(XCOMS if xcoms is None else xcoms)
 
     def xcom_pull(self, task_ids=None, key=None):
-        assert (task_ids, key) == ("train.prepare", "step_uri")
-        return STEP_URI
+        assert task_ids == "train.prepare"
+        return self.xcoms.get(key)
+
+    def xcom_push(self, key, value):
+        self.xcoms[key] = value
 
 
-def rendered(op) -> dict:
-    op.render_template_fields({"ti": StubTI()})
+def rendered(op, xcoms: dict | None = None) -> dict:
+    op.render_template_fields({"ti": StubTI(xcoms)})
     return op.operator_kwargs
+
+
+def env_of(pod_spec: dict) -> dict:
+    """``{name: value}`` of the training container's literal env vars."""
+    return {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"] if "value" in e}
 
 
 PROBE = r"""
@@ -102,6 +120,7 @@ def test_single_host_variant_renders_a_valid_hardened_pod(tmp_path, tiny_data):
     assert container["resources"]["limits"]["google.com/tpu"] == "8"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 600 and pod["spec"]["activeDeadlineSeconds"] == 86400
     assert pod["metadata"]["labels"]["tidal.dev/step-id"].startswith("train-")
+    assert env_of(pod["spec"]).items() >= LIVE_ENV.items()  # live metrics into prepare's run
     assert K8S_VERSION
 
 
@@ -120,6 +139,7 @@ def test_multi_host_variant_renders_jobset_sensor_and_cleanup(tmp_path, tiny_dat
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"] == [STEP_URI]
     assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert env_of(pod).items() >= LIVE_ENV.items()
     create.build()  # the real KubernetesCreateResourceOperator accepts these arguments
     delete.build()
 
@@ -161,3 +181,129 @@ def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data):
     assert result.status == "run" and pipe.storage.is_committed(train.step_id)
     assert json.loads((out / "step.json").read_text())["provenance"]["launcher"] == "gke"
     assert prepare(pipe, "train")["status"] == "skip"
+
+
+@pytest.mark.parametrize("resources, task, xcoms", [
+    (POD, "launch", {"step_uri": STEP_URI, "mlflow_tracking_uri": "", "mlflow_run_id": ""}),  # pushed empty
+    (JOBSET, "create", {"step_uri": STEP_URI}),  # not pushed at all
+], ids=["pod", "jobset"])
+def test_without_a_live_run_the_pod_env_turns_live_metrics_off(tmp_path, tiny_data, monkeypatch, resources, task,
+                                                                xcoms):
+    from tidal.train.metrics import LiveMetrics
+
+    dag = build_dag(write_recipe(tmp_path, tiny_data, "gke", resources))
+    kwargs = rendered(dag.task_dict[f"train.{task}"], xcoms)
+    manifest = kwargs["pod_template_dict"] if task == "launch" else yaml.safe_load(kwargs["yaml_conf"])
+    validate(manifest)
+    pod = manifest["spec"] if task == "launch" else \
+        manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    env = env_of(pod)
+    assert env["MLFLOW_TRACKING_URI"] == env["TIDAL_MLFLOW_RUN_ID"] == ""
+    for name in LIVE_ENV:
+        monkeypatch.setenv(name, env[name])
+    assert LiveMetrics.from_env(tmp_path, {"step_id": "train-x"}) is None  # the trainer logs nothing live
+
+
+def commit_inputs(pipe) -> None:
+    """Mark the training step's inputs committed (their contents are not read here)."""
+    for dep in pipe.graph["train"].inputs:
+        pipe.storage.step_dir(dep.step_id).mkdir(parents=True)
+        (pipe.storage.step_dir(dep.step_id) / "_SUCCESS").write_text("x\n")
+
+
+def test_prepare_and_commit_with_a_local_tracking_store(tmp_path, tiny_data, monkeypatch, capsys):
+    """A SQLite store is on the Airflow worker: no live run, one log line, the step's run is
+    recorded at commit as before."""
+    from mlflow.tracking import MlflowClient
+
+    from tidal.pipeline import Pipeline
+
+    for var in ("MLFLOW_TRACKING_URI", "TIDAL_STORAGE_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    store = tmp_path / "store"
+    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(store)}, "pod", POD)
+    dag = build_dag(path)
+    pipe = Pipeline.load(path)
+    commit_inputs(pipe)
+    ti = StubTI({})
+    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__1")}
+    capsys.readouterr()
+    assert dag.task_dict["train.prepare"].choose_branch(context) == ["train.launch", "train.commit"]
+    assert ti.xcoms["mlflow_tracking_uri"] == ti.xcoms["mlflow_run_id"] == ""
+    said = [line for line in capsys.readouterr().out.splitlines() if "no live metrics" in line]  # the task log
+    assert len(said) == 1 and "(sqlite)" in said[0], said
+    assert not (store / "mlflow.db").exists()  # nothing was opened in MLflow
+    (Path(ti.xcoms["step_uri"]) / "summary.json").write_text(json.dumps({"steps": 1, "final_train_loss": 2.5}))
+    out = dag.task_dict["train.commit"].execute(context)
+    assert out["status"] == "run" and pipe.storage.is_committed(pipe.graph["train"].step_id)
+    client = MlflowClient(pipe.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name(pipe.tracker().experiment).experiment_id])
+    child = [r for r in runs if r.data.tags.get("tidal.step_id") == pipe.graph["train"].step_id]
+    assert len(child) == 1 and child[0].info.status == "FINISHED" and child[0].data.metrics["final_train_loss"] == 2.5
+
+
+@pytest.mark.slow
+def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it(tmp_path, tiny_data, monkeypatch):
+    """Real ``mlflow server`` on loopback (about a minute to start on a busy 2-core host)."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    from tidal.pipeline import Pipeline
+
+    # by host name: a loopback URI is refused (in a pod it would be the pod itself)
+    host = socket.gethostname()
+    address = socket.gethostbyname(host)
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+                               f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root",
+                               str(tmp_path / "artifacts"), "--host", address, "--port", str(port),
+                               "--workers", "1", "--allowed-hosts", f"{host}:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        uri = f"http://{host}:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not come up"
+                time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
+        monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
+        monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+        path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
+        dag = build_dag(path)
+        pipe = Pipeline.load(path)
+        commit_inputs(pipe)
+        ti = StubTI({})
+        context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__2")}
+        dag.task_dict["train.prepare"].choose_branch(context)
+        run_id = ti.xcoms["mlflow_run_id"]
+        assert ti.xcoms["mlflow_tracking_uri"] == uri and run_id
+        client = MlflowClient(uri)
+        live = client.get_run(run_id)
+        assert live.info.status == "RUNNING" and live.data.tags["tidal.step_id"] == pipe.graph["train"].step_id
+        assert live.data.tags["mlflow.parentRunId"]
+        env = env_of(rendered(dag.task_dict["train.launch"], ti.xcoms)["pod_template_dict"]["spec"])
+        assert env["MLFLOW_TRACKING_URI"] == uri and env["TIDAL_MLFLOW_RUN_ID"] == run_id
+        client.log_metric(run_id, "loss", 3.0, step=1)  # what the pod's trainer logs live
+        (Path(ti.xcoms["step_uri"]) / "summary.json").write_text(json.dumps({"steps": 1, "final_train_loss": 2.5}))
+        dag.task_dict["train.commit"].execute(context)
+        done = client.get_run(run_id)
+        assert done.info.status == "FINISHED" and done.data.metrics["final_train_loss"] == 2.5
+        children = client.search_runs([live.info.experiment_id],
+                                      filter_string=f"tags.`mlflow.parentRunId` = '{live.data.tags['mlflow.parentRunId']}'")
+        assert [r.info.run_id for r in children] == [run_id]  # completed, not duplicated
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

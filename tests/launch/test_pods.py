@@ -23,7 +23,14 @@ import yaml
 
 from tidal.launch.hardening import violations
 from tidal.launch.local import entrypoint_command
-from tidal.launch.pods import POD_COMMAND, SpecError, is_single_pod, workload
+from tidal.launch.pods import (
+    POD_COMMAND,
+    SpecError,
+    is_single_pod,
+    live_metrics_env,
+    pod_tracking_uri,
+    workload,
+)
 from tidal.launch.resources import GPU_TYPES, TPU_TYPES
 from tidal.recipe import ResourceConfig
 
@@ -33,6 +40,8 @@ STEP_URI = "s3://tidal-runs/tiny/train-0123456789ab"
 NAME = "tidal-train-0123456789ab"
 LABELS = {"tidal.dev/recipe": "tiny", "tidal.dev/step": "train", "tidal.dev/step-id": "train-0123456789ab"}
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SERVER_URI = "http://tidal-mlflow.tidal:5000"  # the chart's tracking server (helm/tidal/values.yaml)
+RUN_ID = "5d1c0e4b7a2f4e9c8b3a6d0f1e2c3b4a"
 
 JOBSET_SCHEMA = {
     "type": "object",
@@ -215,6 +224,50 @@ def test_secret_literals_and_bad_names_are_refused():
     assert not is_single_pod(multi)
     with pytest.raises(SpecError, match="at most 40"):
         workload(multi, name="t" * 41, step_uri=STEP_URI)
+
+
+def pod_specs(manifest: dict) -> list[dict]:
+    """The pod spec(s) of a Pod or JobSet manifest."""
+    if manifest["kind"] == "Pod":
+        return [manifest["spec"]]
+    return [r["template"]["spec"]["template"]["spec"] for r in manifest["spec"]["replicatedJobs"]]
+
+
+def test_training_pods_get_the_live_metrics_env_of_a_tracking_server():
+    from tidal.train.metrics import RUN_ID_ENV, URI_ENV
+
+    env = live_metrics_env(SERVER_URI, RUN_ID)
+    assert env == {"MLFLOW_TRACKING_URI": SERVER_URI, "TIDAL_MLFLOW_RUN_ID": RUN_ID}
+    assert set(env) == {URI_ENV, RUN_ID_ENV}  # the names the trainer reads
+    shapes = {"pod": {"kind": "cpu"}, "cpu-jobset": {"kind": "cpu", "nodes": 2},
+              "tpu-multislice": {"kind": "tpu", "type": "tpu-v5p-slice", "topology": "2x2x4", "slices": 2}}
+    for case, acc in shapes.items():
+        manifest = workload(ResourceConfig.model_validate({"launcher": "gke", "accelerator": acc}), name=NAME,
+                            step_uri=STEP_URI, labels=LABELS, env=env,
+                            secret_env={"MLFLOW_TRACKING_TOKEN": ("tidal-mlflow", "token")})
+        validate(manifest)
+        assert violations(manifest) == [], case
+        for spec in pod_specs(manifest):
+            got = {e["name"]: e for e in spec["containers"][0]["env"]}
+            assert got[URI_ENV] == {"name": URI_ENV, "value": SERVER_URI}, case
+            assert got[RUN_ID_ENV] == {"name": RUN_ID_ENV, "value": RUN_ID}, case
+            assert got["MLFLOW_TRACKING_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tidal-mlflow", "key": "token"}
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////srv/tidal/mlflow.db", "file:///srv/tidal/mlruns", "/srv/tidal/mlruns",
+                                 "postgresql://tidal:pw@db:5432/mlflow", "http://tidal:pw@mlflow:5000",
+                                 "http://localhost:5000", "http://127.0.0.1:5000", "http://[::1]:5000",
+                                 "http://0.0.0.0:5000",
+                                 "http://mlflow:5000/it's", "", None])
+def test_no_live_metrics_env_for_a_store_a_pod_cannot_reach(uri):
+    assert pod_tracking_uri(uri) is None
+    assert live_metrics_env(uri, RUN_ID) == {}
+
+
+def test_no_live_metrics_env_without_a_run():
+    for uri in ("https://mlflow.example.org/tidal", "http://10.8.0.12:5000", "http://[fd00::2]:5000/"):
+        assert pod_tracking_uri(uri) == uri
+    assert live_metrics_env(SERVER_URI, None) == live_metrics_env(SERVER_URI, "") == {}
 
 
 GOLDEN_CASES = {

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make_ctx  # noqa: F401
@@ -23,6 +26,7 @@ from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make
 import tidal.train
 from tidal.launch.local import run_entrypoint
 from tidal.train import mesh as meshlib
+from tidal.train.checkpoints import PACKED_KEY
 from tidal.train.distributed import DistributedConfigError, launch_from_env
 
 STEPS = 8
@@ -142,21 +146,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_over_jax_distributed_match_one_process(setup):
-    root, inputs, want = setup
-    ctx = make_ctx(root / "two-processes", inputs, RUN_CONFIG)
-    tidal.train.write_spec(ctx)
+def run_two_processes(step_dir: Path) -> list[str]:
+    """Run the entrypoint on ``step_dir`` as processes 0 and 1 of a jax.distributed run over
+    local CPU (the pod env contract); assert both exit 0 and return their outputs."""
     port = free_port()
     procs = []
     for pid in range(2):
         env = {"JAX_PLATFORMS": "cpu", "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(pid)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tidal.train", str(ctx.out_dir)],
+        procs.append(subprocess.Popen([sys.executable, "-m", "tidal.train", str(step_dir)],
                                       env={**os.environ, **env}, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]
+    return outputs
+
+
+def test_two_processes_over_jax_distributed_match_one_process(setup):
+    root, inputs, want = setup
+    ctx = make_ctx(root / "two-processes", inputs, RUN_CONFIG)
+    tidal.train.write_spec(ctx)
+    outputs = run_two_processes(ctx.out_dir)
     assert "joined distributed run: process 0 of 2" in outputs[0]
     assert "joined distributed run: process 1 of 2" in outputs[1]
     assert "step 1/" not in outputs[1]  # only process 0 reports progress
@@ -168,3 +179,38 @@ def test_two_processes_over_jax_distributed_match_one_process(setup):
     run_entrypoint(ctx.out_dir)
     again = json.loads((ctx.out_dir / "summary.json").read_text())
     assert again["params_sha256"] == summary["params_sha256"] and again["mesh"] == "data=1 fsdp=1 tensor=1"
+
+
+def packed_steps(step_dir: Path) -> dict[int, bool]:
+    """``{step: saved in the packed layout}`` of the checkpoints under ``step_dir``."""
+    with ocp.CheckpointManager(step_dir / "checkpoints", item_handlers=ocp.PyTreeCheckpointHandler()) as manager:
+        return {step: PACKED_KEY in (manager.item_metadata(step).custom_metadata or {})
+                for step in manager.all_steps()}
+
+
+def test_two_processes_resume_a_packed_single_process_checkpoint(setup):
+    """The reverse of the test above: one CPU process saves packed checkpoints (module
+    docstring of tidal.train.checkpoints), then a 2-process run restores them, each process
+    placing its own shards, and continues."""
+    root, inputs, want = setup
+    ctx = make_ctx(root / "packed-resume", inputs, RUN_CONFIG)
+    tidal.train.write_spec(ctx)
+    run_entrypoint(ctx.out_dir, extra_args=["--stop-after", "6"])  # one process; last checkpoint: 4
+    assert packed_steps(ctx.out_dir) == {4: True}  # really saved packed
+    outputs = run_two_processes(ctx.out_dir)
+    assert all("resumed from checkpoint step 4" in out for out in outputs), outputs[0][-3000:]
+    got = losses(ctx.out_dir)
+    assert got[:4] == want[:4]  # written by the one-process run, kept bitwise; 5.. recomputed
+    assert_close(got, want)  # steps 5..8 on the 2-process mesh: equal to rounding (LOSS_TOL)
+    summary = json.loads((ctx.out_dir / "summary.json").read_text())
+    assert summary["mesh"] == "data=1 fsdp=2 tensor=1" and summary["checkpoint_step"] == STEPS
+    # the restore itself is exact: 2 processes restoring the uninterrupted run's packed final
+    # checkpoint (nothing left to train) report the same parameter hash, bit for bit
+    done = root / "packed-final"
+    shutil.copytree(root / "ref", done)
+    assert packed_steps(done)[STEPS]
+    outputs = run_two_processes(done)
+    assert all(f"resumed from checkpoint step {STEPS}" in out for out in outputs), outputs[0][-3000:]
+    again = json.loads((done / "summary.json").read_text())
+    ref = json.loads((root / "ref" / "summary.json").read_text())
+    assert again["params_sha256"] == ref["params_sha256"] and again["mesh"] == "data=1 fsdp=2 tensor=1"

@@ -20,6 +20,11 @@ Shapes (GKE "Plan TPUs", "Deploy TPU Multislice", JobSet v1alpha2 API):
   ``JAX_COORDINATOR_ADDRESS`` (pod 0's stable hostname), ``JAX_NUM_PROCESSES`` and
   ``JAX_PROCESS_ID`` (the Job completion index, through the downward API).
 
+Live metrics: a training pod logs into the MLflow run its launcher opened when its env has
+``MLFLOW_TRACKING_URI`` and ``TIDAL_MLFLOW_RUN_ID`` (:mod:`tidal.train.metrics`);
+:func:`live_metrics_env` gives both, only for a tracking server a pod can reach
+(:func:`pod_tracking_uri`). An empty value means no live metrics.
+
 Hardening (checked on every manifest by :func:`tidal.launch.hardening.violations`): non-root
 uid 1000, read-only root file system with ``emptyDir`` at ``/tmp`` and ``/dev/shm``, no
 privilege escalation, all capabilities dropped, seccomp ``RuntimeDefault``, no service-account
@@ -29,9 +34,11 @@ secrets only through ``secretKeyRef``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from tidal.launch.resources import (
     GPU_ACCELERATOR_LABEL,
@@ -44,6 +51,7 @@ from tidal.launch.resources import (
     tpu_slice,
 )
 from tidal.recipe import ResourceConfig
+from tidal.train.metrics import RUN_ID_ENV, URI_ENV
 
 POD_COMMAND = ("python", "-m", "tidal.train")
 CONTAINER = "train"
@@ -58,6 +66,9 @@ SHM_SIZE = "1Gi"
 # A JobSet pod's hostname is {jobset}-{replicated job}-{job index}-{pod index}: keep it <= 63.
 MAX_JOBSET_NAME = 40
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# an MLflow tracking server: http(s), a host, no user info (credentials go by secret_env), no
+# quotes or spaces (the value may be templated into a YAML body)
+_SERVER_URI = re.compile(r"^https?://[^\s'\"@/?#]+(/[^\s'\"@]*)?$")
 SECRET_NAME_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
 
 
@@ -80,6 +91,43 @@ def pod_count(resources: ResourceConfig) -> tuple[int, int]:
 def is_single_pod(resources: ResourceConfig) -> bool:
     """True when the workload is one pod (KubernetesPodOperator); else a JobSet."""
     return pod_count(resources) == (1, 1)
+
+
+def pod_tracking_uri(uri: str | None) -> str | None:
+    """``uri`` when a training pod can log live metrics to it, else None.
+
+    Accepted: an MLflow tracking server, ``http(s)://host[:port][/path]`` (e.g. the chart's
+    ``http://tidal-mlflow.<namespace>:5000``). Refused (None): no URI; a local store
+    (``sqlite:``, ``file:``, a plain path: its files are on the Airflow worker, not in the
+    pod); a server on the worker's loopback (``localhost``, ``127.0.0.1``, ``[::1]``: in a pod
+    that is the pod itself); a database URI (``postgresql://`` ...: the pod would need the
+    driver and the database password in a literal env var); a URI with user info, quotes or
+    whitespace. The host is judged as written, never resolved (the pod's DNS is not ours).
+    """
+    if not uri or not _SERVER_URI.match(uri):
+        return None
+    host = (urlsplit(uri).hostname or "").rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return uri
+    return None if address.is_loopback or address.is_unspecified else uri
+
+
+def live_metrics_env(tracking_uri: str | None, run_id: str | None) -> dict[str, str]:
+    """The env that makes a training pod log live into MLflow run ``run_id``, for ``workload(env=...)``.
+
+    Returns:
+        ``{"MLFLOW_TRACKING_URI": uri, "TIDAL_MLFLOW_RUN_ID": run_id}``, or ``{}`` (no live
+        metrics; the step's run is recorded when it commits) when ``run_id`` is empty or
+        :func:`pod_tracking_uri` refuses ``tracking_uri``.
+    """
+    uri = pod_tracking_uri(tracking_uri)
+    if uri is None or not run_id:
+        return {}
+    return {URI_ENV: uri, RUN_ID_ENV: run_id}
 
 
 def workload(resources: ResourceConfig, *, name: str, step_uri: str, labels: Mapping[str, str] | None = None,

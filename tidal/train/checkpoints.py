@@ -30,7 +30,10 @@ cost ~35 ms of CPU per 19 MB saved on the 2-core bench host. Two layouts:
   the training step.
 
 Both layouts, and the compressed checkpoints of earlier versions (each zarr array names its
-compressor), restore into either kind of run.
+compressor), restore into either kind of run. A packed checkpoint restores into a
+multi-process run too: every process reads the packed arrays whole (plain numpy, at most
+:data:`PACK_MAX_BYTES`) and places only its addressable shards (:func:`unpack_state`);
+tests/train/test_distributed.py checks the result bit for bit.
 
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
 exists and every file's size and sha256 match, and only into a state of exactly the same
