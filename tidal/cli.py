@@ -25,6 +25,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     baseline = describe_baseline(pipe)
     if baseline is not None:
         print(baseline)
+    for name, source in sorted(pipe.recipe.sources.items()):
+        if source.path is not None and source.snapshot_sha256 is None:
+            print(f"note: source {name} reads {source.path} unpinned: a change to its files is not noticed "
+                  f"(pin sources.{name}.snapshot_sha256 with the value its fetch step logs)")
     width = max(len(s.step_id) for s in pipe.graph)
     for step in pipe.graph:
         status = pipe.status(step.name)

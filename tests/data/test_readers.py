@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tidal.data.readers import list_files, read_path
+from tidal.data.readers import list_files, read_path, snapshot_sha256
 
 
 def jsonl(*objs) -> bytes:
@@ -147,6 +147,12 @@ def test_s3_prefix_reads_like_the_local_folder(tmp_path, monkeypatch):
         assert got == want and [r for r, _, _ in got] == ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3",
                                                           "part/b2.jsonl.zst:1", "part/b10.jsonl.gz:1"]
         assert records("jsonl", "s3://corpora/web/a.jsonl")[0] == want[:3]
+        # the snapshot hash of the downloaded objects is the local copy's
+        local_digests, s3_digests = [], []
+        list(read_path("jsonl", local, digests=local_digests))
+        list(read_path("jsonl", "s3://corpora/web", digests=s3_digests))
+        assert s3_digests == local_digests and len(s3_digests) == 3
+        assert snapshot_sha256(s3_digests) == snapshot_sha256(local_digests)
         with pytest.raises(FileNotFoundError, match="no object"):
             records("jsonl", "s3://corpora/missing/")
     finally:

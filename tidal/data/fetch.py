@@ -13,9 +13,12 @@ Config (hashed)::
 
 File sources (``format``: ``jsonl`` | ``parquet`` | ``text``, :mod:`tidal.data.readers`)
 take ``path`` (a local file or folder, or an ``s3://`` object or prefix) and ``text_field``
-instead of ``archive``; their
-content is not pinned by a sha256, so a path must name an immutable snapshot (the
-summary records ``bytes`` and ``documents`` so a change is visible).
+instead of ``archive``, and optionally ``snapshot_sha256``: the sha256 of the files read
+(:func:`tidal.data.readers.snapshot_sha256`). Fetch always computes it, writes it with every
+file's own sha256 and size to ``files.json`` and into its summary; with the pin in the
+config, a different value fails the step before anything is written (the files changed
+since the recipe was pinned). The pin is part of the step's config, hence of its id: without
+it a file source is addressed by its path only, and a change to its files is not noticed.
 
 Output ``raw.parquet``: columns ``source`` (string), ``ref`` (string), ``raw`` (binary,
 the original bytes), ``reason`` and ``detail`` (string; null for a good record, else why
@@ -26,6 +29,7 @@ writer options so the same input gives byte-identical files.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from itertools import islice
@@ -36,7 +40,7 @@ import pyarrow.parquet as pq
 
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
-from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path
+from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.jobcli import main
 
@@ -46,7 +50,8 @@ RAW_FILE = "raw.parquet"
 # A raw.parquet without them (older or hand-made) means every record parsed.
 RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
 FETCH_SCHEMA = pa.schema([*RAW_SCHEMA, ("reason", pa.string()), ("detail", pa.string())])
-CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents", "path", "text_field"}
+FILES_FILE = "files.json"
+CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents", "path", "text_field", "snapshot_sha256"}
 # Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
 # "created_by" names the library version, which the lockfile pins).
 PARQUET_OPTIONS = {
@@ -91,9 +96,10 @@ def run(ctx: StepContext) -> dict:
         if key not in config:
             raise ValueError(f"fetch step {ctx.name!r}: config lacks {key!r}")
     skipped: Counter = Counter()
+    digests: list[tuple[str, str, int]] = []
     if from_path:
         ctx.log.info("fetch %s: reading %s (%s)", config["source"], config["path"], config["format"])
-        records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped)
+        records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped, digests)
         if config.get("max_documents") is not None:
             records = islice(records, config["max_documents"])
     else:
@@ -116,6 +122,7 @@ def run(ctx: StepContext) -> dict:
         raws.append(record.raw)
         reasons.append(record.reason)
         details.append(record.detail if record.reason else None)
+    snapshot = check_snapshot(ctx, digests) if from_path else None
     table = pa.table(
         {"source": pa.array([config["source"]] * len(refs), pa.string()),
          "ref": pa.array(refs, pa.string()),
@@ -131,11 +138,41 @@ def run(ctx: StepContext) -> dict:
         "unparsed": sum(1 for r in reasons if r),
         "skipped": sum(skipped.values()),
     }
-    if not from_path:
+    if from_path:
+        summary["snapshot_sha256"] = snapshot
+    else:
         summary["archive_sha256"] = config["archive"]["sha256"]
     summary.update({f"skipped_{reason}": n for reason, n in sorted(skipped.items())})
     ctx.log.info("fetch %s: %s", config["source"], summary)
     return summary
+
+
+def check_snapshot(ctx: StepContext, digests: list[tuple[str, str, int]]) -> str:
+    """Write ``files.json`` and compare the snapshot hash with the config's pin, if any.
+
+    Returns:
+        The snapshot sha256 of the files read (module docstring).
+
+    Raises:
+        ValueError: the config pins ``snapshot_sha256`` and the files read hash otherwise;
+            names the source path, both hashes and how to accept the change.
+    """
+    config = ctx.config
+    snapshot = snapshot_sha256(digests)
+    pinned = config.get("snapshot_sha256")
+    if pinned is not None and pinned != snapshot:
+        raise ValueError(
+            f"fetch step {ctx.name!r}: the files under {config['path']} changed since the recipe pinned them: "
+            f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes), "
+            f"the recipe says {pinned}; if the change is intended, set sources.{config['source']}.snapshot_sha256 "
+            f"to {snapshot}")
+    if pinned is None:
+        ctx.log.warning("fetch %s: %s is not pinned; its snapshot_sha256 is %s (pin it in the recipe so that "
+                        "a change to its files is noticed)", config["source"], config["path"], snapshot)
+    files = [{"name": rel, "sha256": sha, "bytes": size} for rel, sha, size in digests]
+    (Path(ctx.out_dir) / FILES_FILE).write_text(
+        json.dumps({"snapshot_sha256": snapshot, "files": files}, indent=1, sort_keys=True) + "\n")
+    return snapshot
 
 
 if __name__ == "__main__":

@@ -27,11 +27,18 @@ pyarrow cannot open; the whole file's bytes are quarantined).
 Text inside JSON is turned back into bytes with ``surrogateescape`` (bytes that were not
 UTF-8 come back unchanged), or ``surrogatepass`` for lone surrogates from ``\\ud800``
 escapes, so the clean step's invalid-UTF-8 policy decides about them, not the reader.
+
+Snapshot hash: with ``digests`` given, :func:`read_path` appends ``(relative name, sha256 of
+the file's bytes, size in bytes)`` for every file as it starts reading it (S3: of the
+downloaded object); :func:`snapshot_sha256` folds that list into one hex digest, the sha256
+of ``"<file sha256>  <relative name>\n"`` lines in read order (``sha256sum``'s format). A
+recipe pins a file source with it (``sources.<name>.snapshot_sha256``, checked by fetch).
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import os
 import posixpath
@@ -279,7 +286,28 @@ def read_text(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterat
 _READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "text": read_text}
 
 
-def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Counter | None = None) -> Iterator[ReadRecord]:
+def file_sha256(path: Path) -> tuple[str, int]:
+    """``(sha256 hex of the file's bytes, size in bytes)``, read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(READ_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def snapshot_sha256(digests: list[tuple[str, str, int]]) -> str:
+    """One sha256 hex digest for ``[(relative name, file sha256, size)]`` (module docstring).
+
+    Equal to ``sha256sum`` of the files, in read order, run from the source folder and piped
+    into ``sha256sum`` again (for a single-file source: that file's name alone).
+    """
+    lines = "".join(f"{sha}  {rel}\n" for rel, sha, _ in digests)
+    return hashlib.sha256(lines.encode("utf-8", errors="surrogateescape")).hexdigest()
+
+
+def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Counter | None = None,
+              digests: list[tuple[str, str, int]] | None = None) -> Iterator[ReadRecord]:
     """Every record of the files under ``path`` in format ``fmt``, file by file in ref order.
 
     Args:
@@ -288,6 +316,9 @@ def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Cou
         text_field: JSON key / Parquet column holding the document text.
         skipped: receives ``reason -> n`` for things that are not records (empty files,
             blank JSONL lines).
+        digests: receives ``(relative name, sha256, bytes)`` of each file as its reading
+            starts (module docstring: snapshot hash); a caller that stops early gets the
+            files it read.
 
     Raises:
         ValueError: unknown format or a URI scheme other than ``s3://``; FileNotFoundError:
@@ -297,9 +328,11 @@ def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Cou
         raise ValueError(f"unknown path format {fmt!r}; known: {PATH_FORMATS}")
     skipped = skipped if skipped is not None else Counter()
     if str(path).startswith("s3://"):
-        yield from _read_s3(fmt, str(path), text_field, skipped)
+        yield from _read_s3(fmt, str(path), text_field, skipped, digests)
         return
     for rel, full in list_files(path):
+        if digests is not None:
+            digests.append((rel, *file_sha256(full)))
         yield from _READERS[fmt](full, rel, text_field, skipped)
 
 
@@ -333,7 +366,8 @@ def list_s3(client, uri: str) -> tuple[str, list[tuple[str, str]]]:
     return bucket, sorted(entries, key=lambda item: ref_sort_key(item[0] + ":"))
 
 
-def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter,
+             digests: list[tuple[str, str, int]] | None) -> Iterator[ReadRecord]:
     """Records of the objects under ``uri`` (module docstring), one download at a time."""
     import tempfile
 
@@ -346,6 +380,8 @@ def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter) -> Iterator[
         for rel, key in entries:
             local = Path(tmp) / posixpath.basename(rel)  # keeps the extension (.gz, .zst, .parquet)
             client.download_file(bucket, key, str(local))
+            if digests is not None:
+                digests.append((rel, *file_sha256(local)))
             try:
                 yield from _READERS[fmt](local, rel, text_field, skipped)
             finally:

@@ -104,7 +104,12 @@ class Source(Strict):
     archive: Archive | None = Field(default=None, description="the pinned archive (archive formats)")
     path: str | None = Field(
         default=None, description="file or folder (local, or s3://bucket/prefix) of jsonl (.gz/.zst) / parquet / "
-        "text files (file formats); name an immutable snapshot: its content is not pinned by a hash"
+        "text files (file formats); pin its content with `snapshot_sha256`"
+    )
+    snapshot_sha256: Sha256 | None = Field(
+        default=None, description="sha256 of the files under `path` (file formats): fetch fails when the files "
+        "hash otherwise, and the pin is part of the step id; unpinned, a change to the files goes unnoticed. "
+        "The fetch step logs and records the value to pin (files.json)"
     )
     text_field: str = Field(default="text", min_length=1, description="JSON key / Parquet column of the text")
     filters: FilterSections | None = Field(
@@ -129,16 +134,20 @@ class Source(Strict):
         if self.format in ("jsonl", "parquet", "text"):
             if self.path is None or self.archive is not None:
                 raise ValueError(f"format {self.format!r} reads files: give `path` and no `archive`")
-        elif self.archive is None or self.path is not None:
-            raise ValueError(f"format {self.format!r} reads a registry archive: give `archive` and no `path`")
+        elif self.archive is None or self.path is not None or self.snapshot_sha256 is not None:
+            raise ValueError(f"format {self.format!r} reads a registry archive: give `archive` and no `path` "
+                             "or `snapshot_sha256` (the archive's own sha256 pins it)")
         return self
 
     def fetch_config(self) -> dict[str, Any]:
         """What the fetch step hashes for this source (archive formats keep their old shape)."""
         if self.archive is not None:
             return {"format": self.format, "archive": self.archive.model_dump(), "max_documents": self.max_documents}
-        return {"format": self.format, "path": self.path, "text_field": self.text_field,
-                "max_documents": self.max_documents}
+        config = {"format": self.format, "path": self.path, "text_field": self.text_field,
+                  "max_documents": self.max_documents}
+        if self.snapshot_sha256 is not None:  # unpinned sources keep their step ids
+            config["snapshot_sha256"] = self.snapshot_sha256
+        return config
 
     def clean_overrides(self, defaults: FilterSections) -> dict[str, Any]:
         """The per-source part of the clean step config: merged ``filters`` and ``language``."""

@@ -1,0 +1,92 @@
+"""File sources pinned by content: fetch's snapshot_sha256, files.json, the pin in the step id."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.data.test_recipe_data import with_source
+from tidal.context import StepContext
+from tidal.data import fetch
+from tidal.planner import build_graph
+from tidal.recipe import RecipeError, parse_recipe
+
+
+def corpus(root):
+    (root / "part").mkdir(parents=True)
+    (root / "a.jsonl").write_bytes(b'{"text": "one"}\n{broken\n{"text": "two"}\n')
+    (root / "part" / "b10.jsonl.gz").write_bytes(gzip.compress(b'{"text": "three"}\n'))
+    (root / "part" / "b2.jsonl").write_bytes(b'{"text": "four"}\n')
+    return root
+
+
+def expected_snapshot(root) -> str:
+    """sha256sum of the files in read (natural) order, piped into sha256sum: computed apart from tidal."""
+    lines = subprocess.run(["sha256sum", "a.jsonl", "part/b2.jsonl", "part/b10.jsonl.gz"], cwd=root,
+                           capture_output=True, check=True).stdout
+    return hashlib.sha256(lines).hexdigest()
+
+
+def run_fetch(tmp_path, root, name, **extra):
+    out = tmp_path / name
+    out.mkdir()
+    config = {"source": "web", "format": "jsonl", "path": str(root), "text_field": "text", **extra}
+    return fetch.run(StepContext("fetch-web-1", "fetch-web", "fetch", config, out)), out
+
+
+def test_fetch_records_the_snapshot_of_the_files_it_read(tmp_path):
+    root = corpus(tmp_path / "web")
+    summary, out = run_fetch(tmp_path, root, "unpinned")
+    want = expected_snapshot(root)
+    assert summary["snapshot_sha256"] == want
+    files = json.loads((out / fetch.FILES_FILE).read_text())
+    assert files["snapshot_sha256"] == want
+    assert [(f["name"], f["bytes"]) for f in files["files"]] == [
+        (rel, (root / rel).stat().st_size) for rel in ("a.jsonl", "part/b2.jsonl", "part/b10.jsonl.gz")]
+    assert files["files"][0]["sha256"] == hashlib.sha256((root / "a.jsonl").read_bytes()).hexdigest()
+    # pinned with the right value: the same raw.parquet bytes
+    pinned, pinned_out = run_fetch(tmp_path, root, "pinned", snapshot_sha256=want)
+    assert pinned["documents"] == summary["documents"] == 5
+    assert (pinned_out / fetch.RAW_FILE).read_bytes() == (out / fetch.RAW_FILE).read_bytes()
+
+
+def test_a_changed_file_fails_a_pinned_fetch_before_writing(tmp_path):
+    root = corpus(tmp_path / "web")
+    want = expected_snapshot(root)
+    (root / "part" / "b2.jsonl").write_bytes(b'{"text": "four, edited"}\n')
+    with pytest.raises(ValueError, match="changed since the recipe pinned them") as err:
+        run_fetch(tmp_path, root, "changed", snapshot_sha256=want)
+    assert want in str(err.value) and expected_snapshot(root) in str(err.value)
+    assert str(root) in str(err.value) and "sources.web.snapshot_sha256" in str(err.value)
+    assert list((tmp_path / "changed").iterdir()) == []  # neither raw.parquet nor files.json
+
+
+def test_the_pin_is_part_of_the_step_id_and_only_file_sources_take_it(tiny_data, tmp_path):
+    source = {"format": "jsonl", "path": str(tmp_path), "licence": "CC0-1.0"}
+    unpinned = build_graph(parse_recipe(with_source(tiny_data, "web", source)))["fetch-web"]
+    assert "snapshot_sha256" not in unpinned.config  # unpinned sources keep their step ids
+    ids = {build_graph(parse_recipe(with_source(tiny_data, "web", {**source, "snapshot_sha256": h})))["fetch-web"].step_id
+           for h in ("a" * 64, "b" * 64)}
+    assert len(ids | {unpinned.step_id}) == 3
+    with pytest.raises(RecipeError, match="no `path` or `snapshot_sha256`"):
+        parse_recipe(with_source(tiny_data, "brown2", {**tiny_data["sources"]["brown"], "snapshot_sha256": "a" * 64}))
+    with pytest.raises(RecipeError, match="snapshot_sha256"):
+        parse_recipe(with_source(tiny_data, "web", {**source, "snapshot_sha256": "not-a-hash"}))
+
+
+def test_plan_notes_an_unpinned_file_source(tiny_data, tmp_path):
+    import yaml
+
+    recipe = tmp_path / "web.yaml"
+    recipe.write_text(yaml.safe_dump(with_source(tiny_data, "web", {"format": "jsonl", "path": str(tmp_path / "web"),
+                                                                    "licence": "CC0-1.0"})))
+    plan = subprocess.run([sys.executable, "-m", "tidal", "plan", str(recipe), "--storage-root", str(tmp_path / "s")],
+                          capture_output=True, text=True, check=False)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "note: source web reads" in plan.stdout and "unpinned" in plan.stdout
+    assert "note: source brown" not in plan.stdout  # archive sources are pinned by their sha256
