@@ -166,3 +166,15 @@ def test_top_ngram_chars_numpy_path_equals_counter_path():
         for n in (1, 2, 3, 4):
             if len(doc) >= n:
                 assert _top_ngram_chars(doc, n, codes, lengths) == _top_ngram_chars(doc, n), (doc, n)
+
+
+def test_c4_switches_take_booleans_from_the_recipe():
+    from tidal.data.filters import QualityFilters
+
+    drops: Counter = Counter()
+    text = "Enable JavaScript to view this site.\n" + "\n".join(f"{' '.join(PROSE_WORDS[i : i + 8])}." for i in range(0, 48, 8))
+    off = QualityFilters.from_config({"c4": {"filter_javascript": False, "terminal_punct": False}})
+    kept, _ = off.apply(text, drops)
+    assert "Enable JavaScript to view this site." in kept and drops["javascript"] == 0
+    with pytest.raises(ValueError, match="c4.filter_javascript' must be true or false"):
+        QualityFilters.from_config({"c4": {"filter_javascript": 0}})

@@ -23,11 +23,15 @@ step config; defaults are in :class:`FilterThresholds` with their sources.
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 NORMALIZATION_FORMS = ("NFC", "NFKC")
 FILTER_RULES = ("empty", "too_short", "too_long", "low_letter_fraction")
@@ -51,6 +55,12 @@ _NEWLINE_RE = re.compile("\r\n|\r|\u2028|\u2029")
 _TRAILING_WS_RE = re.compile(r"[^\S\n]+$", re.MULTILINE)
 # Category Cc is exactly U+0000-U+001F and U+007F-U+009F (Unicode 15, UnicodeData.txt).
 _CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Every character steps 3, 4 and 6 act on (ESC and U+009B start each ANSI sequence; CR, U+2028,
+# U+2029 are the rewritten line breaks; the Cc class): text without one skips those passes.
+_SPECIAL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_LAST_CHAR = operator.itemgetter(slice(-1, None))
+_ASCII_SPACES = bytes(c for c in range(128) if chr(c).isspace())
+_ASCII_LETTERS = bytes(c for c in range(128) if unicodedata.category(chr(c))[0] in "LM")
 
 
 @dataclass(frozen=True)
@@ -254,13 +264,18 @@ def normalize_text_steps(text: str, form: str = "NFC") -> tuple[str, list[str]]:
     if text.startswith(BOM):
         text = text[1:]
         steps.append("bom")
+    special = _SPECIAL_RE.search(text) is not None  # else the ansi, newline and control passes change nothing
     for name, step in (("ansi", strip_ansi), ("newlines", normalize_newlines),
                        ("unicode_form", lambda t: unicodedata.normalize(form, t)), ("controls", strip_controls)):
+        if not special and name != "unicode_form":
+            continue
         changed = step(text)
         if changed != text:
             steps.append(name)
+            special = True  # once a pass changed the text (e.g. NFKC), the later passes run
         text = changed
-    text = _TRAILING_WS_RE.sub("", text)
+    if any(map(str.isspace, map(_LAST_CHAR, text.split("\n")))):  # some line ends in whitespace
+        text = _TRAILING_WS_RE.sub("", text)
     return text.strip(), steps
 
 
@@ -282,16 +297,35 @@ def normalize_record(raw: bytes, form: str = "NFC") -> str | Quarantine:
 def letter_fraction(text: str) -> float:
     """Fraction of non-whitespace characters that are letters (L*) or combining marks (M*).
 
-    Returns 0.0 for text with no non-whitespace characters.
+    Returns 0.0 for text with no non-whitespace characters. ASCII text is counted with
+    ``bytes.translate``; other text through a table of the Basic Multilingual Plane's
+    characters (:func:`_bmp_classes`), characters beyond it one by one.
     """
-    letters = total = 0
-    for ch, n in Counter(text).items():  # each distinct character once (counted in C)
-        if ch.isspace():
-            continue
-        total += n
-        if unicodedata.category(ch)[0] in "LM":
-            letters += n
+    if text.isascii():
+        raw = text.encode("ascii")
+        total = len(raw.translate(None, _ASCII_SPACES))
+        letters = len(raw) - len(raw.translate(None, _ASCII_LETTERS))
+        return letters / total if total else 0.0
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    astral = points > 0xFFFF
+    spaces, letters, _ = np.bincount(_bmp_classes()[points[~astral]], minlength=3).tolist()
+    total = len(text) - spaces
+    if astral.any():
+        for ch, n in Counter(text[i] for i in np.flatnonzero(astral).tolist()).items():
+            if ch.isspace():
+                total -= n
+            elif unicodedata.category(ch)[0] in "LM":
+                letters += n
     return letters / total if total else 0.0
+
+
+@lru_cache(maxsize=1)
+def _bmp_classes() -> np.ndarray:
+    """``uint8[65536]``: per BMP code point 0 whitespace (``str.isspace``), 1 letter or mark
+    (Unicode category L* or M*), 2 anything else; built once per process (~20 ms)."""
+    chars = map(chr, range(0x10000))
+    return np.fromiter((0 if ch.isspace() else 1 if unicodedata.category(ch)[0] in "LM" else 2 for ch in chars),
+                       dtype=np.uint8, count=0x10000)
 
 
 def filter_reason(text: str, thresholds: FilterThresholds) -> str | None:

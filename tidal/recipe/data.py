@@ -59,8 +59,8 @@ class LanguageConfig(Strict):
 
 # Most MinHash permutations (bands * rows) a recipe may ask for. Time and memory are linear in
 # it: each permutation is an affine map over every shingle of every document, and
-# tidal/data/minhash.py holds a chunk of 32,768 shingles x permutations uint32 values at once
-# (15 MB at 112 permutations, 134 MB at 1024, 105 GB at `bands: 100000` x 8); each of the
+# tidal/data/minhash.py holds a chunk of 4,096 shingles x permutations uint32 values at once
+# (1.8 MB at 112 permutations, 17 MB at 1024, 13 GB at `bands: 100000` x 8); each of the
 # `bands` bands is one bucket record per document in the LSH shuffle. FineWeb (Penedo et al.
 # 2024, §3.3) and datatrove's MinhashConfig default use 14 bands x 8 rows = 112; 1024 leaves
 # 9x that for stricter S-curves while refusing settings that cannot run.
