@@ -14,6 +14,9 @@ job takes (``python -m tidal.data.clean --runner=DataflowRunner --project=P ...`
 Beam provider's conventions (``True`` -> ``--flag``, ``False`` -> omitted, a list ->
 repeated ``--key=v``), and :func:`runner_options` into the :class:`PipelineOptions` that
 job builds.
+
+:func:`create_spread` is how a job starts from a small list of work items (row groups,
+shards) so that a runner with several workers shares them out.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 BEAM_ARGS_ENV = "TIDAL_BEAM_ARGS"
@@ -75,3 +79,30 @@ def runner_options(runner: str, pipeline_options: Mapping[str, Any] | None = Non
     """The :class:`PipelineOptions` a job gets for ``runner`` (after the defaults and
     ``$TIDAL_BEAM_ARGS``; the runner's flags win). No cluster is contacted."""
     return beam_options(runner_args(runner, pipeline_options))
+
+
+def _values(_: bytes, values: list) -> list:
+    """The items of :func:`create_spread`, whatever the ``Impulse`` element."""
+    return values
+
+
+def create_spread(pipeline: beam.Pipeline, label: str, items: Sequence[tuple[Any, Any]]) -> beam.PCollection:
+    """``items``, ``(key, value)`` pairs with distinct keys, as a PCollection of ``(key,
+    [value])`` (the value in an iterable of one) that a runner can share out among its workers.
+
+    ``"<label>Once"`` (an ``Impulse``) and ``label`` (a ``FlatMap`` of the items) emit every
+    item from one bundle; for more than one item a ``GroupByKey`` on the distinct keys
+    (``"<label>Spread"``) lets the runner hand each to any worker. ``Create`` does the same
+    with two more transforms and ``Reshuffle`` with six more (a coder round trip, random
+    keys, timestamps kept and restored), each a fixed cost of every pipeline run.
+
+    Raises:
+        ValueError: if two items share a key (they would be grouped into one element).
+    """
+    keys = [key for key, _ in items]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"create_spread {label!r}: the item keys must be distinct, got {keys}")
+    root = pipeline | f"{label}Once" >> beam.Impulse()
+    if len(items) < 2:
+        return root | label >> beam.FlatMap(_values, [(key, [value]) for key, value in items])
+    return root | label >> beam.FlatMap(_values, list(items)) | f"{label}Spread" >> beam.GroupByKey()

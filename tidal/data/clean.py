@@ -82,32 +82,24 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tidal.context import StepContext
-from tidal.data.beam_options import beam_args
+from tidal.data.beam_options import beam_args, create_spread
 from tidal.data.clean_fns import (
     BANDS_TAG,
     COUNTS_FILE,
     DOCUMENT_SCHEMA,
+    FINISH_TAG,
     GROUPS,
     METRICS_NAMESPACE,
-    OUTCOME_TAG,
     QUARANTINE_FILE,
-    QUARANTINE_SCHEMA,
-    QUARANTINE_TAG,
     REMOVED_FILE,
-    REMOVED_SCHEMA,
-    REMOVED_TAG,
     SPILL_DIR,
     CleanBatchFn,
-    WriteCountsFn,
-    WriteRowsFn,
+    FinishFn,
     WriteShardFn,
     counts_from_totals,
     raw_slices,
-    remove_spill,
     shard_name,
     shard_of,
-    sum_counts,
-    write_rows,
 )
 from tidal.data.fetch import RAW_FILE
 from tidal.data.filters import QualityFilters
@@ -206,43 +198,37 @@ def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: Cl
     from one ``raw.parquet`` row group), not single records, so Beam's per-element cost and the per-event
     counters are paid once per batch. Documents meet their exact duplicates where they are
     written: a document's shard is a function of its id, so the shard writer keeps the lowest
-    ref of each id (and drops the verified near duplicates, a side input).
+    ref of each id (and drops the verified near duplicates, a side input). Quarantine rows,
+    removed rows and outcome counts meet in one final step (:class:`FinishFn`: one element,
+    everything else as side inputs) that writes the small files and removes the spill files.
+    Every transform and every fused stage is a fixed cost of each run (construction,
+    translation, one bundle per stage on the in-process runner), so the graph has few.
     """
     spill_dir = str(Path(out_dir) / SPILL_DIR)
-    slices = pipeline | "RawSlices" >> beam.Create(raw_slices(raw_path))
+    slices = create_spread(pipeline, "RawSlices", raw_slices(raw_path))
     batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg, spill_dir, cfg.shards)).with_outputs(
-        QUARANTINE_TAG, REMOVED_TAG, OUTCOME_TAG, BANDS_TAG, main="docs"
+        FINISH_TAG, BANDS_TAG, main="docs"
     )
-    outcomes = [batches[OUTCOME_TAG]]
-    removed = [batches[REMOVED_TAG]]
+    finish = [batches[FINISH_TAG]]
+    near: Any = {}  # near-dedup off: no near duplicate
     if cfg.near_dedup.enabled:
-        near, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
+        removed, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
             cfg.near_dedup)
-        outcomes.append(pair_counts | "PairCounts" >> beam.Map(lambda kv: {kv[0]: kv[1]}))
-    else:
-        near = pipeline | "NoNear" >> beam.Create([])
-    # documents: one group per shard, including empty shards
-    shard_keys = pipeline | "ShardKeys" >> beam.Create([(k, []) for k in range(cfg.shards)])
-    written = (
-        (batches.docs, shard_keys)
-        | "FlattenShards" >> beam.Flatten()
+        near = beam.pvalue.AsDict(removed)
+        finish.append(pair_counts)
+    # one group per shard that holds documents (FinishFn writes the empty ones)
+    finish.append(
+        batches.docs
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=beam.pvalue.AsDict(near)).with_outputs(
-            REMOVED_TAG, OUTCOME_TAG, main="paths")
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=near)
     )
-    _ = (written.paths | "ShardsDone" >> beam.combiners.Count.Globally()
-         | "RemoveSpill" >> beam.Map(remove_spill, spill_dir=spill_dir))
-    outcomes.append(written[OUTCOME_TAG])
-    removed.append(written[REMOVED_TAG])
-    write_rows(pipeline, "Quarantine", batches[QUARANTINE_TAG], WriteRowsFn(out_dir, QUARANTINE_FILE, QUARANTINE_SCHEMA))
-    write_rows(pipeline, "Removed", tuple(removed) | "FlattenRemoved" >> beam.Flatten(),
-               WriteRowsFn(out_dir, REMOVED_FILE, REMOVED_SCHEMA))
-    # counts, from the data itself (the Beam counters count the same events; clean() compares)
-    (
-        tuple(outcomes)
-        | "FlattenOutcomes" >> beam.Flatten()
-        | "SumOutcomes" >> beam.CombineGlobally(sum_counts)
-        | "WriteCounts" >> beam.ParDo(WriteCountsFn(out_dir, cfg.rule_names()))
+    # quarantine, removed, counts (from the data itself; the Beam counters count the same
+    # events, clean() compares), spill removal: once, after every shard is written
+    _ = (
+        pipeline
+        | "Once" >> beam.Impulse()
+        | "Finish" >> beam.ParDo(FinishFn(out_dir, cfg.shards, cfg.rule_names(), spill_dir),
+                                 *(beam.pvalue.AsIter(items) for items in finish))
     )
 
 

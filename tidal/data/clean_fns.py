@@ -1,9 +1,13 @@
-"""The clean step's Beam functions: batch reader and cleaner, shard writer, row and count writers.
+"""The clean step's Beam functions: batch reader and cleaner, shard writer, final writer.
 
 File layout and the accounting rules are in :mod:`tidal.data.clean`'s module docstring;
 the per-record rules in :mod:`tidal.data.clean_record`. Every element that crosses a Beam
 stage here is a batch (a list of documents or rows, a dict of counts), so the runner's
 per-element cost is paid once per :data:`BATCH_ROWS` records.
+
+*Finish items* are what the single final stage (:class:`FinishFn`) gathers: a dict of outcome
+counts, ``(QUARANTINE_TAG | REMOVED_TAG, [row...])`` or ``(SHARD_TAG, shard number written)``;
+the batch cleaner, the shard writer and the near-duplicate verifier emit them.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ GROUPS = {"filtered": "filtered", "quarantined": "quarantined", "duplicates": "d
           "hits": "hits", "c4_lines": "c4_lines_dropped", "repaired": "repaired",
           "special_tokens": "special_tokens", "languages": "languages", "neardup": "neardup",
           "normalized": "normalized"}
-QUARANTINE_TAG = "quarantine"
-OUTCOME_TAG = "outcome"
+QUARANTINE_TAG = "quarantine"  # kinds of finish items (module docstring)
+REMOVED_TAG = "removed"
+SHARD_TAG = "shard"
+FINISH_TAG = "finish"  # tagged outputs
 BANDS_TAG = "bands"
 SPILL_DIR = "_spill"
-REMOVED_TAG = "removed"
 
 
 def shard_name(shard: int, shards: int) -> str:
@@ -100,10 +105,10 @@ class CleanBatchFn(beam.DoFn):
     """``(row group, rows)`` of ``raw.parquet``, read in batches of :data:`BATCH_ROWS` records
     (streamed: memory holds a batch, not the row group) -> per batch and shard it touches,
     ``(shard, [DocStub...])`` (main output), with the texts written to one spill file per
-    shard under ``spill_dir``; on the tagged outputs one list each of quarantine rows and
-    removed (filtered) rows, one dict of outcome counts (``in`` included) and, with
-    near-dedup on, the batch's LSH bucket entries ``(partition, (keys, members, ids))``
-    (:func:`tidal.data.neardup.band_entries`).
+    shard under ``spill_dir``; on the ``finish`` output (module docstring) the quarantine
+    rows, the removed (filtered) rows and one dict of outcome counts (``in`` included) and,
+    with near-dedup on, on the ``bands`` output the batch's LSH bucket entries ``(partition,
+    (keys, members, ids))`` (:func:`tidal.data.neardup.band_entries`).
 
     Raises:
         ValueError: for a record whose ``raw`` is null, naming the file, row group and ref.
@@ -154,10 +159,10 @@ class CleanBatchFn(beam.DoFn):
             entries = band_entries(((d.id, d.ref, d.text) for d in docs), self.cfg.near_dedup)
             for partition, values in sorted(entries.items()):
                 yield beam.pvalue.TaggedOutput(BANDS_TAG, (partition, values))
-        for tag, values in out.items():
+        for kind, values in out.items():
             if values:
-                yield beam.pvalue.TaggedOutput(tag, values)
-        yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
+                yield beam.pvalue.TaggedOutput(FINISH_TAG, (kind, values))
+        yield beam.pvalue.TaggedOutput(FINISH_TAG, _emit_counts(counts))
 
 
 def shard_texts(stubs: list[DocStub]) -> list[str]:
@@ -172,14 +177,24 @@ def shard_texts(stubs: list[DocStub]) -> list[str]:
     return texts
 
 
+def write_shard(out_dir: str | Path, shard: int, shards: int, kept: list[DocStub]) -> Path:
+    """Write document shard ``shard`` of ``shards`` into ``out_dir``: the ``kept`` documents
+    (sorted by id), their texts read from the spill files. Returns the path."""
+    table = pa.table({"id": [d.id for d in kept], "text": shard_texts(kept),
+                      "source": [d.source for d in kept], "ref": [d.ref for d in kept],
+                      "language": [d.language for d in kept]}, schema=DOCUMENT_SCHEMA)
+    return write_parquet(table, Path(out_dir) / shard_name(shard, shards))
+
+
 class WriteShardFn(beam.DoFn):
     """``(shard, [[DocStub...]...])`` -> writes the shard's file, sorted by id.
 
     Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
-    copies are exact duplicates of cluster ``id``; a kept id named in the side input ``near``
-    (``{id: (survivor id, jaccard)}``) is a near duplicate. Removed rows and the counts
-    (``kept``, ``languages.<lang>``, ``duplicates.exact|near``) go to the tagged outputs. The
-    texts of the kept documents are read from their spill files.
+    copies are exact duplicates of cluster ``id``; a kept id named in ``near`` (``{id:
+    (survivor id, jaccard)}``, a side input) is a near duplicate. Outputs finish items
+    (module docstring): the removed rows, the counts (``kept``, ``languages.<lang>``,
+    ``duplicates.exact|near``) and the shard number. The texts of the kept documents are
+    read from their spill files. A shard no document went to is written by :class:`FinishFn`.
     """
 
     def __init__(self, out_dir: str, shards: int):
@@ -209,48 +224,23 @@ class WriteShardFn(beam.DoFn):
                 kept.append(first)
                 counts[f"languages.{first.language}"] += 1
         counts["kept"] = len(kept)
-        table = pa.table({"id": [d.id for d in kept], "text": shard_texts(kept),
-                          "source": [d.source for d in kept], "ref": [d.ref for d in kept],
-                          "language": [d.language for d in kept]}, schema=DOCUMENT_SCHEMA)
-        path = write_parquet(table, Path(self.out_dir) / shard_name(shard, self.shards))
-        del table
+        write_shard(self.out_dir, shard, self.shards, kept)
         if removed:
-            yield beam.pvalue.TaggedOutput(REMOVED_TAG, removed)
-        yield beam.pvalue.TaggedOutput(OUTCOME_TAG, _emit_counts(counts))
-        yield str(path)
+            yield REMOVED_TAG, removed
+        yield _emit_counts(counts)
+        yield SHARD_TAG, shard
 
 
-def remove_spill(_: Any, spill_dir: str) -> None:
-    """Remove the spill directory (runs after every shard is written)."""
-    shutil.rmtree(spill_dir, ignore_errors=True)
-
-
-class WriteRowsFn(beam.DoFn):
-    """``(0, [[row...]...])`` -> writes one Parquet file of row dicts, sorted by ref."""
-
-    def __init__(self, out_dir: str, name: str, schema: pa.Schema):
-        self.out_dir = out_dir
-        self.name = name
-        self.schema = schema
-
-    def process(self, element: tuple) -> Iterable:
-        rows = sorted((r for chunk in element[1] for r in chunk), key=lambda r: (ref_sort_key(r["ref"]), r["ref"]))
-        table = pa.table({name: [r[name] for r in rows] for name in self.schema.names}, schema=self.schema)
-        yield str(write_parquet(table, Path(self.out_dir) / self.name))
-
-
-def write_rows(pipeline, label: str, chunks, writer: beam.DoFn) -> None:
-    """Group every chunk of rows under key 0 (the group exists even with no row) and write it."""
-    (
-        (chunks | f"Key{label}" >> beam.Map(lambda c: (0, c)), pipeline | f"{label}Key" >> beam.Create([(0, [])]))
-        | f"Merge{label}" >> beam.Flatten()
-        | f"Group{label}" >> beam.GroupByKey()
-        | f"Write{label}" >> beam.ParDo(writer)
-    )
+def write_rows(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Schema) -> Path:
+    """Write row dicts (keys: ``schema``'s names) to one Parquet file at ``path``, sorted by
+    ref (:func:`tidal.data.sources.ref_sort_key`, then the ref string). Returns the path."""
+    rows = sorted(rows, key=lambda r: (ref_sort_key(r["ref"]), r["ref"]))
+    table = pa.table({name: [r[name] for r in rows] for name in schema.names}, schema=schema)
+    return write_parquet(table, Path(path))
 
 
 def sum_counts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
-    """Sum outcome-count dicts key by key (a Beam ``CombineGlobally`` function)."""
+    """Sum outcome-count dicts key by key."""
     total: Counter = Counter()
     for d in dicts:
         total.update(d)
@@ -284,17 +274,45 @@ def counts_from_totals(totals: dict[str, int], rules: Iterable[str] = FILTER_RUL
     return out
 
 
-class WriteCountsFn(beam.DoFn):
-    """The summed outcome totals (one dict) -> writes ``counts.json``."""
+class FinishFn(beam.DoFn):
+    """One element (an ``Impulse``) and, as side inputs, every finish item of the job (module
+    docstring), in one or more iterables -> writes the empty document shards no document
+    went to, ``quarantine.parquet`` and ``removed.parquet`` (:func:`write_rows`) and
+    ``counts.json`` (the summed counts, :func:`counts_from_totals`), then removes ``spill_dir``.
 
-    def __init__(self, out_dir: str, rules: list[str]):
+    Side inputs are complete before the element is processed, so this runs once, after every
+    shard writer: the spill files are no longer needed, and removing them here, inside the job,
+    also covers a job that a Beam provider launched on a cluster (:mod:`tidal.launch.beam_job`).
+    (Beam's own file sinks finalize the same way: one element, the results as side inputs.)
+    """
+
+    def __init__(self, out_dir: str, shards: int, rules: list[str], spill_dir: str):
         self.out_dir = out_dir
+        self.shards = shards
         self.rules = rules
+        self.spill_dir = spill_dir
 
-    def process(self, totals: dict[str, int]) -> Iterable:
-        counts = counts_from_totals(totals, self.rules)
-        path = Path(self.out_dir) / COUNTS_FILE
+    def process(self, _: Any, *item_lists: Iterable) -> Iterable:
+        rows: dict[str, list[dict]] = {QUARANTINE_TAG: [], REMOVED_TAG: []}
+        totals: list[dict[str, int]] = []
+        written: set[int] = set()
+        for items in item_lists:
+            for item in items:
+                if isinstance(item, dict):
+                    totals.append(item)
+                elif item[0] == SHARD_TAG:
+                    written.add(item[1])
+                else:
+                    rows[item[0]] += item[1]
+        out = Path(self.out_dir)
+        for shard in sorted(set(range(self.shards)) - written):
+            write_shard(out, shard, self.shards, [])
+        write_rows(rows[QUARANTINE_TAG], out / QUARANTINE_FILE, QUARANTINE_SCHEMA)
+        write_rows(rows[REMOVED_TAG], out / REMOVED_FILE, REMOVED_SCHEMA)
+        counts = counts_from_totals(sum_counts(totals), self.rules)
+        path = out / COUNTS_FILE
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
         tmp.replace(path)
+        shutil.rmtree(self.spill_dir, ignore_errors=True)
         yield str(path)

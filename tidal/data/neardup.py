@@ -29,11 +29,12 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    verified edge *to it*. So every removed document was checked against the very document
    that replaced it: a chain A~B~C with A !~ C removes B (into A) and keeps C.
 
-Only documents that are in some candidate pair travel to the two verification joins (the
-set of their ids is a side input, as is the set of removed ids where the clean step applies
-the result), so the full text crosses one shuffle less for the great majority of documents
-that have no near-duplicate. The clustering step collects the verified edges on one worker:
-edges exist only between near-duplicates, a small fraction of a corpus. At web scale (ids
+Only documents that are in some candidate pair travel to the verification join (their ids,
+each with its partners of higher id, are a side input, as is the set of removed ids where
+the clean step applies the result), so the full text crosses one shuffle less for the great
+majority of documents that have no near-duplicate; a candidate's text is read once and sent
+to its own id and to each partner's. The clustering step collects the verified edges on one
+worker: edges exist only between near-duplicates, a small fraction of a corpus. At web scale (ids
 of hundreds of millions of candidates) the two side inputs become joins and the clustering a
 distributed connected-components pass (losing the per-edge guarantee of the star rule).
 """
@@ -271,20 +272,36 @@ def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
     return sorted(pairs)
 
 
-def _candidate_stubs(element, ids):
+TEXT, PAIR = "text", "pair"  # the two kinds of values the verification groups (first item)
+
+
+def _members(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str | None]]:
+    """Candidate pairs ``(id_a, id_b)`` -> ``(id_a, id_b)`` and ``(id_b, None)``: grouped by id,
+    every candidate with its partners of higher id (and ``None`` entries to skip; a pair that
+    two bucket partitions both found comes twice)."""
+    for id_a, id_b in pairs:
+        yield id_a, id_b
+        yield id_b, None
+
+
+def _candidate_stubs(element, candidates):
     """``(shard, [DocStub...])`` -> ``(spill file, (id, row, ref))`` of the candidates among them."""
     for stub in element[1]:
-        if stub.id in ids:
+        if stub.id in candidates:
             yield stub.spill, (stub.id, stub.row, stub.ref)
 
 
-def _read_candidates(element):
-    """``(spill file, [(id, row, ref)...])`` -> ``(id, (ref, text))`` read from the spill file."""
+def _read_candidates(element, candidates):
+    """``(spill file, [(id, row, ref)...])`` -> the texts read from the spill file, keyed for
+    the verification: ``(id, ("text", ref, text))``, and ``(id_b, ("pair", id, ref, text))`` for
+    each distinct partner ``id_b`` of ``id`` (``candidates``: id -> grouped :func:`_members`)."""
     path, wanted = element
     wanted = sorted(set(wanted), key=lambda w: w[1])
     texts = read_texts(path, [w[1] for w in wanted])
     for (doc_id, _, ref), text in zip(wanted, texts, strict=True):
-        yield doc_id, (ref, text)
+        yield doc_id, (TEXT, ref, text)
+        for id_b in sorted({p for p in candidates[doc_id] if p is not None}):
+            yield id_b, (PAIR, doc_id, ref, text)
 
 
 def _lowest(copies) -> tuple[str, str]:
@@ -292,43 +309,41 @@ def _lowest(copies) -> tuple[str, str]:
     return min(copies, key=lambda c: (ref_sort_key(c[0]), c[0]))
 
 
-def _attach_first(element):
-    """``(id_a, {"text": [(ref, text)...], "pair": [id_b...]})`` -> ``(id_b, (id_a, ref_a, text_a))``."""
-    id_a, grouped = element
-    copies = list(grouped["text"])
-    if not copies:
-        return
-    ref_a, text_a = _lowest(copies)
-    for id_b in grouped["pair"]:
-        yield id_b, (id_a, ref_a, text_a)
-
-
 class _VerifyFn(beam.DoFn):
-    """``(id_b, {"text": [(ref, text)...], "pair": [(id_a, ref_a, text_a)...]})`` -> verified edges
-    ``(id_a, ref_a, id_b, ref_b, jaccard)``; pair counts on the ``pair_counts`` output."""
+    """``(id_b, [("text", ref, text) | ("pair", id_a, ref_a, text_a)...])`` -> verified edges
+    ``(0, (id_a, ref_a, id_b, ref_b, jaccard))`` (one key: the clustering sees them all);
+    pair counts on the ``pair_counts`` output. Each id stands for its copy with the lowest
+    ref (the exact-dedup survivor; copies of an id have the same text)."""
 
     def __init__(self, cfg: NearDupConfig):
         self.cfg = cfg
 
     def process(self, element):
-        id_b, grouped = element
-        copies = list(grouped["text"])
-        pairs = list(grouped["pair"])
-        if not copies or not pairs:
+        id_b, values = element
+        copies: list[tuple[str, str]] = []
+        firsts: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for value in values:
+            if value[0] == TEXT:
+                copies.append(value[1:])
+            else:
+                firsts[value[1]].append(value[2:])
+        if not copies or not firsts:
             return
         ref_b, text_b = _lowest(copies)
         shingles_b = shingles(text_b, self.cfg.shingle_size)
         verified = 0
-        for id_a, ref_a, text_a in pairs:
+        for id_a in sorted(firsts):
+            ref_a, text_a = _lowest(firsts[id_a])
             sim = jaccard(shingles(text_a, self.cfg.shingle_size), shingles_b)
             if sim >= self.cfg.jaccard_threshold:
                 verified += 1
-                yield id_a, ref_a, id_b, ref_b, round(sim, 6)
-        beam.metrics.Metrics.counter("tidal.clean", "neardup.candidate_pairs").inc(len(pairs))
-        yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.candidate_pairs", len(pairs)))
+                yield 0, (id_a, ref_a, id_b, ref_b, round(sim, 6))
+        beam.metrics.Metrics.counter("tidal.clean", "neardup.candidate_pairs").inc(len(firsts))
+        counts = {"neardup.candidate_pairs": len(firsts)}
         if verified:
             beam.metrics.Metrics.counter("tidal.clean", "neardup.verified_pairs").inc(verified)
-            yield beam.pvalue.TaggedOutput(PAIR_COUNTS, ("neardup.verified_pairs", verified))
+            counts["neardup.verified_pairs"] = verified
+        yield beam.pvalue.TaggedOutput(PAIR_COUNTS, counts)
 
 
 class NearDuplicates(beam.PTransform):
@@ -338,8 +353,14 @@ class NearDuplicates(beam.PTransform):
     (:func:`band_entries`), "docs": (shard, [DocStub...])}`` whose texts wait in
     spill files (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the
     lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
-    docstring), and ``pair_counts``, ``("neardup.candidate_pairs" | "neardup.verified_pairs",
-    n)`` (also Beam counters of namespace ``tidal.clean``).
+    docstring), and ``pair_counts``, dicts ``{"neardup.candidate_pairs": n[,
+    "neardup.verified_pairs": m]}`` (also Beam counters of namespace ``tidal.clean``).
+
+    Stages: bucket partitions -> candidate pairs; pairs grouped by id -> ``{candidate id:
+    partners of higher id}`` (a side input); the candidates' texts read from the spill files,
+    each sent to its own id and to each partner's; grouped by id, each pair is verified
+    once, where its higher id meets the lower id's text; the verified edges -> one worker's
+    star clustering.
     """
 
     def __init__(self, cfg: NearDupConfig):
@@ -348,34 +369,24 @@ class NearDuplicates(beam.PTransform):
 
     def expand(self, inputs):
         cfg = self.cfg
-        pairs = (
+        candidates = beam.pvalue.AsDict(
             inputs["bands"]
             | "GroupPartitions" >> beam.GroupByKey()
-            | "PartitionPairs" >> beam.Map(lambda kv: partition_pairs(kv[1], cfg.max_bucket_size))
-            | "AllPairs" >> beam.CombineGlobally(lambda lists: [p for chunk in lists for p in chunk])
-            | "DistinctPairs" >> beam.FlatMap(lambda pairs: sorted(set(pairs)))
+            | "PartitionPairs" >> beam.FlatMap(lambda kv: _members(partition_pairs(kv[1], cfg.max_bucket_size)))
+            | "GroupMembers" >> beam.GroupByKey()
         )
         # only candidate documents' texts are read back from the spill files
-        candidate_ids = pairs | "PairMembers" >> beam.FlatMap(lambda p: [(p[0], None), (p[1], None)])
-        texts = (
-            inputs["docs"]
-            | "CandidateStubs" >> beam.FlatMap(_candidate_stubs, ids=beam.pvalue.AsDict(candidate_ids))
-            | "BySpillFile" >> beam.GroupByKey()
-            | "ReadCandidates" >> beam.FlatMap(_read_candidates)
-        )
-        first = (
-            {"text": texts, "pair": pairs}
-            | "JoinFirst" >> beam.CoGroupByKey()
-            | "AttachFirst" >> beam.FlatMap(_attach_first)
-        )
         verified = (
-            {"text": texts, "pair": first}
-            | "JoinSecond" >> beam.CoGroupByKey()
+            inputs["docs"]
+            | "CandidateStubs" >> beam.FlatMap(_candidate_stubs, candidates=candidates)
+            | "BySpillFile" >> beam.GroupByKey()
+            | "ReadCandidates" >> beam.FlatMap(_read_candidates, candidates=candidates)
+            | "GroupPairs" >> beam.GroupByKey()
             | "Verify" >> beam.ParDo(_VerifyFn(cfg)).with_outputs(PAIR_COUNTS, main="edges")
         )
         removed = (
             verified.edges
-            | "AllEdges" >> beam.combiners.ToList()
-            | "StarClusters" >> beam.FlatMap(lambda e: sorted(star_clusters(e).items()))
+            | "AllEdges" >> beam.GroupByKey()
+            | "StarClusters" >> beam.FlatMap(lambda kv: sorted(star_clusters(kv[1]).items()))
         )
         return removed, verified[PAIR_COUNTS]

@@ -54,7 +54,7 @@ from tokenizers import Tokenizer
 import tidal.jobcli
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
-from tidal.data.beam_options import beam_options
+from tidal.data.beam_options import beam_options, create_spread
 from tidal.data.shards import (
     DOCUMENTS_PREFIX,
     META_NAME,
@@ -184,8 +184,10 @@ def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS
 
 
 class EncodeShardFn(beam.DoFn):
-    """Beam DoFn: ``(shard number, document shard path)`` -> that shard's token spill summary
-    (:func:`tidal.data.token_spill.encode_shard`). Loads the tokenizer once per worker."""
+    """Beam DoFn: ``(shard number, [document shard path])`` (as
+    :func:`tidal.data.beam_options.create_spread` gives them) -> ``(0, summary)``, that shard's
+    token spill summary (:func:`tidal.data.token_spill.encode_shard`) under one key, for the
+    single merging worker. Loads the tokenizer once per worker."""
 
     def __init__(self, tokenizer_dir: str, eos_id: int, spill_dir: str, fallback_ids: list[int], unk_id: int | None):
         self.tokenizer_dir = tokenizer_dir
@@ -198,10 +200,11 @@ class EncodeShardFn(beam.DoFn):
     def setup(self) -> None:
         self.tokenizer, _ = tokenizer_step.load(self.tokenizer_dir)
 
-    def process(self, element: tuple[int, str]):
-        index, path = element
-        batches = (encode_documents(self.tokenizer, batch, self.eos_id) for batch in encode_batches(path))
-        yield encode_shard(index, path, self.spill_dir, batches, self.fallback_ids, self.unk_id)
+    def process(self, element: tuple[int, Iterable[str]]):
+        index, paths = element
+        for path in paths:
+            batches = (encode_documents(self.tokenizer, batch, self.eos_id) for batch in encode_batches(path))
+            yield 0, encode_shard(index, path, self.spill_dir, batches, self.fallback_ids, self.unk_id)
 
 
 def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[str, Any], spill_dir: str) -> None:
@@ -237,6 +240,12 @@ def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[
     shutil.rmtree(spill_dir, ignore_errors=True)
 
 
+def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out_dir: str, settings: dict[str, Any],
+                   spill_dir: str) -> None:
+    """``(0, [spill summary...])``, every shard's summary under one key -> :func:`_merge_and_write`."""
+    _merge_and_write(list(element[1]), out_dir, settings, spill_dir)
+
+
 def run(ctx: StepContext) -> dict:
     """Encode, pack and write the shards of ``ctx.config["input"]`` (see the module docstring).
 
@@ -257,14 +266,12 @@ def run(ctx: StepContext) -> dict:
     spill_dir = Path(ctx.out_dir) / SPILL_DIR
     try:
         with beam.Pipeline(options=beam_options()) as pipeline:
-            (
-                pipeline
-                | "DocumentShards" >> beam.Create(list(enumerate(paths)))
-                | "Spread" >> beam.Reshuffle()
+            (  # few transforms: each is a fixed cost of every run
+                create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
                 | "EncodeShards" >> beam.ParDo(EncodeShardFn(str(tokenizer_dir), tok_meta["eos_id"], str(spill_dir),
                                                              fallback_ids, unk_id))
-                | "AllSpills" >> beam.combiners.ToList()
-                | "MergeAndWrite" >> beam.Map(_merge_and_write, out_dir=str(ctx.out_dir), settings=settings,
+                | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
+                | "MergeAndWrite" >> beam.Map(_merge_grouped, out_dir=str(ctx.out_dir), settings=settings,
                                                 spill_dir=str(spill_dir))
             )
     finally:
