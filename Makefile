@@ -28,8 +28,12 @@ $(UV):
 
 uv: $(UV)
 
+# --compile-bytecode: write every installed module's .pyc once, here. Python reads .pyc files
+# even under PYTHONDONTWRITEBYTECODE=1 (set on these machines), which otherwise makes every
+# process compile Airflow, JAX, Beam and MLflow from source: 12 s -> 4.6 s to import them,
+# paid by every Airflow task, trainer and server process the demo and the tests start.
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --python 3.11
+	$(UV) sync --frozen --python 3.11 --compile-bytecode
 	touch $@
 
 venv: $(VENV)/.synced
