@@ -142,3 +142,25 @@ def test_real_brown_reconciles(tmp_path):
     config = {**CONFIG, "source": "brown", "input": "fetch-brown", "max_chars": 200000, "shards": 2}
     summary = clean.run(StepContext("c", "clean-brown", "clean", config, out, inputs={"fetch-brown": fetch_out}))
     assert summary["in"] == 500 and summary["kept"] == 500
+
+
+def test_raw_slices_cover_every_row_once(tmp_path):
+    from tidal.data.clean_fns import raw_slices
+
+    table = pa.table({"source": ["toy"] * 10, "ref": [f"x:{i}" for i in range(10)],
+                      "raw": pa.array([b"t"] * 10, pa.binary())}, schema=fetch.RAW_SCHEMA)
+    pq.write_table(table, tmp_path / "raw.parquet", row_group_size=4)  # groups of 4, 4, 2 rows
+    assert raw_slices(tmp_path / "raw.parquet", 3) == [(0, 0, 3), (0, 3, 1), (1, 0, 3), (1, 3, 1), (2, 0, 2)]
+    assert raw_slices(tmp_path / "raw.parquet") == [(0, 0, 4), (1, 0, 4), (2, 0, 2)]
+
+
+def test_slicing_row_groups_changes_no_byte(twice, tmp_path, monkeypatch):
+    """Elements of 2 rows (duplicates x:1, x:9, x:10 land in different elements): same files."""
+    from tidal.data import clean_fns
+
+    monkeypatch.setattr(clean_fns, "SLICE_ROWS", 2)
+    (want_summary, want), _ = twice
+    summary, out = run_clean(tmp_path, "sliced")
+    assert summary == want_summary
+    for path in sorted(want.iterdir()):
+        assert (out / path.name).read_bytes() == path.read_bytes(), path.name

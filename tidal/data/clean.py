@@ -205,7 +205,7 @@ def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: Cl
     translation, one bundle per stage on the in-process runner), so the graph has few.
     """
     spill_dir = str(Path(out_dir) / SPILL_DIR)
-    slices = create_spread(pipeline, "RawSlices", raw_slices(raw_path))
+    slices = create_spread(pipeline, "RawSlices", [((g, first), n) for g, first, n in raw_slices(raw_path)])
     batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg, spill_dir, cfg.shards)).with_outputs(
         FINISH_TAG, BANDS_TAG, main="docs"
     )

@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 BATCH_ROWS = 1000  # records per batch (raw.parquet row groups are read in batches of this many)
 BATCH_BYTES = 4 << 20  # and at most this many raw bytes: per-batch memory is a few times this
+# Rows of one clean input element (a slice of a raw.parquet row group). Fetch writes row groups
+# of 64k rows, so without slicing a source under 64k records would be one element, cleaned by
+# one worker on a multi-worker runner. A slice is read by streaming its row group from the
+# start and skipping the rows before it (Parquet has no row offset to seek to): at most
+# 64k / 8k = 8 slices re-decode on average half a group, a few % of cleaning it.
+SLICE_ROWS = 8 * BATCH_ROWS
 COUNTS_FILE = "counts.json"
 QUARANTINE_FILE = "quarantine.parquet"
 REMOVED_FILE = "removed.parquet"
@@ -69,11 +75,14 @@ def shard_of(doc_id: str, shards: int) -> int:
     return int(doc_id, 16) % shards
 
 
-def raw_slices(raw_path: str | Path) -> list[tuple[int, int]]:
-    """``(row group, rows)`` of ``raw_path``, one per non-empty row group: the elements the
-    clean step's first stage reads (each streamed in batches of :data:`BATCH_ROWS`)."""
+def raw_slices(raw_path: str | Path, slice_rows: int | None = None) -> list[tuple[int, int, int]]:
+    """``(row group, first row in it, rows)`` of ``raw_path``: the elements the clean step's
+    first stage reads, at most ``slice_rows`` rows each (:data:`SLICE_ROWS`), every row of
+    every row group in exactly one; each is streamed in batches of :data:`BATCH_ROWS`."""
+    slice_rows = slice_rows or SLICE_ROWS
     meta = pq.read_metadata(raw_path)
-    return [(g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
+    return [(g, start, min(slice_rows, meta.row_group(g).num_rows - start))
+            for g in range(meta.num_row_groups) for start in range(0, meta.row_group(g).num_rows, slice_rows)]
 
 
 def _emit_counts(counts: Counter) -> dict[str, int]:
@@ -102,8 +111,8 @@ class DocStub(NamedTuple):
 
 
 class CleanBatchFn(beam.DoFn):
-    """``(row group, rows)`` of ``raw.parquet``, read in batches of :data:`BATCH_ROWS` records
-    (streamed: memory holds a batch, not the row group) -> per batch and shard it touches,
+    """``((row group, first row), [rows])`` of ``raw.parquet`` (:func:`raw_slices`), read in batches
+    of :data:`BATCH_ROWS` records (streamed: memory holds a batch, not the row group) -> per batch and shard it touches,
     ``(shard, [DocStub...])`` (main output), with the texts written to one spill file per
     shard under ``spill_dir``; on the ``finish`` output (module docstring) the quarantine
     rows, the removed (filtered) rows and one dict of outcome counts (``in`` included) and,
@@ -120,11 +129,18 @@ class CleanBatchFn(beam.DoFn):
         self.spill_dir = spill_dir
         self.shards = shards
 
-    def process(self, element: tuple[int, int]) -> Iterable:
-        group, _ = element
-        start = 0
+    def process(self, element: tuple[tuple[int, int], Iterable[int]]) -> Iterable:
+        (group, first), counts = element  # as create_spread gives it: ((group, first row), [rows])
+        count = next(iter(counts))
+        start, end = first, first + count
+        seen = 0  # rows of the row group streamed past so far
         for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=BATCH_ROWS, row_groups=[group]):
-            rows = record_batch.to_pylist()
+            seen, before = seen + record_batch.num_rows, seen
+            if seen <= first:
+                continue
+            if before >= end:
+                break
+            rows = record_batch.slice(max(0, first - before), min(end, seen) - max(first, before)).to_pylist()
             for row in rows:
                 if not isinstance(row["raw"], bytes):  # bad data in a file: ValueError, as elsewhere
                     raise ValueError(  # noqa: TRY004
