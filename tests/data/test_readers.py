@@ -115,6 +115,10 @@ def test_paths_are_checked(tmp_path):
         list_files("gs://bucket/corpus/")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         list_files(tmp_path / "missing")
+    (tmp_path / "empty" / ".hidden").mkdir(parents=True)
+    (tmp_path / "empty" / ".hidden" / "a.jsonl").write_bytes(b'{"text": "hidden"}\n')
+    with pytest.raises(FileNotFoundError, match="has no file"):
+        list_files(tmp_path / "empty")
     with pytest.raises(ValueError, match="unknown path format"):
         list(read_path("csv", tmp_path))
 

@@ -207,7 +207,8 @@ class WriteShardFn(beam.DoFn):
 
     Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
     copies are exact duplicates of cluster ``id``; a kept id named in ``near`` (``{id:
-    (survivor id, jaccard)}``, a side input) is a near duplicate. Outputs finish items
+    (survivor id, jaccard)}``, a side input) is a near duplicate, and then its exact copies
+    name that survivor as their cluster too (every cluster id is a kept document's). Outputs finish items
     (module docstring): the removed rows, the counts (``kept``, ``languages.<lang>``,
     ``duplicates.exact|near``) and the shard number. The texts of the kept documents are
     read from their spill files. A shard no document went to is written by :class:`FinishFn`.
@@ -228,10 +229,13 @@ class WriteShardFn(beam.DoFn):
         kept: list[DocStub] = []
         for doc_id in sorted(by_id):
             group = sorted(by_id[doc_id], key=lambda d: (ref_sort_key(d.ref), d.ref, d.source, d.language))
+            first = group[0]
+            # exact copies of a near duplicate belong to the near cluster's survivor, a kept document
+            cluster, detail = (near[doc_id][0], f"exact copy of {first.ref}, a near duplicate") if doc_id in near \
+                else (doc_id, None)
             for dup in group[1:]:
                 counts["duplicates.exact"] += 1
-                removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=doc_id))
-            first = group[0]
+                removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail))
             if doc_id in near:
                 survivor, sim = near[doc_id]
                 counts["duplicates.near"] += 1

@@ -17,7 +17,9 @@ instead of ``archive``, and optionally ``snapshot_sha256``: the sha256 of the fi
 (:func:`tidal.data.readers.snapshot_sha256`). Fetch always computes it, writes it with every
 file's own sha256 and size to ``files.json`` and into its summary; with the pin in the
 config, a different value fails the step before anything is written (the files changed
-since the recipe was pinned). The pin is part of the step's config, hence of its id: without
+since the recipe was pinned). With ``max_documents`` fetch stops reading early and the hash
+covers the files read, up to the one holding the last document taken: the output depends on
+nothing else. The pin is part of the step's config, hence of its id: without
 it a file source is addressed by its path only, and a change to its files is not noticed.
 
 Output ``raw.parquet``: columns ``source`` (string), ``ref`` (string), ``raw`` (binary,
@@ -161,11 +163,15 @@ def check_snapshot(ctx: StepContext, digests: list[tuple[str, str, int]]) -> str
     snapshot = snapshot_sha256(digests)
     pinned = config.get("snapshot_sha256")
     if pinned is not None and pinned != snapshot:
+        capped = (f"; max_documents={config['max_documents']} stopped reading at {digests[-1][0] if digests else 'the start'}, "
+                  "and the hash covers only the files read (a pin taken without the cap differs)"
+                  if config.get("max_documents") is not None else "")
+        listing = ", ".join(f"{rel} {sha[:12]}" for rel, sha, _ in digests[:10]) + (" ..." if len(digests) > 10 else "")
         raise ValueError(
             f"fetch step {ctx.name!r}: the files under {config['path']} changed since the recipe pinned them: "
-            f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes), "
-            f"the recipe says {pinned}; if the change is intended, set sources.{config['source']}.snapshot_sha256 "
-            f"to {snapshot}")
+            f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes: "
+            f"{listing or 'none'}), the recipe says {pinned}{capped}; if the change is intended, set "
+            f"sources.{config['source']}.snapshot_sha256 to {snapshot}")
     if pinned is None:
         ctx.log.warning("fetch %s: %s is not pinned; its snapshot_sha256 is %s (pin it in the recipe so that "
                         "a change to its files is noticed)", config["source"], config["path"], snapshot)

@@ -136,7 +136,7 @@ def list_files(path: str | Path) -> list[tuple[str, Path]]:
 
     Raises:
         ValueError: for a URI (``s3://`` is read by :func:`read_path`, not listed here).
-        FileNotFoundError: if ``path`` does not exist.
+        FileNotFoundError: if ``path`` does not exist or is a folder with no (visible) file.
     """
     text = str(path)
     if "://" in text:
@@ -155,6 +155,8 @@ def list_files(path: str | Path) -> list[tuple[str, Path]]:
             if not name.startswith("."):
                 full = Path(dirpath) / name
                 found.append((full.relative_to(root).as_posix(), full))
+    if not found:  # as an empty s3:// prefix: a source that reads nothing is a mistake
+        raise FileNotFoundError(f"source path {root} has no file (hidden files and folders are skipped)")
     return sorted(found, key=lambda item: ref_sort_key(item[0] + ":"))
 
 
@@ -300,10 +302,21 @@ def snapshot_sha256(digests: list[tuple[str, str, int]]) -> str:
     """One sha256 hex digest for ``[(relative name, file sha256, size)]`` (module docstring).
 
     Equal to ``sha256sum`` of the files, in read order, run from the source folder and piped
-    into ``sha256sum`` again (for a single-file source: that file's name alone).
+    into ``sha256sum`` again (for a single-file source: that file's name alone), escapes of
+    unusual names included. With ``max_documents`` fetch stops reading early, so the list, and
+    the hash, covers the files up to the one holding the last document taken.
     """
-    lines = "".join(f"{sha}  {rel}\n" for rel, sha, _ in digests)
-    return hashlib.sha256(lines.encode("utf-8", errors="surrogateescape")).hexdigest()
+    return hashlib.sha256("".join(_sha256sum_line(rel, sha) for rel, sha, _ in digests).encode(
+        "utf-8", errors="surrogateescape")).hexdigest()
+
+
+def _sha256sum_line(name: str, sha: str) -> str:
+    r"""One line as GNU ``sha256sum`` (coreutils 9) writes it: a name holding a backslash, a
+    newline or a carriage return is escaped (``\\``, ``\n``, ``\r``) and the line starts with ``\``."""
+    if not any(ch in name for ch in "\\\n\r"):
+        return f"{sha}  {name}\n"
+    escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return f"\\{sha}  {escaped}\n"
 
 
 def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Counter | None = None,
