@@ -3,8 +3,8 @@
 With ``train.resources.launcher: gke`` the DAG factory puts a task group named like the step
 in place of the single ``TidalStepOperator``:
 
-* ``{step}.prepare`` (branch, milliseconds): :func:`tidal.launch.remote.prepare`; a committed
-  step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
+* ``{step}.prepare`` (branch; under a second, seconds when MLflow is slow to answer):
+  :func:`tidal.launch.remote.prepare`; a committed step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
   step's MLflow run is opened (:func:`open_live_run`) and the launch runs.
 * single pod (CPU, GPU node, single-host TPU slice): ``{step}.launch``, a
   ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
@@ -142,13 +142,13 @@ def open_live_run(pipe: Any, step_name: str, run_key: str, log: Any) -> dict[str
         URI is no server a pod can reach (nothing is opened; the step's run is created when it
         commits, as for a local run) or MLflow is unreachable now (the tracker warns).
     """
-    from tidal.launch.pods import live_metrics_env, pod_tracking_uri
+    from tidal.launch.pods import live_metrics_env, pod_tracking_uri, uri_scheme
 
     uri = pipe.tracking_uri
-    if pod_tracking_uri(uri) is None:
-        scheme = uri.split(":", 1)[0] if ":" in uri else "path"  # never the whole URI: it may hold a password
-        log.info("no live metrics for step %s: its tracking store (%s) is not an MLflow server a pod can "
-                 "reach; the step's MLflow run is recorded when it commits", step_name, scheme)
+    if pod_tracking_uri(uri) is None:  # logged by scheme only: the rest may hold a password
+        log.info("no live metrics for step %s: its tracking store (%s) is not an http(s) MLflow server a pod can "
+                 "reach (tidal.launch.pods.pod_tracking_uri); the step's MLflow run is recorded when it commits",
+                 step_name, uri_scheme(uri))
         return {}
     step = pipe.graph[step_name]
     parent = pipe.parent_run(run_key)
@@ -181,7 +181,7 @@ class TidalCommitOperator(BaseOperator):
         result = commit(pipe, self.step_name, started_at=prepared["started_at"], launcher="gke",
                         workload=self.workload, run_key=None)
         # recorded here, not by commit(), so that the pod's live run is completed, not duplicated
-        pipe.record(result, run_key_of(context), live_run=live_run)
+        pipe.record(result, run_key_of(context), live_run=live_run, complete_history=True)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 

@@ -163,12 +163,15 @@ class Pipeline:
             run_id=live_run,
         )
 
-    def record(self, result: StepResult, run_key: str, live_run: str | None = None) -> None:
+    def record(self, result: StepResult, run_key: str, live_run: str | None = None,
+               complete_history: bool = False) -> None:
         """Record a finished or skipped step as a nested MLflow run under ``run_key``'s parent.
 
         ``live_run``: the nested run the training subprocess already logged its metric history
         into (:meth:`_open_live_run`); it is completed instead of creating a new one, and the
-        history is not logged twice.
+        history is not logged twice. ``complete_history``: the live run may lack rows (a GKE
+        pod's undelivered rows stay in the pod): the rows of ``metrics.jsonl`` whose (metric,
+        step) the run does not hold are logged (:meth:`tidal.tracking.Tracker.log_step`).
         """
         tracker = self.tracker()
         parent = self.parent_run(run_key)
@@ -187,7 +190,7 @@ class Pipeline:
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
         tracker.log_step(
             parent, result.name, result.step_id, result.kind, result.status, result.summary,
-            history=history if result.status == "run" and live_run is None else None,
+            history=history if result.status == "run" and (live_run is None or complete_history) else None,
             artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
             tags=tags, run_id=live_run,
         )

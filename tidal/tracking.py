@@ -107,8 +107,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+    yield from (items[start:start + size] for start in range(0, len(items), size))
 
 
 class TrackingUnavailable(RuntimeError):
@@ -345,12 +344,17 @@ class Tracker:
 
         The training subprocess logs into it live (``TIDAL_MLFLOW_RUN_ID``,
         tidal/train/metrics.py); :meth:`log_step` with ``run_id=`` completes and closes it.
-        Returns the run id, or None when MLflow is unreachable (nothing buffered: the step is
-        then recorded after the fact by :meth:`log_step` as usual).
+        A RUNNING run of the same step under the same parent (a cleared, rerun task) is reused.
+        Returns the run id, or None when MLflow is unreachable (the step is then recorded by :meth:`log_step`).
         """
         try:
             parent = self._resolve(parent_run_id)
             exp = self._experiment()
+            running = self._retry("find open step run", lambda: self._client().search_runs(
+                [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.`tidal.step_id` = "
+                f"'{step_id}' and attributes.status = 'RUNNING'", max_results=1, order_by=["attributes.start_time DESC"]))
+            if running:
+                return running[0].info.run_id
             tags = {"mlflow.parentRunId": parent, "tidal.step_id": step_id, "tidal.kind": kind,
                     "tidal.status": "running"}
             return self._retry("open step run", lambda: self._client().create_run(
@@ -358,6 +362,14 @@ class Tracker:
         except TrackingUnavailable as err:
             log.warning("tracking: no live run for step %s (%s); it is recorded when it ends", step_name, err)
             return None
+
+    def _held_steps(self, run_id: str, history: list[dict[str, Any]]) -> dict[str, set[int]]:
+        """``{metric key: steps}`` live run ``run_id`` holds, for ``history``'s keys (a call per key)."""
+        have = self._retry("read live run", lambda: self._client().get_run(run_id)).data.metrics
+        keys = {_key(k) for row in history for k in row if k != "step"} & set(have)
+        client = self._client()
+        return {k: {m.step for m in self._retry(f"read {k}", lambda k=k: client.get_metric_history(run_id, k))}
+                for k in sorted(keys)}
 
     def _log_step(self, parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags,
                   run_id=None):
@@ -375,10 +387,11 @@ class Tracker:
                 metrics.append(Metric(_key(name), float(value), now_ms, 0))
             else:
                 extra_tags.append(RunTag(_key(name), _text(value, MAX_TAG_VALUE)))
+        held = self._held_steps(run_id, history) if run_id is not None and history else {}
         for row in history:
             step = int(row["step"])
-            metrics += [Metric(_key(k), float(v), now_ms, step)
-                        for k, v in sorted(row.items()) if k != "step" and _is_number(v)]
+            metrics += [Metric(_key(k), float(v), now_ms, step) for k, v in sorted(row.items())
+                        if k != "step" and _is_number(v) and step not in held.get(_key(k), ())]
         created = run_id is None
         if created:
             run = self._retry("create step run", lambda: self._client().create_run(

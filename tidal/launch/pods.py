@@ -68,7 +68,7 @@ MAX_JOBSET_NAME = 40
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # an MLflow tracking server: http(s), a host, no user info (credentials go by secret_env), no
 # quotes or spaces (the value may be templated into a YAML body)
-_SERVER_URI = re.compile(r"^https?://[^\s'\"@/?#]+(/[^\s'\"@]*)?$")
+_SERVER_URI = re.compile(r"https?://[^\s'\"@/?#]+(/[^\s'\"@?#]*)?", re.IGNORECASE)  # fullmatch: no query, fragment
 SECRET_NAME_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
 
 
@@ -94,26 +94,48 @@ def is_single_pod(resources: ResourceConfig) -> bool:
 
 
 def pod_tracking_uri(uri: str | None) -> str | None:
-    """``uri`` when a training pod can log live metrics to it, else None.
+    """``uri`` when a training pod can log live metrics to it, else None (never raises).
 
-    Accepted: an MLflow tracking server, ``http(s)://host[:port][/path]`` (e.g. the chart's
-    ``http://tidal-mlflow.<namespace>:5000``). Refused (None): no URI; a local store
-    (``sqlite:``, ``file:``, a plain path: its files are on the Airflow worker, not in the
-    pod); a server on the worker's loopback (``localhost``, ``127.0.0.1``, ``[::1]``: in a pod
-    that is the pod itself); a database URI (``postgresql://`` ...: the pod would need the
-    driver and the database password in a literal env var); a URI with user info, quotes or
-    whitespace. The host is judged as written, never resolved (the pod's DNS is not ours).
+    Accepted: an MLflow tracking server, ``http(s)://host[:port][/path]`` (scheme in any case,
+    returned lower-cased; e.g. the chart's ``http://tidal-mlflow.<namespace>.svc:5000``: pods
+    run in the training namespace, so a bare Service name of another namespace does not
+    resolve there). Refused (None): no URI; a local store (``sqlite:``, ``file:``, a plain
+    path: its files are on the Airflow worker, not in the pod); a server on the worker's
+    loopback (``localhost``, ``127.0.0.0/8``, ``[::1]``, IPv4-mapped loopback, ``0.0.0.0``: in
+    a pod that is the pod itself); a database URI (``postgresql://`` ...: the pod would need
+    the driver and the database password in a literal env var); a URI with user info, a query
+    string or a fragment (secrets do not go into pod specs; credentials go by ``secret_env``),
+    quotes, whitespace or control characters; no host, or a port that is not 1..65535; a URI
+    Python cannot parse. The host is judged as written, never resolved (the pod's DNS is not ours).
     """
-    if not uri or not _SERVER_URI.match(uri):
+    if not uri or not _SERVER_URI.fullmatch(uri):
         return None
-    host = (urlsplit(uri).hostname or "").rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
+    try:
+        parts = urlsplit(uri)
+        port = parts.port  # ValueError when not a number in 0..65535
+        host = (parts.hostname or "").rstrip(".")
+    except ValueError:
         return None
+    if not host or port == 0 or host == "localhost" or host.endswith(".localhost"):
+        return None
+    uri = parts._replace(scheme=parts.scheme.lower()).geturl()
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
         return uri
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:
+        address = mapped
     return None if address.is_loopback or address.is_unspecified else uri
+
+
+def uri_scheme(uri: str | None) -> str:
+    """The scheme of ``uri`` for a log line (``"no scheme"`` when it has none): never anything
+    after it, which may hold a password."""
+    if not uri:
+        return "no URI"
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    return match.group(1).lower() if match else "no scheme"
 
 
 def live_metrics_env(tracking_uri: str | None, run_id: str | None) -> dict[str, str]:
