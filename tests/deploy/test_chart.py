@@ -11,6 +11,7 @@ kubernetes-validate (strict: unknown fields fail) for the chart's oldest and new
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import re
 import tomllib
@@ -306,7 +307,11 @@ def test_airflow_values_kubernetes_executor_pod_launching_statsd_dags(values_fil
     else:  # baked into the image by images/airflow.Dockerfile
         assert "COPY --chown=50000:0 dags/ /opt/airflow/dags/" in (ROOT / "images/airflow.Dockerfile").read_text()
     env = {e["name"]: e["value"] for e in airflow["env"]}
-    assert env["MLFLOW_TRACKING_URI"] == f"http://{values['mlflow']['name']}:{values['mlflow']['port']}"
+    # namespace-qualified (release namespace airflow): training pods in training.namespace get this URI
+    assert env["MLFLOW_TRACKING_URI"] == f"http://{values['mlflow']['name']}.airflow.svc:{values['mlflow']['port']}"
+    host = env["MLFLOW_TRACKING_URI"].split("://")[1]
+    allowed = values["mlflow"]["allowedHosts"].split(",")  # the MLflow server must accept that Host
+    assert any(fnmatch.fnmatchcase(host, pattern) for pattern in allowed), (host, allowed)
     assert env["TIDAL_TRAIN_NAMESPACE"] == values["training"]["namespace"]
 
 
