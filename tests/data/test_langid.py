@@ -73,11 +73,11 @@ def test_dfa_state_depends_on_last_depth_bytes_only():
     assert depth == 6  # the pinned model: byte n-grams up to 6 bytes deep
 
 
-def test_float32_table_rows_are_the_converted_table_rows():
+def test_float32_rows_are_the_table_rows():
     ident = langid._identifier()
-    table = langid._float32_table()
-    assert table.dtype == np.float32 and table.shape == ident.nb_ptc.shape
+    rows = langid._Float32Rows(ident.nb_ptc)
     rng = np.random.default_rng(0)
     for _ in range(20):
         features = rng.choice(ident.nb_ptc.shape[0], size=rng.integers(1, 3000), replace=False)
-        np.testing.assert_array_equal(table[features], ident.nb_ptc[features].astype(np.float32))
+        np.testing.assert_array_equal(rows.gather(features), ident.nb_ptc[features].astype(np.float32))
+    assert rows.size <= ident.nb_ptc.shape[0] and len(rows.rows) <= ident.nb_ptc.shape[0]
