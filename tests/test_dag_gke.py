@@ -18,6 +18,7 @@ from operators.dag_factory import build_dag
 from operators.gke import ProviderOperator, jobset_finished
 from tests.conftest import REPO, TINY
 from tests.launch.test_pods import K8S_VERSION, RUN_ID, SERVER_URI, validate
+from tests.storage.servers import hostname_mlflow_server
 from tidal.launch.hardening import violations
 from tidal.planner import build_graph
 from tidal.recipe import parse_recipe
@@ -246,37 +247,13 @@ def test_prepare_and_commit_with_a_local_tracking_store(tmp_path, tiny_data, mon
 @pytest.mark.slow
 def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it(tmp_path, tiny_data, monkeypatch):
     """Real ``mlflow server`` on loopback (about a minute to start on a busy 2-core host)."""
-    import os
-    import signal
-    import socket
-    import time
-    import urllib.request
 
     from mlflow.tracking import MlflowClient
 
     from tidal.pipeline import Pipeline
 
     # by host name: a loopback URI is refused (in a pod it would be the pod itself)
-    host = socket.gethostname()
-    address = socket.gethostbyname(host)
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-                               f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root",
-                               str(tmp_path / "artifacts"), "--host", address, "--port", str(port),
-                               "--workers", "1", "--allowed-hosts", f"{host}:{port}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        uri = f"http://{host}:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not come up"
-                time.sleep(0.5)
+    with hostname_mlflow_server(tmp_path) as uri:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
         monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
@@ -304,6 +281,3 @@ def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it
         children = client.search_runs([live.info.experiment_id],
                                       filter_string=f"tags.`mlflow.parentRunId` = '{live.data.tags['mlflow.parentRunId']}'")
         assert [r.info.run_id for r in children] == [run_id]  # completed, not duplicated
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()

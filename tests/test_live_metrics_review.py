@@ -6,13 +6,6 @@ after a cleared task group. Tests that start a real ``mlflow server`` are marked
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlsplit
@@ -22,6 +15,7 @@ import yaml
 
 from operators.dag_factory import build_dag
 from tests.conftest import REPO
+from tests.storage.servers import hostname_mlflow_server
 from tests.test_dag_gke import POD, StubTI, commit_inputs, write_recipe
 from tidal.launch.pods import pod_tracking_uri
 
@@ -109,31 +103,8 @@ def test_the_shipped_worker_tracking_uri_resolves_in_the_training_namespace(valu
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real ``mlflow server`` reached by host name (a loopback URI is refused for pods)."""
-    tmp = tmp_path_factory.mktemp("mlflow")
-    host = socket.gethostname()
-    address = socket.gethostbyname(host)
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-                               f"sqlite:///{tmp / 'mlflow.db'}", "--default-artifact-root", str(tmp / "artifacts"),
-                               "--host", address, "--port", str(port), "--workers", "1",
-                               "--allowed-hosts", f"{host}:{port}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    uri = f"http://{host}:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not come up"
-                time.sleep(0.5)
+    with hostname_mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 @pytest.mark.slow

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 ERRORS = {
     500: ("InternalError", "We encountered an internal error. Please try again."),
@@ -186,3 +189,35 @@ class FaultProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def hostname_mlflow_server(tmp: Path) -> Iterator[str]:
+    """A real ``mlflow server`` (SQLite store under ``tmp``) reached by host name, not loopback
+    (a loopback URI is refused for pods: there it would be the pod itself); yields its URI."""
+    import urllib.request
+
+    host = socket.gethostname()
+    address = socket.gethostbyname(host)
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+                               f"sqlite:///{tmp / 'mlflow.db'}", "--default-artifact-root", str(tmp / "artifacts"),
+                               "--host", address, "--port", str(port), "--workers", "1",
+                               "--allowed-hosts", f"{host}:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://{host}:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not come up"
+                time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
