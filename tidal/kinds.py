@@ -30,7 +30,7 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "fetch": KindSpec("tidal.data.fetch", 2),
-    "clean": KindSpec("tidal.data.clean", 3),
+    "clean": KindSpec("tidal.data.clean", 4),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2),
     "mix": KindSpec("tidal.data.mix", 1),

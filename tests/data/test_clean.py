@@ -164,3 +164,56 @@ def test_slicing_row_groups_changes_no_byte(twice, tmp_path, monkeypatch):
     assert summary == want_summary
     for path in sorted(want.iterdir()):
         assert (out / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+LONG = ("Rivers carry silt from the high valleys down to the wide plains where farmers have grown "
+        "rice and barley for many centuries and the towns along the banks trade in grain and cloth")
+NEAR_RECORDS = [*RECORDS, ("y:1", LONG.encode()), ("y:2", (LONG + " today").encode()),
+                ("y:3", LONG.replace("Rivers", "Streams").encode())]
+NEAR_CONFIG = {**CONFIG, "near_dedup": {"enabled": True}}
+
+
+def test_batch_and_row_group_sizes_change_no_document(tmp_path, monkeypatch):
+    """Batches of one record (by row and by byte cap, read one row at a time, so the near
+    duplicates' bucket entries meet from different band files) and shard row groups of at most
+    2 documents (or one, by byte cap) give the same counts and documents as the defaults; the
+    shard files have the bounded row groups, and a rerun writes the same bytes."""
+    from tidal.data import clean_fns
+
+    want_summary, want = run_clean(tmp_path / "default", "out", NEAR_CONFIG, NEAR_RECORDS)
+    assert want_summary["duplicates_near"] == 2 and want_summary["kept"] == 5
+    monkeypatch.setattr(clean_fns, "READ_ROWS", 1)
+    monkeypatch.setattr(clean_fns, "BATCH_BYTES", 1)
+    monkeypatch.setattr(clean_fns, "WRITE_ROWS", 2)
+    for case, write_bytes in (("rows", 1 << 20), ("bytes", 1)):
+        monkeypatch.setattr(clean_fns, "WRITE_BYTES", write_bytes)
+        runs = [run_clean(tmp_path / f"{case}-{n}", "out", NEAR_CONFIG, NEAR_RECORDS) for n in range(2)]
+        for summary, out in runs:
+            assert summary == want_summary
+            for k in range(3):
+                name = clean.shard_name(k, 3)
+                assert pq.read_table(out / name).equals(pq.read_table(want / name))
+                meta = pq.read_metadata(out / name)
+                sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+                assert max(sizes) <= (2 if case == "rows" else 1), (name, sizes)
+            for name in (clean.REMOVED_FILE, clean.QUARANTINE_FILE, clean.COUNTS_FILE):
+                assert (out / name).read_bytes() == (want / name).read_bytes(), name
+        assert sorted(p.name for p in runs[0][1].iterdir()) == sorted(p.name for p in runs[1][1].iterdir())
+        for path in runs[0][1].iterdir():
+            assert (runs[1][1] / path.name).read_bytes() == path.read_bytes(), path.name
+    assert sum(pq.read_metadata(want / clean.shard_name(k, 3)).num_row_groups for k in range(3)) == 3
+
+
+def test_band_files_round_trip(tmp_path):
+    import numpy as np
+
+    from tidal.data.spill import read_bands, write_bands
+
+    entries = {3: (np.array([7, 9], np.uint64), np.array([0, 1], np.int32), np.arange(64, dtype=np.uint8).reshape(2, 32))}
+    path = write_bands(tmp_path / "b.npz", entries)
+    keys, members, ids = read_bands(path, 3)
+    assert keys.dtype == np.uint64 and keys.tolist() == [7, 9] and members.tolist() == [0, 1]
+    assert (ids == entries[3][2]).all()
+    with pytest.raises(KeyError):
+        read_bands(path, 4)
+    assert not list(tmp_path.glob(".*.tmp"))

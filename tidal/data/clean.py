@@ -50,11 +50,17 @@ Outputs (in ``out_dir``):
   The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
   of the files agree (:func:`check_outputs`).
 
-Beam elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (each
-``raw.parquet`` row group is one input element, streamed in such batches), so the runner's per-element cost and the counters are paid
-once per batch (:mod:`tidal.data.clean_fns`). Exact duplicates meet where they are written:
-a document's shard is a function of its id, so after a ``GroupByKey`` on the shard number
-one worker deduplicates, sorts and writes one whole shard in memory (fine for these corpora, tens of MB; at scale a shard would be
+Records are cleaned in batches (at most :data:`tidal.data.clean_fns.BATCH_ROWS` records and
+:data:`tidal.data.clean_fns.BATCH_BYTES` raw bytes, streamed from slices of ``raw.parquet``
+row groups), so the runner's per-element cost and the counters are paid once per batch
+(:mod:`tidal.data.clean_fns`). A batch's survivors and LSH bucket entries go to spill files
+(:mod:`tidal.data.spill`) and only the files' paths cross Beam's shuffles, so the in-process
+runner, which holds every shuffled collection in memory, holds no per-document element
+(the step's peak memory stays flat as the corpus grows: the data-pipeline bench). Exact
+duplicates meet where they are written: a document's shard is a function of its id, so
+after a ``GroupByKey`` on the shard number one worker reads the shard's stubs (id, ref,
+language: about 300 bytes a document), deduplicates, sorts and writes the shard one row
+group at a time (:func:`tidal.data.clean_fns.write_shard`; at web scale a shard would be
 range-partitioned and written with ``WriteToParquet``). Workers write into ``out_dir``
 directly, so ``out_dir`` must be reachable from workers (a shared filesystem on a cluster).
 Parquet writer options are fixed (:data:`tidal.data.fetch.PARQUET_OPTIONS`), so reruns
@@ -114,7 +120,7 @@ from tidal.data.normalize import (
 )
 from tidal.jobcli import main
 
-STEP_VERSION = 3
+STEP_VERSION = 4
 CONFIG_KEYS = {"source", "input", "normalization", "min_chars", "max_chars", "min_letter_fraction", "shards",
                "invalid_utf8", "special_tokens", "filters", "language", "near_dedup"}
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",

@@ -21,22 +21,39 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from tidal.data.clean_record import Document, clean_record, removed_row
-from tidal.data.fetch import write_parquet
+from tidal.data.fetch import write_parquet, write_parquet_chunks
 from tidal.data.neardup import band_entries
 from tidal.data.normalize import FILTER_RULES, NORMALIZATION_STEPS, QUARANTINE_REASONS
 from tidal.data.readers import READ_REASONS
 from tidal.data.sources import ref_sort_key
-from tidal.data.spill import read_texts, write_spill
+from tidal.data.spill import (
+    SPILL_SCHEMA,
+    STUB_COLUMNS,
+    read_spill,
+    read_texts,
+    write_bands,
+    write_spill,
+)
 
 if TYPE_CHECKING:
     from tidal.data.clean import CleanConfig
 
-BATCH_ROWS = 1000  # records per batch (raw.parquet row groups are read in batches of this many)
-BATCH_BYTES = 4 << 20  # and at most this many raw bytes: per-batch memory is a few times this
+BATCH_ROWS = 1000  # records per batch
+# and at most this many raw bytes: per-batch memory is a few times this (MinHash's per-word
+# arrays, the decoded text), so it caps the step's peak memory; 1 MB batches already hold
+# 1,000 records of typical web text (a few KB each): 4 MB ones raised the peak by tens of MB
+# on sources of long documents (the data-pipeline bench: peak RSS 16x / 4x 1.11 -> see README)
+BATCH_BYTES = 1 << 20
+# Row groups of a document shard: at most this many documents and bytes of text, so the shard
+# writer holds one row group's texts (a few times WRITE_BYTES), not the whole shard's
+WRITE_ROWS = 8192
+WRITE_BYTES = 8 << 20
+READ_ROWS = 128  # rows per Arrow record batch read from raw.parquet (decoded at most this many ahead)
 # Rows of one clean input element (a slice of a raw.parquet row group). Fetch writes row groups
 # of 64k rows, so without slicing a source under 64k records would be one element, cleaned by
 # one worker on a multi-worker runner. A slice is read by streaming its row group from the
@@ -78,7 +95,7 @@ def shard_of(doc_id: str, shards: int) -> int:
 def raw_slices(raw_path: str | Path, slice_rows: int | None = None) -> list[tuple[int, int, int]]:
     """``(row group, first row in it, rows)`` of ``raw_path``: the elements the clean step's
     first stage reads, at most ``slice_rows`` rows each (:data:`SLICE_ROWS`), every row of
-    every row group in exactly one; each is streamed in batches of :data:`BATCH_ROWS`."""
+    every row group in exactly one; each is streamed in batches (:class:`CleanBatchFn`)."""
     slice_rows = slice_rows or SLICE_ROWS
     meta = pq.read_metadata(raw_path)
     return [(g, start, min(slice_rows, meta.row_group(g).num_rows - start))
@@ -100,6 +117,7 @@ class DocStub(NamedTuple):
         id, ref, source, language: as :class:`tidal.data.clean_record.Document`.
         spill: the spill file holding the text.
         row: the text's row in it.
+        nbytes: the text's UTF-8 bytes.
     """
 
     id: str
@@ -108,16 +126,20 @@ class DocStub(NamedTuple):
     language: str
     spill: str
     row: int
+    nbytes: int
 
 
 class CleanBatchFn(beam.DoFn):
     """``((row group, first row), [rows])`` of ``raw.parquet`` (:func:`raw_slices`), read in batches
-    of :data:`BATCH_ROWS` records (streamed: memory holds a batch, not the row group) -> per batch and shard it touches,
-    ``(shard, [DocStub...])`` (main output), with the texts written to one spill file per
-    shard under ``spill_dir``; on the ``finish`` output (module docstring) the quarantine
-    rows, the removed (filtered) rows and one dict of outcome counts (``in`` included) and,
-    with near-dedup on, on the ``bands`` output the batch's LSH bucket entries ``(partition,
-    (keys, members, ids))`` (:func:`tidal.data.neardup.band_entries`).
+    of at most :data:`BATCH_ROWS` records and :data:`BATCH_BYTES` raw bytes (streamed: memory
+    holds a batch, not the row group) -> per batch
+    and shard it touches, ``(shard, spill file)`` (main output): the batch's survivors of that
+    shard written to one spill file under ``spill_dir`` (:func:`tidal.data.spill.write_spill`);
+    on the ``finish`` output (module docstring) the quarantine rows, the removed (filtered)
+    rows and one dict of outcome counts (``in`` included) and, with near-dedup on, on the
+    ``bands`` output ``(partition, bands file)`` for each partition of the batch's LSH bucket
+    entries (:func:`tidal.data.neardup.band_entries`, written by
+    :func:`tidal.data.spill.write_bands`). Only paths cross the shuffles (:mod:`tidal.data.spill`).
 
     Raises:
         ValueError: for a record whose ``raw`` is null, naming the file, row group and ref.
@@ -134,25 +156,27 @@ class CleanBatchFn(beam.DoFn):
         count = next(iter(counts))
         start, end = first, first + count
         seen = 0  # rows of the row group streamed past so far
-        for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=BATCH_ROWS, row_groups=[group]):
+        pending: list[dict[str, Any]] = []  # the batch being filled
+        size = 0  # its raw bytes
+        for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=READ_ROWS, row_groups=[group]):
             seen, before = seen + record_batch.num_rows, seen
             if seen <= first:
                 continue
             if before >= end:
                 break
-            rows = record_batch.slice(max(0, first - before), min(end, seen) - max(first, before)).to_pylist()
-            for row in rows:
+            for row in record_batch.slice(max(0, first - before), min(end, seen) - max(first, before)).to_pylist():
                 if not isinstance(row["raw"], bytes):  # bad data in a file: ValueError, as elsewhere
                     raise ValueError(  # noqa: TRY004
                         f"{self.raw_path}: row group {group}, record {row['ref']!r}: 'raw' is "
                         f"{type(row['raw']).__name__}, not bytes (fetch writes every record's bytes)")
-            while rows:  # at most BATCH_BYTES raw bytes a batch, unless one record alone is larger
-                take, size = 0, 0
-                while take < len(rows) and (take == 0 or size + len(rows[take]["raw"]) <= BATCH_BYTES):
-                    size += len(rows[take]["raw"])
-                    take += 1
-                yield from self._batch(group, start, rows[:take])
-                rows, start = rows[take:], start + take
+                # at most BATCH_ROWS records and BATCH_BYTES raw bytes, unless one record alone is larger
+                if pending and (len(pending) >= BATCH_ROWS or size + len(row["raw"]) > BATCH_BYTES):
+                    yield from self._batch(group, start, pending)
+                    start, pending, size = start + len(pending), [], 0
+                pending.append(row)
+                size += len(row["raw"])
+        if pending:
+            yield from self._batch(group, start, pending)
 
     def _batch(self, group: int, start: int, rows: list[dict[str, Any]]) -> Iterable:
         counts: Counter = Counter(**{"in": len(rows)})
@@ -167,51 +191,88 @@ class CleanBatchFn(beam.DoFn):
         by_shard: dict[int, list[Document]] = defaultdict(list)
         for doc in docs:
             by_shard[shard_of(doc.id, self.shards)].append(doc)
+        name = f"g{group:05d}-r{start:09d}"
         for shard, mine in sorted(by_shard.items()):
-            path = write_spill(Path(self.spill_dir) / f"s{shard:05d}-g{group:05d}-r{start:09d}.arrow",
-                               [d.id for d in mine], [d.text for d in mine])
-            yield shard, [DocStub(d.id, d.ref, d.source, d.language, path, i) for i, d in enumerate(mine)]
+            yield shard, write_spill(Path(self.spill_dir) / f"s{shard:05d}-{name}.arrow",
+                                     {column: [getattr(d, column) for d in mine] for column in SPILL_SCHEMA.names})
         if self.cfg.near_dedup.enabled and docs:
             entries = band_entries(((d.id, d.ref, d.text) for d in docs), self.cfg.near_dedup)
-            for partition, values in sorted(entries.items()):
-                yield beam.pvalue.TaggedOutput(BANDS_TAG, (partition, values))
+            if entries:
+                path = write_bands(Path(self.spill_dir) / f"bands-{name}.npz", entries)
+                for partition in sorted(entries):
+                    yield beam.pvalue.TaggedOutput(BANDS_TAG, (partition, path))
         for kind, values in out.items():
             if values:
                 yield beam.pvalue.TaggedOutput(FINISH_TAG, (kind, values))
         yield beam.pvalue.TaggedOutput(FINISH_TAG, _emit_counts(counts))
 
 
-def shard_texts(stubs: list[DocStub]) -> list[str]:
-    """The texts of ``stubs`` (in their order), each spill file read once."""
+def read_stubs(paths: Iterable[str]) -> list[DocStub]:
+    """The :class:`DocStub` of every row of the spill files ``paths`` (their texts stay on disk)."""
+    stubs: list[DocStub] = []
+    for path in paths:
+        table = read_spill(path, [*STUB_COLUMNS, "text"])
+        columns = table.select(list(STUB_COLUMNS)).to_pydict()
+        nbytes = pc.binary_length(table.column("text")).to_pylist()  # the offsets only: no text read
+        stubs.extend(DocStub(*values, path, row, size) for row, (*values, size) in
+                     enumerate(zip(*(columns[c] for c in STUB_COLUMNS), nbytes, strict=True)))
+    return stubs
+
+
+def shard_texts(stubs: list[DocStub]) -> pa.Array:
+    """The texts of ``stubs`` (in their order) as one Arrow string array, each spill file read
+    once, no Python string per document."""
     by_file: dict[str, list[int]] = defaultdict(list)
     for n, stub in enumerate(stubs):
         by_file[stub.spill].append(n)
-    texts: list[str] = [""] * len(stubs)
+    chunks, order = [], []
     for path, positions in sorted(by_file.items()):
-        for n, text in zip(positions, read_texts(path, [stubs[n].row for n in positions]), strict=True):
-            texts[n] = text
-    return texts
+        chunks.append(read_texts(path, [stubs[n].row for n in positions]))
+        order.extend(positions)
+    if not chunks:
+        return pa.array([], type=pa.string())
+    where = [0] * len(stubs)  # stubs[n]'s text is element where[n] of the concatenation
+    for at, n in enumerate(order):
+        where[n] = at
+    return pa.concat_arrays(chunks).take(pa.array(where, type=pa.int64()))
+
+
+def shard_chunks(kept: list[DocStub]) -> Iterable[list[DocStub]]:
+    """``kept`` cut into the row groups of a document shard, in order: at most
+    :data:`WRITE_ROWS` documents and :data:`WRITE_BYTES` bytes of text each (a document larger
+    than that alone); a function of the documents, so the same shard gives the same row groups."""
+    chunk: list[DocStub] = []
+    size = 0
+    for stub in kept:
+        if chunk and (len(chunk) >= WRITE_ROWS or size + stub.nbytes > WRITE_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(stub)
+        size += stub.nbytes
+    yield chunk  # an empty shard: one empty row group, as a table of no rows writes
 
 
 def write_shard(out_dir: str | Path, shard: int, shards: int, kept: list[DocStub]) -> Path:
     """Write document shard ``shard`` of ``shards`` into ``out_dir``: the ``kept`` documents
-    (sorted by id), their texts read from the spill files. Returns the path."""
-    table = pa.table({"id": [d.id for d in kept], "text": shard_texts(kept),
-                      "source": [d.source for d in kept], "ref": [d.ref for d in kept],
-                      "language": [d.language for d in kept]}, schema=DOCUMENT_SCHEMA)
-    return write_parquet(table, Path(out_dir) / shard_name(shard, shards))
+    (sorted by id), their texts read from the spill files one row group at a time
+    (:func:`shard_chunks`), so memory holds one row group's texts, not the shard's. Returns the path."""
+    tables = (pa.table({"id": [d.id for d in chunk], "text": shard_texts(chunk),
+                        "source": [d.source for d in chunk], "ref": [d.ref for d in chunk],
+                        "language": [d.language for d in chunk]}, schema=DOCUMENT_SCHEMA)
+              for chunk in shard_chunks(kept))
+    return write_parquet_chunks(tables, DOCUMENT_SCHEMA, Path(out_dir) / shard_name(shard, shards))
 
 
 class WriteShardFn(beam.DoFn):
-    """``(shard, [[DocStub...]...])`` -> writes the shard's file, sorted by id.
+    """``(shard, [spill file...])`` -> writes the shard's file, sorted by id.
 
     Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
     copies are exact duplicates of cluster ``id``; a kept id named in ``near`` (``{id:
     (survivor id, jaccard)}``, a side input) is a near duplicate, and then its exact copies
     name that survivor as their cluster too (every cluster id is a kept document's). Outputs finish items
     (module docstring): the removed rows, the counts (``kept``, ``languages.<lang>``,
-    ``duplicates.exact|near``) and the shard number. The texts of the kept documents are
-    read from their spill files. A shard no document went to is written by :class:`FinishFn`.
+    ``duplicates.exact|near``) and the shard number. The stubs and then the texts of the kept
+    documents are read from the spill files. A shard no document went to is written by :class:`FinishFn`.
     """
 
     def __init__(self, out_dir: str, shards: int):
@@ -219,11 +280,10 @@ class WriteShardFn(beam.DoFn):
         self.shards = shards
 
     def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
-        shard, chunks = element
+        shard, paths = element
         by_id: dict[str, list[DocStub]] = defaultdict(list)
-        for chunk in chunks:
-            for stub in chunk:
-                by_id[stub.id].append(stub)
+        for stub in read_stubs(sorted(set(paths))):
+            by_id[stub.id].append(stub)
         counts: Counter = Counter()
         removed: list[dict] = []
         kept: list[DocStub] = []

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
@@ -71,6 +72,21 @@ def write_parquet(table: pa.Table, path: str | Path) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp, **PARQUET_OPTIONS)
+    tmp.replace(path)
+    return path
+
+
+def write_parquet_chunks(chunks: Iterable[pa.Table], schema: pa.Schema, path: str | Path) -> Path:
+    """Write ``chunks`` (tables of ``schema``), each as its own row group(s), to ``path`` with
+    :data:`PARQUET_OPTIONS` (deterministic bytes for the same chunks), holding one chunk in
+    memory at a time. Written under a temporary name and renamed, like :func:`write_parquet`;
+    no chunk gives a file of no row group. Returns ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
+    with pq.ParquetWriter(tmp, schema, **options) as writer:
+        for chunk in chunks:
+            writer.write_table(chunk, row_group_size=PARQUET_OPTIONS["row_group_size"])
     tmp.replace(path)
     return path
 

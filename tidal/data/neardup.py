@@ -52,7 +52,7 @@ import numpy as np
 from tidal.data.filters import words
 from tidal.data.minhash import fmix64, shingle_hashes, signatures
 from tidal.data.sources import ref_sort_key
-from tidal.data.spill import read_texts
+from tidal.data.spill import read_bands, read_spill, read_texts
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
 PAIR_COUNTS = "pair_counts"
@@ -285,10 +285,18 @@ def _members(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str | None
 
 
 def _candidate_stubs(element, candidates):
-    """``(shard, [DocStub...])`` -> ``(spill file, (id, row, ref))`` of the candidates among them."""
-    for stub in element[1]:
-        if stub.id in candidates:
-            yield stub.spill, (stub.id, stub.row, stub.ref)
+    """``(shard, spill file)`` -> ``(spill file, (id, row, ref))`` of the candidates in it."""
+    path = element[1]
+    columns = read_spill(path, ["id", "ref"]).to_pydict()
+    for row, (doc_id, ref) in enumerate(zip(columns["id"], columns["ref"], strict=True)):
+        if doc_id in candidates:
+            yield path, (doc_id, row, ref)
+
+
+def _partition_candidates(element, max_bucket_size: int):
+    """``(partition, [bands file...])`` -> :func:`_members` of the partition's candidate pairs."""
+    partition, paths = element
+    return _members(partition_pairs((read_bands(path, partition) for path in sorted(set(paths))), max_bucket_size))
 
 
 def _read_candidates(element, candidates):
@@ -297,7 +305,7 @@ def _read_candidates(element, candidates):
     each distinct partner ``id_b`` of ``id`` (``candidates``: id -> grouped :func:`_members`)."""
     path, wanted = element
     wanted = sorted(set(wanted), key=lambda w: w[1])
-    texts = read_texts(path, [w[1] for w in wanted])
+    texts = read_texts(path, [w[1] for w in wanted]).to_pylist()
     for (doc_id, _, ref), text in zip(wanted, texts, strict=True):
         yield doc_id, (TEXT, ref, text)
         for id_b in sorted({p for p in candidates[doc_id] if p is not None}):
@@ -347,12 +355,12 @@ class _VerifyFn(beam.DoFn):
 
 
 class NearDuplicates(beam.PTransform):
-    """LSH bucket entries and document stubs -> ``(removed, pair_counts)``.
+    """LSH bucket entries and document spill files -> ``(removed, pair_counts)``.
 
-    Input: a dict ``{"bands": (partition, (keys, members, ids)) per batch and partition
-    (:func:`band_entries`), "docs": (shard, [DocStub...])}`` whose texts wait in
-    spill files (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the
-    lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
+    Input: a dict ``{"bands": (partition, bands file) per batch and partition (the file holds
+    :func:`band_entries`' arrays, :func:`tidal.data.spill.write_bands`), "docs": (shard,
+    spill file)}``, the documents' ids, refs and texts waiting in the spill files
+    (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
     docstring), and ``pair_counts``, dicts ``{"neardup.candidate_pairs": n[,
     "neardup.verified_pairs": m]}`` (also Beam counters of namespace ``tidal.clean``).
 
@@ -372,7 +380,7 @@ class NearDuplicates(beam.PTransform):
         candidates = beam.pvalue.AsDict(
             inputs["bands"]
             | "GroupPartitions" >> beam.GroupByKey()
-            | "PartitionPairs" >> beam.FlatMap(lambda kv: _members(partition_pairs(kv[1], cfg.max_bucket_size)))
+            | "PartitionPairs" >> beam.FlatMap(_partition_candidates, cfg.max_bucket_size)
             | "GroupMembers" >> beam.GroupByKey()
         )
         # only candidate documents' texts are read back from the spill files

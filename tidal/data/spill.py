@@ -1,42 +1,94 @@
-"""Spill files of the clean step: the text of a batch's surviving documents, on disk.
+"""Spill files of the clean step: a batch's surviving documents and LSH bucket entries, on disk.
 
-A batch's survivors are written once, by the worker that cleaned them, as an uncompressed
-Arrow IPC file (``id``, ``text``), and only small stubs (id, ref, source, language, spill
-file, row) travel through Beam's shuffles; the writers read the texts back (memory-mapped)
-when they need them. So the text does not sit in the runner's in-memory shuffle, and a
-worker's memory holds one shard's texts at most, however large the source. Spill files
-live in the step's scratch directory (``_spill/``) and are removed before the step commits.
+A batch's survivors are written once, by the worker that cleaned them, one uncompressed
+Arrow IPC file per shard they go to (``id``, ``ref``, ``source``, ``language``, ``text``:
+:data:`SPILL_SCHEMA`); its bucket entries (near-dedup on) one ``.npz`` file
+(:func:`write_bands`). Only the paths travel through Beam's shuffles, one element per batch
+and shard (or partition), never an element per document: the in-process runner holds every
+shuffled collection in memory, several copies of it at once (encoded, partitioned, decoded),
+so per-document elements made the clean step's peak memory grow with the corpus. The shard
+writers and the near-dedup stages read the files back (memory-mapped) when they need them;
+a worker's memory holds one shard's stubs and texts at most, however large the source.
+Spill files live in the step's scratch directory (``_spill/``) and are removed before the
+step commits. Every file is written under a temporary name and renamed, so a retried bundle
+rewrites the same bytes and a reader never sees half a file.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
-SPILL_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
+SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
+                          ("language", pa.string()), ("text", pa.string())])
+STUB_COLUMNS = ("id", "ref", "source", "language")  # what the shard writer reads before the texts
 
 
-def write_spill(path: str | Path, ids: Sequence[str], texts: Sequence[str]) -> str:
-    """Write ``ids`` and ``texts`` (same length) to ``path`` (atomically: temporary name,
-    then rename, so a retried bundle rewrites the same bytes). Returns ``str(path)``."""
-    path = Path(path)
+def _atomic_write(path: Path, data: bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    table = pa.table({"id": list(ids), "text": list(texts)}, schema=SPILL_SCHEMA)
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
-        writer.write_table(table)
+    tmp.write_bytes(data)
     tmp.replace(path)
     return str(path)
 
 
-def read_texts(path: str | Path, rows: Sequence[int]) -> list[str]:
-    """The texts at ``rows`` of spill file ``path``, in the order of ``rows``.
+def write_spill(path: str | Path, columns: dict[str, Sequence[str]]) -> str:
+    """Write a batch's documents for one shard to ``path``: ``columns`` maps every name of
+    :data:`SPILL_SCHEMA` to a sequence of strings, all the same length. Returns ``str(path)``.
+
+    Raises:
+        KeyError: if a column of :data:`SPILL_SCHEMA` is missing.
+    """
+    table = pa.table({name: list(columns[name]) for name in SPILL_SCHEMA.names}, schema=SPILL_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
+        writer.write_table(table)
+    return _atomic_write(Path(path), sink.getvalue().to_pybytes())
+
+
+def read_spill(path: str | Path, columns: Sequence[str] = STUB_COLUMNS) -> pa.Table:
+    """``columns`` of spill file ``path`` (memory-mapped; the table keeps the mapping open).
 
     Raises:
         FileNotFoundError: if the spill file is gone (the step's scratch was removed).
     """
-    with pa.memory_map(str(path), "r") as source:
-        column = pa.ipc.open_file(source).read_all().column("text")
-        return column.take(pa.array(list(rows), type=pa.int64())).to_pylist()
+    source = pa.memory_map(str(path), "r")
+    return pa.ipc.open_file(source).read_all().select(list(columns))
+
+
+def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
+    """The texts at ``rows`` of spill file ``path``, in the order of ``rows``, as an Arrow
+    string array (no Python string per document: callers take, concatenate and write it).
+
+    Raises:
+        FileNotFoundError: if the spill file is gone (the step's scratch was removed).
+    """
+    column = read_spill(path, ["text"]).column("text")
+    return column.take(pa.array(list(rows), type=pa.int64())).combine_chunks()
+
+
+def write_bands(path: str | Path, entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
+    """Write a batch's LSH bucket entries (:func:`tidal.data.neardup.band_entries`: ``{partition:
+    (keys uint64[m], members int32[m], ids uint8[k, 32])}``) to one uncompressed ``.npz`` file
+    at ``path``. Returns ``str(path)``."""
+    arrays = {}
+    for partition, (keys, members, ids) in entries.items():
+        arrays[f"k{partition}"], arrays[f"m{partition}"], arrays[f"i{partition}"] = keys, members, ids
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return _atomic_write(Path(path), buffer.getvalue())
+
+
+def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One partition's ``(keys, members, ids)`` from a :func:`write_bands` file (only those
+    three arrays are read).
+
+    Raises:
+        FileNotFoundError: if the file is gone; KeyError: if it holds no entry of ``partition``.
+    """
+    with np.load(path) as npz:
+        return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"]
