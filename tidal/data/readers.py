@@ -7,8 +7,13 @@ it meets becomes either a good record ``(ref, raw bytes)`` or a quarantined one
 with no record at all (zero bytes, zero rows) are counted in ``skipped`` as ``empty_file``.
 
 ``path`` is a local file or folder, or an ``s3://bucket/key`` object or ``s3://bucket/prefix/``
-"folder"; a folder is read recursively, its regular files in natural order of their relative
-path (:func:`tidal.data.sources.ref_sort_key`), hidden files (``.name``) skipped. S3 objects
+"folder"; a folder is read recursively, its files in natural order of their relative path
+(:func:`tidal.data.sources.ref_sort_key`), hidden files and folders (``.name``) skipped.
+Symlinked folders and files are followed, under the name the link has in the folder (a
+file's relative name is as seen through the link, not its target's). A symlink that leads
+back into a folder already being walked (a cycle) is a ``ValueError`` naming the link and that
+folder; a broken symlink is a ``FileNotFoundError`` naming the link; a folder that cannot be
+listed raises too (nothing is skipped silently). S3 objects
 are listed (paginated) and downloaded one at a time into a temporary directory with the
 storage layer's client (:func:`tidal.storage_s3.s3_client`: endpoint from
 ``TIDAL_S3_ENDPOINT_URL`` or boto3's own settings, credentials from boto3's chain, adaptive
@@ -33,15 +38,26 @@ the file's bytes, size in bytes)`` for every file as it starts reading it (S3: o
 downloaded object); :func:`snapshot_sha256` folds that list into one hex digest, the sha256
 of ``"<file sha256>  <relative name>\n"`` lines in read order (``sha256sum``'s format). A
 recipe pins a file source with it (``sources.<name>.snapshot_sha256``, checked by fetch).
+Each file is read twice, hashed then parsed (streaming, never whole in memory), so
+:func:`read_path` takes its ``os.stat`` (size, mtime_ns, device, inode) before hashing and
+again when its reader finished, and raises ``ValueError`` naming the file if they differ: it
+changed while fetch read it and the hash may not describe the records; rerun the step. Not
+seen: a same-size rewrite in place within the file system's timestamp granularity (a few
+ms), and a change to the last file after a caller stopped early (``max_documents``), whose
+reader never finishes. S3 objects are downloaded to a private temporary file first, one
+version each (ranged parts are fetched with ``If-Match`` on the ETag), so both reads see
+the same bytes.
 """
 
 from __future__ import annotations
 
 import codecs
+import errno
 import hashlib
 import json
 import os
 import posixpath
+import stat
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -134,9 +150,16 @@ def _decompressed(handle, new: Callable[[], Any], error: type[Exception], corrup
 def list_files(path: str | Path) -> list[tuple[str, Path]]:
     """``(relative name, path)`` of the files to read, in natural order (module docstring).
 
+    Symlinked folders and files are followed; a file's relative name and path are as seen
+    under ``path`` (through the link), not its target's.
+
     Raises:
-        ValueError: for a URI (``s3://`` is read by :func:`read_path`, not listed here).
-        FileNotFoundError: if ``path`` does not exist or is a folder with no (visible) file.
+        ValueError: for a URI (``s3://`` is read by :func:`read_path`, not listed here), or a
+            symlink that loops back into a folder already being walked (names the link and
+            that folder), or a symlink chain that never ends (``ELOOP``).
+        FileNotFoundError: if ``path`` does not exist or is a folder with no (visible) file;
+            for a broken symlink (its target is missing), naming the link.
+        OSError: a folder that cannot be listed (e.g. ``PermissionError``): never skipped.
     """
     text = str(path)
     if "://" in text:
@@ -144,20 +167,55 @@ def list_files(path: str | Path) -> list[tuple[str, Path]]:
         raise ValueError(f"{text}: {scheme}:// source paths are not supported (local paths and s3:// only); "
                          "copy the files to a local or mounted path")
     root = Path(path)
-    if root.is_file():
-        return [(root.name, root)]
-    if not root.is_dir():
+    top = _stat_entry(root, os.path.islink(root)) if os.path.lexists(root) else None
+    if top is None:
         raise FileNotFoundError(f"source path {root} does not exist")
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if not name.startswith("."):
-                full = Path(dirpath) / name
-                found.append((full.relative_to(root).as_posix(), full))
+    if not stat.S_ISDIR(top.st_mode):
+        return [(root.name, root)]
+    found: list[tuple[str, Path]] = []
+    # (folder as seen, its relative prefix, {(st_dev, st_ino): folder as seen} of it and its ancestors)
+    pending = [(root, "", {(top.st_dev, top.st_ino): root})]
+    while pending:
+        folder, prefix, walking = pending.pop()
+        with os.scandir(folder) as entries:
+            names = [(entry.name, entry.is_symlink()) for entry in entries if not entry.name.startswith(".")]
+        for name, link in names:
+            full = folder / name
+            info = _stat_entry(full, link)
+            if not stat.S_ISDIR(info.st_mode):
+                found.append((prefix + name, full))
+                continue
+            key = (info.st_dev, info.st_ino)
+            if key in walking:  # name the link that closes the loop: this entry, or the last one above it
+                via = full if link else next((p for p in reversed(walking.values()) if p != root and p.is_symlink()), None)
+                raise ValueError(f"source path {root}: {f'symlink {via} -> {os.readlink(via)}' if via else 'folder'} "
+                                 f"loops back to {walking[key]}, a folder already being walked (as {full}); "
+                                 "remove the link or point the source at a folder without the cycle")
+            pending.append((full, f"{prefix}{name}/", {**walking, key: full}))
     if not found:  # as an empty s3:// prefix: a source that reads nothing is a mistake
         raise FileNotFoundError(f"source path {root} has no file (hidden files and folders are skipped)")
     return sorted(found, key=lambda item: ref_sort_key(item[0] + ":"))
+
+
+def _stat_entry(full: Path, link: bool) -> os.stat_result:
+    """``os.stat`` of ``full`` through symlinks, with errors that name a bad link.
+
+    Raises:
+        FileNotFoundError: ``full`` is a broken symlink (names it and its target).
+        ValueError: ``full`` is a symlink chain that loops on itself (``ELOOP``).
+    """
+    try:
+        return os.stat(full)
+    except FileNotFoundError:
+        if not link:
+            raise
+        raise FileNotFoundError(f"broken symlink {full} -> {os.readlink(full)}: its target does not exist; "
+                                "fix or remove the link") from None
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise ValueError(f"symlink {full} -> {os.readlink(full)} loops on itself "
+                         f"({os.strerror(errno.ELOOP)}); fix or remove the link") from None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
@@ -334,8 +392,12 @@ def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Cou
             files it read.
 
     Raises:
-        ValueError: unknown format or a URI scheme other than ``s3://``; FileNotFoundError:
-            missing path or an S3 prefix with no object; botocore errors for S3 access.
+        ValueError: unknown format or a URI scheme other than ``s3://``; a symlink cycle
+            under ``path`` (:func:`list_files`); a file that changed while it was read (its
+            size, mtime or inode after its reader finished differ from before it was hashed),
+            raised after that file's last record.
+        FileNotFoundError: missing path, a broken symlink under it, or an S3 prefix with no
+            object. botocore errors for S3 access.
     """
     if fmt not in _READERS:
         raise ValueError(f"unknown path format {fmt!r}; known: {PATH_FORMATS}")
@@ -344,9 +406,37 @@ def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Cou
         yield from _read_s3(fmt, str(path), text_field, skipped, digests)
         return
     for rel, full in list_files(path):
-        if digests is not None:
-            digests.append((rel, *file_sha256(full)))
-        yield from _READERS[fmt](full, rel, text_field, skipped)
+        yield from _read_file(fmt, full, rel, text_field, skipped, digests)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """``(size, mtime_ns, st_dev, st_ino)`` of ``path`` through symlinks; ``None`` if it is gone."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino
+
+
+def _read_file(fmt: str, full: Path, rel: str, text_field: str, skipped: Counter,
+               digests: list[tuple[str, str, int]] | None) -> Iterator[ReadRecord]:
+    """Hash (with ``digests``) then parse one file, checking it did not change in between.
+
+    Raises:
+        ValueError: the file's size, mtime or inode after its reader finished differ from
+            before it was hashed (or it is gone): it changed while fetch read it.
+    """
+    before = _identity(full)
+    if digests is not None:
+        digests.append((rel, *file_sha256(full)))
+    yield from _READERS[fmt](full, rel, text_field, skipped)
+    after = _identity(full)
+    if after != before:
+        fields = ("size", "mtime_ns", "device", "inode")
+        what = ("it is gone" if after is None else "it appeared" if before is None else ", ".join(
+            f"{field} {old} -> {new}" for field, old, new in zip(fields, before, after) if old != new))
+        raise ValueError(f"{full} changed while fetch read it ({what}): the records read and its sha256 "
+                         "may describe different bytes; rerun the step once the files stay put")
 
 
 def list_s3(client, uri: str) -> tuple[str, list[tuple[str, str]]]:
@@ -393,9 +483,7 @@ def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter,
         for rel, key in entries:
             local = Path(tmp) / posixpath.basename(rel)  # keeps the extension (.gz, .zst, .parquet)
             client.download_file(bucket, key, str(local))
-            if digests is not None:
-                digests.append((rel, *file_sha256(local)))
-            try:
-                yield from _READERS[fmt](local, rel, text_field, skipped)
+            try:  # the temporary copy is ours; _read_file's change check is a formality here
+                yield from _read_file(fmt, local, rel, text_field, skipped, digests)
             finally:
                 local.unlink()
