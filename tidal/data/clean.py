@@ -55,12 +55,16 @@ Records are cleaned in batches (at most :data:`tidal.data.clean_fns.BATCH_ROWS` 
 row groups), so the runner's per-element cost and the counters are paid once per batch
 (:mod:`tidal.data.clean_fns`). A batch's survivors and LSH bucket entries go to spill files
 (:mod:`tidal.data.spill`) and only the files' paths cross Beam's shuffles, so the in-process
-runner, which holds every shuffled collection in memory, holds no per-document element
-(the step's peak memory stays flat as the corpus grows: the data-pipeline bench). Exact
-duplicates meet where they are written: a document's shard is a function of its id, so
-after a ``GroupByKey`` on the shard number one worker reads the shard's stubs (id, ref,
-language: about 300 bytes a document), deduplicates, sorts and writes the shard one row
-group at a time (:func:`tidal.data.clean_fns.write_shard`; at web scale a shard would be
+runner, which holds every shuffled collection in memory, holds no element per kept
+document. What still grows with the corpus: a removed row per filtered or duplicate record
+and the raw bytes of each quarantined one travel to the final step (:class:`FinishFn`,
+which holds them all: small fractions of a corpus), near-dedup candidates' texts travel to
+their verification, and a shard writer holds its shard's stubs. Exact duplicates meet where
+they are written: a document's shard is a function of its id, so after a ``GroupByKey`` on
+the shard number one worker reads the shard's stubs (id, ref, language: about 360 bytes a
+document, :func:`tidal.data.clean_fns.read_stubs`; a shard of 10 million documents would
+need 3.6 GB: use more ``shards``), deduplicates, sorts and writes the shard one row group at
+a time (:func:`tidal.data.clean_fns.write_shard`; at web scale a shard would be
 range-partitioned and written with ``WriteToParquet``). Workers write into ``out_dir``
 directly, so ``out_dir`` must be reachable from workers (a shared filesystem on a cluster).
 Parquet writer options are fixed (:data:`tidal.data.fetch.PARQUET_OPTIONS`), so reruns
@@ -200,9 +204,9 @@ class CleanConfig:
 def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
     """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``.
 
-    Elements are batches of up to :data:`tidal.data.clean_fns.BATCH_ROWS` records (streamed
-    from one ``raw.parquet`` row group), not single records, so Beam's per-element cost and the per-event
-    counters are paid once per batch. Documents meet their exact duplicates where they are
+    Records are cleaned in batches (module docstring) and only the spill files' paths of a
+    batch's documents and bucket entries cross the shuffles, so Beam's per-element cost and the
+    per-event counters are paid once per batch. Documents meet their exact duplicates where they are
     written: a document's shard is a function of its id, so the shard writer keeps the lowest
     ref of each id (and drops the verified near duplicates, a side input). Quarantine rows,
     removed rows and outcome counts meet in one final step (:class:`FinishFn`: one element,

@@ -2,8 +2,8 @@
 
 File layout and the accounting rules are in :mod:`tidal.data.clean`'s module docstring;
 the per-record rules in :mod:`tidal.data.clean_record`. Every element that crosses a Beam
-stage here is a batch (a list of documents or rows, a dict of counts), so the runner's
-per-element cost is paid once per :data:`BATCH_ROWS` records.
+stage here stands for a batch (a spill file's path, a list of rows, a dict of counts), so
+the runner's per-element cost is paid once per batch, not per record.
 
 *Finish items* are what the single final stage (:class:`FinishFn`) gathers: a dict of outcome
 counts, ``(QUARANTINE_TAG | REMOVED_TAG, [row...])`` or ``(SHARD_TAG, shard number written)``;
@@ -16,6 +16,8 @@ import json
 import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from itertools import count, groupby, repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -34,6 +36,7 @@ from tidal.data.sources import ref_sort_key
 from tidal.data.spill import (
     SPILL_SCHEMA,
     STUB_COLUMNS,
+    attempt_tmp,
     read_spill,
     read_texts,
     write_bands,
@@ -46,8 +49,8 @@ if TYPE_CHECKING:
 BATCH_ROWS = 1000  # records per batch
 # and at most this many raw bytes: per-batch memory is a few times this (MinHash's per-word
 # arrays, the decoded text), so it caps the step's peak memory; 1 MB batches already hold
-# 1,000 records of typical web text (a few KB each): 4 MB ones raised the peak by tens of MB
-# on sources of long documents (the data-pipeline bench: peak RSS 16x / 4x 1.11 -> see README)
+# 1,000 records of typical web text (about 1 KB each): 4 MB ones raised the peak by tens of MB
+# on sources of long documents (udhr at 16x in bench/data_pipeline.py: 455 -> 420 MB)
 BATCH_BYTES = 1 << 20
 # Row groups of a document shard: at most this many documents and bytes of text, so the shard
 # writer holds one row group's texts (a few times WRITE_BYTES), not the whole shard's
@@ -208,15 +211,52 @@ class CleanBatchFn(beam.DoFn):
 
 
 def read_stubs(paths: Iterable[str]) -> list[DocStub]:
-    """The :class:`DocStub` of every row of the spill files ``paths`` (their texts stay on disk)."""
+    """The :class:`DocStub` of every row of the spill files ``paths`` (their texts stay on disk).
+
+    Memory: about 360 bytes a document with :func:`dedup_shard` (the tuple, the 64-character id, a ~40-character ref,
+    two ints; ``source`` and ``language`` strings shared, the spill path shared per file),
+    measured by ``tests/data/test_clean_spill_review.py``.
+    """
     stubs: list[DocStub] = []
+    shared: dict[str, str] = {}  # one string object per distinct source / language value
     for path in paths:
         table = read_spill(path, [*STUB_COLUMNS, "text"])
-        columns = table.select(list(STUB_COLUMNS)).to_pydict()
+        ids, refs = table.column("id").to_pylist(), table.column("ref").to_pylist()
+        sources = [shared.setdefault(v, v) for v in table.column("source").to_pylist()]
+        languages = [shared.setdefault(v, v) for v in table.column("language").to_pylist()]
         nbytes = pc.binary_length(table.column("text")).to_pylist()  # the offsets only: no text read
-        stubs.extend(DocStub(*values, path, row, size) for row, (*values, size) in
-                     enumerate(zip(*(columns[c] for c in STUB_COLUMNS), nbytes, strict=True)))
+        stubs.extend(map(DocStub, ids, refs, sources, languages, repeat(path), count(), nbytes))
     return stubs
+
+
+def dedup_shard(stubs: list[DocStub], near: dict[str, tuple[str, float]]) -> tuple[list[DocStub], list[dict], Counter]:
+    """Exact and near dedup of one shard's stubs (:class:`WriteShardFn`'s rules).
+
+    ``stubs`` is sorted in place by id (no per-id index: a stub costs no more than
+    :func:`read_stubs` says). Returns ``(kept stubs in id order, removed rows, counts)``.
+    """
+    stubs.sort(key=attrgetter("id"))
+    counts: Counter = Counter()
+    removed: list[dict] = []
+    kept: list[DocStub] = []
+    for doc_id, copies in groupby(stubs, key=attrgetter("id")):
+        group = sorted(copies, key=lambda d: (ref_sort_key(d.ref), d.ref, d.source, d.language))
+        first = group[0]
+        # exact copies of a near duplicate belong to the near cluster's survivor, a kept document
+        cluster, detail = (near[doc_id][0], f"exact copy of {first.ref}, a near duplicate") if doc_id in near \
+            else (doc_id, None)
+        for dup in group[1:]:
+            counts["duplicates.exact"] += 1
+            removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail))
+        if doc_id in near:
+            survivor, sim = near[doc_id]
+            counts["duplicates.near"] += 1
+            removed.append(removed_row(first.ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}"))
+        else:
+            kept.append(first)
+            counts[f"languages.{first.language}"] += 1
+    counts["kept"] = len(kept)
+    return kept, removed, counts
 
 
 def shard_texts(stubs: list[DocStub]) -> pa.Array:
@@ -281,29 +321,7 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
         shard, paths = element
-        by_id: dict[str, list[DocStub]] = defaultdict(list)
-        for stub in read_stubs(sorted(set(paths))):
-            by_id[stub.id].append(stub)
-        counts: Counter = Counter()
-        removed: list[dict] = []
-        kept: list[DocStub] = []
-        for doc_id in sorted(by_id):
-            group = sorted(by_id[doc_id], key=lambda d: (ref_sort_key(d.ref), d.ref, d.source, d.language))
-            first = group[0]
-            # exact copies of a near duplicate belong to the near cluster's survivor, a kept document
-            cluster, detail = (near[doc_id][0], f"exact copy of {first.ref}, a near duplicate") if doc_id in near \
-                else (doc_id, None)
-            for dup in group[1:]:
-                counts["duplicates.exact"] += 1
-                removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail))
-            if doc_id in near:
-                survivor, sim = near[doc_id]
-                counts["duplicates.near"] += 1
-                removed.append(removed_row(first.ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}"))
-            else:
-                kept.append(first)
-                counts[f"languages.{first.language}"] += 1
-        counts["kept"] = len(kept)
+        kept, removed, counts = dedup_shard(read_stubs(sorted(set(paths))), near)
         write_shard(self.out_dir, shard, self.shards, kept)
         if removed:
             yield REMOVED_TAG, removed
@@ -391,7 +409,7 @@ class FinishFn(beam.DoFn):
         write_rows(rows[REMOVED_TAG], out / REMOVED_FILE, REMOVED_SCHEMA)
         counts = counts_from_totals(sum_counts(totals), self.rules)
         path = out / COUNTS_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = attempt_tmp(path)
         tmp.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
         tmp.replace(path)
         shutil.rmtree(self.spill_dir, ignore_errors=True)

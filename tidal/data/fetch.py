@@ -45,6 +45,7 @@ from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
 from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
+from tidal.data.spill import attempt_tmp
 from tidal.jobcli import main
 
 STEP_VERSION = 2
@@ -70,7 +71,7 @@ def write_parquet(table: pa.Table, path: str | Path) -> Path:
     partial file. Returns ``path``.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = attempt_tmp(path)
     pq.write_table(table, tmp, **PARQUET_OPTIONS)
     tmp.replace(path)
     return path
@@ -82,7 +83,7 @@ def write_parquet_chunks(chunks: Iterable[pa.Table], schema: pa.Schema, path: st
     memory at a time. Written under a temporary name and renamed, like :func:`write_parquet`;
     no chunk gives a file of no row group. Returns ``path``."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = attempt_tmp(path)
     options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
     with pq.ParquetWriter(tmp, schema, **options) as writer:
         for chunk in chunks:

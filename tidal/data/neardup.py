@@ -286,6 +286,8 @@ def _members(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str | None
 
 def _candidate_stubs(element, candidates):
     """``(shard, spill file)`` -> ``(spill file, (id, row, ref))`` of the candidates in it."""
+    if not candidates:  # most sources: no file to open
+        return
     path = element[1]
     columns = read_spill(path, ["id", "ref"]).to_pydict()
     for row, (doc_id, ref) in enumerate(zip(columns["id"], columns["ref"], strict=True)):

@@ -10,13 +10,14 @@ so per-document elements made the clean step's peak memory grow with the corpus.
 writers and the near-dedup stages read the files back (memory-mapped) when they need them;
 a worker's memory holds one shard's stubs and texts at most, however large the source.
 Spill files live in the step's scratch directory (``_spill/``) and are removed before the
-step commits. Every file is written under a temporary name and renamed, so a retried bundle
-rewrites the same bytes and a reader never sees half a file.
+step commits. Every file is written under a temporary name of its own attempt and renamed
+(:func:`attempt_tmp`), so a retried bundle rewrites the same bytes and a reader never sees half a file.
 """
 
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,9 +29,16 @@ SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", 
 STUB_COLUMNS = ("id", "ref", "source", "language")  # what the shard writer reads before the texts
 
 
+def attempt_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` of this write attempt alone (hidden, random suffix): two
+    attempts of one bundle (a retry, a cluster runner's backup task) never write the same file,
+    so the last rename always installs a complete one."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+
+
 def _atomic_write(path: Path, data: bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = attempt_tmp(path)
     tmp.write_bytes(data)
     tmp.replace(path)
     return str(path)
