@@ -168,3 +168,33 @@ def test_an_unchanged_folder_reads_through_and_a_file_changed_before_its_turn_is
     refs, digests = read_and_change(root, lambda: (root / "part" / "b2.jsonl").write_bytes(jsonl({"text": "4"})))
     assert refs == ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3", "part/b2.jsonl:1", "part/b10.jsonl.gz:1"]
     assert snapshot_sha256(digests) == sha256sum_snapshot(root, ["a.jsonl", "part/b2.jsonl", "part/b10.jsonl.gz"])
+
+
+def test_a_reader_closed_early_checks_its_last_file(tmp_path):
+    root = corpus(tmp_path / "web")
+    reader = read_path("jsonl", root, "text", None, [])
+    assert next(reader).ref == "a.jsonl:1"
+    with open(root / "a.jsonl", "ab") as handle:
+        handle.write(jsonl({"text": "late"}))
+    with pytest.raises(ValueError, match="a.jsonl changed while fetch read it"):
+        reader.close()
+
+
+def test_fetch_with_max_documents_checks_the_file_it_stopped_in(tmp_path, monkeypatch):
+    """fetch stops after the first record (max_documents=1), inside a.jsonl; a.jsonl grows
+    while that record is handled: fetch fails naming it (and passes when nothing changed)."""
+    from tidal.data import fetch
+
+    root = corpus(tmp_path / "web")
+    summary, _ = run_fetch(tmp_path, root, "unchanged", max_documents=1)
+    assert summary["documents"] == 1
+    original = fetch.ref_sort_key
+
+    def key_and_append(ref):
+        with open(root / "a.jsonl", "ab") as handle:
+            handle.write(jsonl({"text": "late"}))
+        return original(ref)
+
+    monkeypatch.setattr(fetch, "ref_sort_key", key_and_append)
+    with pytest.raises(ValueError, match="a.jsonl changed while fetch read it"):
+        run_fetch(tmp_path, root, "changed", max_documents=1)

@@ -116,9 +116,11 @@ def run(ctx: StepContext) -> dict:
             raise ValueError(f"fetch step {ctx.name!r}: config lacks {key!r}")
     skipped: Counter = Counter()
     digests: list[tuple[str, str, int]] = []
+    reader = None
     if from_path:
         ctx.log.info("fetch %s: reading %s (%s)", config["source"], config["path"], config["format"])
-        records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped, digests)
+        reader = records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped,
+                                     digests)
         if config.get("max_documents") is not None:
             records = islice(records, config["max_documents"])
     else:
@@ -141,6 +143,8 @@ def run(ctx: StepContext) -> dict:
         raws.append(record.raw)
         reasons.append(record.reason)
         details.append(record.detail if record.reason else None)
+    if reader is not None:
+        reader.close()  # stopped early (max_documents): the reader checks its last file did not change
     snapshot = check_snapshot(ctx, digests) if from_path else None
     table = pa.table(
         {"source": pa.array([config["source"]] * len(refs), pa.string()),

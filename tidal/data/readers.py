@@ -43,8 +43,8 @@ Each file is read twice, hashed then parsed (streaming, never whole in memory), 
 again when its reader finished, and raises ``ValueError`` naming the file if they differ: it
 changed while fetch read it and the hash may not describe the records; rerun the step. Not
 seen: a same-size rewrite in place within the file system's timestamp granularity (a few
-ms), and a change to the last file after a caller stopped early (``max_documents``), whose
-reader never finishes. S3 objects are downloaded to a private temporary file first, one
+ms). A caller that stops early (``max_documents``: fetch) closes the reader, which then checks
+the last file it read (``close()`` raises the ``ValueError``). S3 objects are downloaded to a private temporary file first, one
 version each (ranged parts are fetched with ``If-Match`` on the ETag), so both reads see
 the same bytes.
 """
@@ -429,7 +429,16 @@ def _read_file(fmt: str, full: Path, rel: str, text_field: str, skipped: Counter
     before = _identity(full)
     if digests is not None:
         digests.append((rel, *file_sha256(full)))
-    yield from _READERS[fmt](full, rel, text_field, skipped)
+    try:
+        yield from _READERS[fmt](full, rel, text_field, skipped)
+    except GeneratorExit:  # a caller that stopped early (max_documents) closed the reader: check too
+        _check_unchanged(full, before)
+        raise
+    _check_unchanged(full, before)
+
+
+def _check_unchanged(full: Path, before: tuple[int, int, int, int] | None) -> None:
+    """Raise ``ValueError`` if ``full``'s :func:`_identity` is no longer ``before``."""
     after = _identity(full)
     if after != before:
         fields = ("size", "mtime_ns", "device", "inode")
