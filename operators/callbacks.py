@@ -134,7 +134,16 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
 
 
 def on_failure_callback(context: Any) -> None:
-    """Record the failure in ``{storage_root}/failures/``, send metrics and the webhook alert."""
+    """Record the failure in ``{storage_root}/failures/``, send metrics and the webhook alert;
+    close a GKE training step's live MLflow run as FAILED (:func:`operators.gke.close_failed_live_run`)."""
+    try:
+        from operators.gke import close_failed_live_run
+
+        closed = close_failed_live_run(context)
+        if closed:
+            log.info("live MLflow run %s of the failed step marked FAILED", closed)
+    except Exception:
+        log.exception("tidal failure callback could not close the step's live MLflow run")
     try:
         record, pipe = failure_record(context)
     except Exception:

@@ -156,6 +156,41 @@ def open_live_run(pipe: Any, step_name: str, run_key: str, log: Any) -> dict[str
     return live_metrics_env(uri, run_id)
 
 
+def close_failed_live_run(context: Any) -> str | None:
+    """Mark FAILED the live MLflow run ``{step}.prepare`` opened, when another task of the step's
+    group failed (the pod never started or died, the JobSet sensor timed out, commit found no
+    ``summary.json``); called by :func:`operators.callbacks.on_failure_callback`.
+
+    Without it the run stayed RUNNING on the dashboards until a rerun of prepare reused it. A
+    cleared and rerun launch logs into the same run (its id is prepare's XCom) and commit
+    completes it (FINISHED); a rerun of prepare opens a new one (it reuses RUNNING runs only).
+
+    Returns:
+        The run id closed, or None: not a task of a GKE training step, no live run (the
+        tracking store is no server a pod reaches), or the run is no longer RUNNING.
+
+    Raises:
+        MLflow errors (the callback logs them and goes on).
+    """
+    ti, task = context["ti"], context["task"]
+    group, _, leaf = ti.task_id.rpartition(".")
+    prepare_id = f"{group}.prepare"
+    if not group or leaf == "prepare" or prepare_id not in task.dag.task_dict:
+        return None
+    run_id = ti.xcom_pull(task_ids=prepare_id, key=XCOM_RUN_ID)
+    uri = ti.xcom_pull(task_ids=prepare_id, key=XCOM_TRACKING_URI)
+    if not run_id or not uri:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    if client.get_run(run_id).info.status != "RUNNING":
+        return None
+    client.set_tag(run_id, "tidal.status", "failed")
+    client.set_terminated(run_id, "FAILED")
+    return run_id
+
+
 class TidalCommitOperator(BaseOperator):
     """Commit the step after its pods succeeded (or confirm it was committed already)."""
 

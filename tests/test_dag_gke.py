@@ -281,3 +281,48 @@ def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it
         children = client.search_runs([live.info.experiment_id],
                                       filter_string=f"tags.`mlflow.parentRunId` = '{live.data.tags['mlflow.parentRunId']}'")
         assert [r.info.run_id for r in children] == [run_id]  # completed, not duplicated
+
+
+def test_a_failed_launch_closes_the_live_run_and_a_rerun_launch_completes_it(tmp_path, tiny_data, monkeypatch):
+    """The pod never started (launch failed): the failure callback marks prepare's live run
+    FAILED instead of leaving it RUNNING; the callback of a non-GKE task or of prepare itself
+    touches nothing; a cleared launch that then succeeds is completed by commit (FINISHED).
+    The live run is opened by hand on a SQLite store (prepare opens one only on a server a pod
+    can reach: test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it)."""
+    from mlflow.tracking import MlflowClient
+
+    from operators.callbacks import on_failure_callback
+    from operators.step import run_key_of
+    from tidal.pipeline import Pipeline
+
+    for var in ("MLFLOW_TRACKING_URI", "TIDAL_STORAGE_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
+    dag = build_dag(path)
+    pipe = Pipeline.load(path)
+    commit_inputs(pipe)
+    ti = StubTI({})
+    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__3")}
+    dag.task_dict["train.prepare"].choose_branch(context)
+    step = pipe.graph["train"]
+    run_id = pipe.tracker().open_step_run(pipe.parent_run(run_key_of(context)), step.name, step.step_id, step.kind)
+    ti.xcoms.update(mlflow_tracking_uri=pipe.tracking_uri, mlflow_run_id=run_id)
+    client = MlflowClient(pipe.tracking_uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    def failed(task_id):
+        return {**context, "ti": SimpleNamespace(task_id=task_id, xcom_pull=ti.xcom_pull, try_number=1, map_index=-1),
+                "task": dag.task_dict[task_id], "exception": RuntimeError("pod never started: ImagePullBackOff")}
+
+    for task_id in ("train.prepare", "report"):  # not a launch of a GKE step: the run stays open
+        on_failure_callback(failed(task_id))
+        assert client.get_run(run_id).info.status == "RUNNING", task_id
+    on_failure_callback(failed("train.launch"))
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["tidal.status"] == "failed"
+    # cleared launch succeeds: the pod logged into the same run; commit completes it
+    (Path(ti.xcoms["step_uri"]) / "summary.json").write_text(json.dumps({"steps": 1, "final_train_loss": 2.5}))
+    dag.task_dict["train.commit"].execute(context)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["final_train_loss"] == 2.5
