@@ -61,8 +61,8 @@ imported before the clock starts like the top-level ones.
 
 Last line: ``RESULT mbps=<tidal MB/s at the largest scale> ratio_vs_datatrove=<tidal MB/s /
 datatrove MB/s at the largest scale both ran> ratio_vs_bare_tokenize=<tidal MB/s / bare MB/s,
-largest scale> growth_16x=<(t_16/t_4)/4> growth_16x_vs_1x=<(t_16/t_1)/16>
-rss_ratio_16x_4x=<tidal peak RSS 16x / 4x>``. ``growth_16x`` uses 4x as its base because the
+largest scale> growth_16x=<(t_16/t_4)/4> rss_ratio_16x_4x=<tidal peak RSS 16x / 4x>
+growth_16x_vs_1x=<(t_16/t_1)/16> ...``. ``growth_16x`` uses 4x as its base because the
 1x time is dominated by the fixed start-up of eight Beam pipelines (printed separately: the
 1x-based figure is also given, and ``marginal_growth``: the time per added copy from 4x to 16x
 over that from 1x to 4x, where the fixed start-up cancels out), then ``cpu_ratio_vs_datatrove``

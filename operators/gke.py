@@ -10,7 +10,8 @@ in place of the single ``TidalStepOperator``:
   ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
 * several pods (multi-host TPU, multislice, multi-node GPU): ``{step}.create`` creates the
   JobSet of :func:`tidal.launch.pods.jobset`, ``{step}.wait`` (:class:`JobSetSensor`) waits
-  for its ``Completed`` / ``Failed`` condition, ``{step}.delete`` removes it whatever happened.
+  for its ``Completed`` / ``Failed`` condition, ``{step}.delete`` removes it whatever the sensor
+  found (it does not run when create was skipped: ``trigger_rule="none_skipped"``).
 * ``{step}.commit``: :func:`tidal.launch.remote.commit` writes manifest, step.json, _SUCCESS,
   and the step is recorded in MLflow: into the live run when prepare opened one.
 
@@ -131,8 +132,9 @@ def open_live_run(pipe: Any, step_name: str, run_key: str, log: Any) -> dict[str
     """Open the MLflow run a training pod logs into while it trains; the pod's env for it.
 
     Args:
-        pipe: the run's :class:`tidal.pipeline.Pipeline` (its ``tracking_uri``: the recipe's,
-            or ``$MLFLOW_TRACKING_URI`` of the deployment, else the storage root's SQLite).
+        pipe: the run's :class:`tidal.pipeline.Pipeline` (its ``tracking_uri``:
+            ``$MLFLOW_TRACKING_URI`` of the deployment when set, else the recipe's, else the
+            storage root's SQLite).
         step_name: the training step, about to be launched.
         run_key: the DAG run's MLflow parent-run key.
         log: logger for the one line saying why there is no live run.

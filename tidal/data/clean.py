@@ -6,7 +6,8 @@ they do not add up: *kept* (a document shard), *filtered* (the rule that removed
 every output is a pure function of the input rows and the config, whatever the runner,
 worker count or running mode.
 
-Per record (:class:`NormalizeFn`), in order:
+Per record (:func:`tidal.data.clean_record.clean_record`, called by
+:class:`tidal.data.clean_fns.CleanBatchFn`), in order:
 
 1. a record the reader could not parse (``raw.parquet`` ``reason`` set, see
    :mod:`tidal.data.readers`) is quarantined under that reason;

@@ -17,7 +17,7 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    values hash to a 64-bit bucket key (:func:`band_keys`). Documents sharing any bucket are
    candidates. Defaults 14 bands x 8 rows = 112 permutations, 5-word shingles and a 0.75
    Jaccard threshold are FineWeb's (Penedo et al. 2024, "The FineWeb Datasets", §3.3);
-   the S-curve ``1 - (1 - s^8)^14`` is 0.5 at s ~ 0.72 and 0.96 at s = 0.8.
+   the S-curve ``1 - (1 - s^8)^14`` is 0.5 at s ~ 0.685, 0.65 at s = 0.72 and 0.92 at s = 0.8.
 4. Candidate pairs: every pair in a bucket, ordered by id; a bucket with more than
    ``max_bucket_size`` members contributes only the pairs (lowest id, other) (a star), so a
    huge bucket cannot blow up quadratically. Pairs are de-duplicated.
@@ -31,9 +31,9 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
 
 Only documents that are in some candidate pair travel to the verification join (their ids,
 each with its partners of higher id, are a side input, as is the set of removed ids where
-the clean step applies the result), so the full text crosses one shuffle less for the great
-majority of documents that have no near-duplicate; a candidate's text is read once and sent
-to its own id and to each partner's. The clustering step collects the verified edges on one
+the clean step applies the result), so the texts of the great majority of documents, which
+have no near-duplicate, stay in their spill files and cross no shuffle; a candidate's text is
+read once and sent to its own id and to each partner's (the ``GroupPairs`` shuffle). The clustering step collects the verified edges on one
 worker: edges exist only between near-duplicates, a small fraction of a corpus. At web scale (ids
 of hundreds of millions of candidates) the two side inputs become joins and the clustering a
 distributed connected-components pass (losing the per-edge guarantee of the star rule).

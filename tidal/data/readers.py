@@ -27,7 +27,7 @@ Quarantine reasons: ``malformed_json`` (a line that is not JSON), ``not_an_objec
 that is not an object), ``missing_text_field`` (no string under ``text_field``; a null too),
 ``truncated_file`` (a compressed stream that ends early or is corrupt: the records read
 before are kept, the partial tail is quarantined), ``unreadable_file`` (a Parquet file
-pyarrow cannot open; the whole file's bytes are quarantined).
+pyarrow cannot open, or one without a ``text_field`` column; the whole file's bytes are quarantined).
 
 Text inside JSON is turned back into bytes with ``surrogateescape`` (bytes that were not
 UTF-8 come back unchanged), or ``surrogatepass`` for lone surrogates from ``\\ud800``

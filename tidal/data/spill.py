@@ -4,11 +4,13 @@ A batch's survivors are written once, by the worker that cleaned them, one uncom
 Arrow IPC file per shard they go to (``id``, ``ref``, ``source``, ``language``, ``text``:
 :data:`SPILL_SCHEMA`); its bucket entries (near-dedup on) one ``.npz`` file
 (:func:`write_bands`). Only the paths travel through Beam's shuffles, one element per batch
-and shard (or partition), never an element per document: the in-process runner holds every
+and shard (or partition), not an element per document (near-dedup candidates' texts are the
+exception, :mod:`tidal.data.neardup`): the in-process runner holds every
 shuffled collection in memory, several copies of it at once (encoded, partitioned, decoded),
 so per-document elements made the clean step's peak memory grow with the corpus. The shard
-writers and the near-dedup stages read the files back (memory-mapped) when they need them;
-a worker's memory holds one shard's stubs and texts at most, however large the source.
+writers and the near-dedup stages read the files back when they need them (the Arrow files
+memory-mapped, the ``.npz`` files one partition's arrays at a time); a shard writer holds its
+shard's stubs and one row group's texts.
 Spill files live in the step's scratch directory (``_spill/``) and are removed before the
 step commits. Every file is written under a temporary name of its own attempt and renamed
 (:func:`attempt_tmp`), so a retried bundle rewrites the same bytes and a reader never sees half a file.
