@@ -29,6 +29,7 @@ keep the provider operator's arguments (templated) and build the real operator o
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -264,10 +265,17 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
         step: the planned :class:`tidal.steps.Step` (its id names the workload and labels it).
         recipe: the loaded :class:`tidal.recipe.Recipe` (``train.resources`` says where).
         recipe_path: the recipe file the tasks reload on the worker.
+
+    The pods also get the deployment's secrets named by ``$TIDAL_POD_SECRET_ENV``
+    (:func:`tidal.launch.pods.pod_secret_env`, e.g. an MLflow token), through ``secretKeyRef``.
+
+    Raises:
+        tidal.launch.pods.SpecError: a bad ``$TIDAL_POD_SECRET_ENV`` (the DAG fails to import,
+            naming the variable and the entry).
     """
     import yaml
 
-    from tidal.launch.pods import is_single_pod, workload
+    from tidal.launch.pods import POD_SECRET_ENV_VAR, is_single_pod, pod_secret_env, workload
 
     resources = recipe.train.resources
     name = f"tidal-{step.step_id}"
@@ -277,7 +285,8 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
         step_uri = f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="step_uri") }}}}'
         live_env = {env: f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="{key}") or "" }}}}'
                     for env, key in ((URI_ENV, XCOM_TRACKING_URI), (RUN_ID_ENV, XCOM_RUN_ID))}
-        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env=live_env)
+        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env=live_env,
+                            secret_env=pod_secret_env(os.environ.get(POD_SECRET_ENV_VAR)))
         single = is_single_pod(resources)
         launch_id = f"{prefix}launch" if single else f"{prefix}create"
         prepare = TidalPrepareOperator(task_id="prepare", recipe_path=recipe_path, step_name=step.name,

@@ -35,6 +35,7 @@ secrets only through ``secretKeyRef``.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +67,11 @@ SHM_SIZE = "1Gi"
 # A JobSet pod's hostname is {jobset}-{replicated job}-{job index}-{pod index}: keep it <= 63.
 MAX_JOBSET_NAME = 40
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+POD_SECRET_ENV_VAR = "TIDAL_POD_SECRET_ENV"  # the deployment's pod secrets (pod_secret_env)
+_OWN_ENV = {"PYTHONUNBUFFERED", "HOME", "XDG_CACHE_HOME", URI_ENV, RUN_ID_ENV}
 # an MLflow tracking server: http(s), a host, no user info (credentials go by secret_env), no
 # quotes or spaces (the value may be templated into a YAML body)
 _SERVER_URI = re.compile(r"https?://[^\s'\"@/?#]+(/[^\s'\"@?#]*)?", re.IGNORECASE)  # fullmatch: no query, fragment
@@ -136,6 +142,47 @@ def uri_scheme(uri: str | None) -> str:
         return "no URI"
     match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
     return match.group(1).lower() if match else "no scheme"
+
+
+def pod_secret_env(value: str | None, source: str = POD_SECRET_ENV_VAR) -> dict[str, tuple[str, str]]:
+    """Secrets a training pod reads through ``secretKeyRef``, from the deployment's setting.
+
+    ``value`` (the ``TIDAL_POD_SECRET_ENV`` variable of the Airflow components: the DAG file
+    builds the manifests when it is parsed) is a JSON object ``{"ENV_NAME": ["secret name",
+    "key"]}``, e.g. ``{"MLFLOW_TRACKING_TOKEN": ["tidal-mlflow-auth", "token"]}`` for an MLflow
+    server behind token auth (MLflow's client reads ``MLFLOW_TRACKING_TOKEN``, or
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``). Empty or unset: no secret.
+    Names follow Kubernetes: env names are C identifiers, secret names DNS-1123 subdomains, keys
+    ``[-._a-zA-Z0-9]+``; the variables tidal sets itself cannot be overridden.
+
+    Raises:
+        SpecError: naming ``source`` and the entry, for bad JSON, a wrong shape or a bad name.
+    """
+    if not value or not value.strip():
+        return {}
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{source} is not JSON ({err.msg} at character {err.pos}); expected "
+                        '{"ENV_NAME": ["secret name", "key"]}') from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{source} must be a JSON object {{\"ENV_NAME\": [\"secret name\", \"key\"]}}, "
+                        f"got {type(data).__name__}")
+    out: dict[str, tuple[str, str]] = {}
+    for name, ref in data.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise SpecError(f"{source}: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name in _OWN_ENV or name.startswith("JAX_"):
+            raise SpecError(f"{source}: {name!r} is set by tidal itself and cannot come from a secret")
+        if not (isinstance(ref, list) and len(ref) == 2 and all(isinstance(x, str) for x in ref)):
+            raise SpecError(f"{source}: {name!r} must map to [\"secret name\", \"key\"], got {ref!r}")
+        secret, key = ref
+        if len(secret) > 253 or not _DNS_SUBDOMAIN.fullmatch(secret):
+            raise SpecError(f"{source}: {name!r}: secret name {secret!r} is not a DNS-1123 subdomain")
+        if len(key) > 253 or not _SECRET_KEY.fullmatch(key):
+            raise SpecError(f"{source}: {name!r}: secret key {key!r} must match [-._a-zA-Z0-9]+")
+        out[name] = (secret, key)
+    return out
 
 
 def live_metrics_env(tracking_uri: str | None, run_id: str | None) -> dict[str, str]:
