@@ -212,23 +212,34 @@ def commit_inputs(pipe) -> None:
         (pipe.storage.step_dir(dep.step_id) / "_SUCCESS").write_text("x\n")
 
 
+def gke_context(tmp_path: Path, tiny_data: dict, monkeypatch, uri: str | None = None, run_id: str = "manual__1"):
+    """A GKE-recipe DAG with the training step's inputs committed, tracking at ``uri`` (None:
+    the storage root's SQLite), and a task context: ``(dag, pipe, ti, context)``."""
+    from tidal.pipeline import Pipeline
+
+    monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
+    if uri is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
+    dag = build_dag(path)
+    pipe = Pipeline.load(path)
+    commit_inputs(pipe)
+    ti = StubTI({})
+    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id=run_id)}
+    return dag, pipe, ti, context
+
+
 def test_prepare_and_commit_with_a_local_tracking_store(tmp_path, tiny_data, monkeypatch, capsys):
     """A SQLite store is on the Airflow worker: no live run, one log line, the step's run is
     recorded at commit as before."""
     from mlflow.tracking import MlflowClient
 
-    from tidal.pipeline import Pipeline
-
-    for var in ("MLFLOW_TRACKING_URI", "TIDAL_STORAGE_ROOT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    dag, pipe, ti, context = gke_context(tmp_path, tiny_data, monkeypatch)
     store = tmp_path / "store"
-    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(store)}, "pod", POD)
-    dag = build_dag(path)
-    pipe = Pipeline.load(path)
-    commit_inputs(pipe)
-    ti = StubTI({})
-    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__1")}
     capsys.readouterr()
     assert dag.task_dict["train.prepare"].choose_branch(context) == ["train.launch", "train.commit"]
     assert ti.xcoms["mlflow_tracking_uri"] == ti.xcoms["mlflow_run_id"] == ""
@@ -250,20 +261,9 @@ def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it
 
     from mlflow.tracking import MlflowClient
 
-    from tidal.pipeline import Pipeline
-
     # by host name: a loopback URI is refused (in a pod it would be the pod itself)
     with hostname_mlflow_server(tmp_path) as uri:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-        monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
-        monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
-        monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
-        path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
-        dag = build_dag(path)
-        pipe = Pipeline.load(path)
-        commit_inputs(pipe)
-        ti = StubTI({})
-        context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__2")}
+        dag, pipe, ti, context = gke_context(tmp_path, tiny_data, monkeypatch, uri, run_id="manual__2")
         dag.task_dict["train.prepare"].choose_branch(context)
         run_id = ti.xcoms["mlflow_run_id"]
         assert ti.xcoms["mlflow_tracking_uri"] == uri and run_id
@@ -293,17 +293,8 @@ def test_a_failed_launch_closes_the_live_run_and_a_rerun_launch_completes_it(tmp
 
     from operators.callbacks import on_failure_callback
     from operators.step import run_key_of
-    from tidal.pipeline import Pipeline
 
-    for var in ("MLFLOW_TRACKING_URI", "TIDAL_STORAGE_ROOT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
-    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
-    dag = build_dag(path)
-    pipe = Pipeline.load(path)
-    commit_inputs(pipe)
-    ti = StubTI({})
-    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id="manual__3")}
+    dag, pipe, ti, context = gke_context(tmp_path, tiny_data, monkeypatch, run_id="manual__3")
     dag.task_dict["train.prepare"].choose_branch(context)
     step = pipe.graph["train"]
     run_id = pipe.tracker().open_step_run(pipe.parent_run(run_key_of(context)), step.name, step.step_id, step.kind)

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from operators.dag_factory import build_dag
 from tests.conftest import REPO
 from tests.storage.servers import hostname_mlflow_server
-from tests.test_dag_gke import POD, StubTI, commit_inputs, write_recipe
+from tests.test_dag_gke import gke_context
 from tidal.launch.pods import pod_tracking_uri
 
 
@@ -44,19 +42,7 @@ def test_pod_tracking_uri_accepts_an_uppercase_scheme():
 
 
 def prepare_context(tmp_path: Path, tiny_data: dict, monkeypatch, uri: str, run_id: str = "manual__1"):
-    monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
-    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
-    from tidal.pipeline import Pipeline
-
-    path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
-    dag = build_dag(path)
-    pipe = Pipeline.load(path)
-    commit_inputs(pipe)
-    ti = StubTI({})
-    context = {"params": {}, "ti": ti, "dag_run": SimpleNamespace(dag_id=dag.dag_id, run_id=run_id)}
-    return dag, pipe, ti, context
+    return gke_context(tmp_path, tiny_data, monkeypatch, uri, run_id)
 
 
 def test_a_malformed_tracking_uri_does_not_fail_prepare(tmp_path, tiny_data, monkeypatch):
