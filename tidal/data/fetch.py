@@ -70,17 +70,14 @@ def write_parquet(table: pa.Table, path: str | Path) -> Path:
     The file is written under a temporary name and renamed, so a reader never sees a
     partial file. Returns ``path``.
     """
-    path = Path(path)
-    tmp = attempt_tmp(path)
-    pq.write_table(table, tmp, **PARQUET_OPTIONS)
-    tmp.replace(path)
-    return path
+    return write_parquet_chunks([table], table.schema, path)  # pq.write_table's own steps: same bytes
 
 
 def write_parquet_chunks(chunks: Iterable[pa.Table], schema: pa.Schema, path: str | Path) -> Path:
     """Write ``chunks`` (tables of ``schema``), each as its own row group(s), to ``path`` with
     :data:`PARQUET_OPTIONS` (deterministic bytes for the same chunks), holding one chunk in
-    memory at a time. Written under a temporary name and renamed, like :func:`write_parquet`;
+    memory at a time. Written under a temporary name of this attempt and renamed (a reader never
+    sees a partial file);
     no chunk gives a file of no row group. Returns ``path``."""
     path = Path(path)
     tmp = attempt_tmp(path)
