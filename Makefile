@@ -16,12 +16,13 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora demo test lint clean-demo
+.PHONY: help uv venv corpora services services-stop demo test lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
 	@echo "make test   run the test suite (what CI runs)"
 	@echo "make lint   ruff over the code"
+	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
 
 $(UV):
 	$(PY) -m pip install --quiet --user 'uv>=0.9' || $(PY) -m pip install --quiet 'uv>=0.9'
@@ -55,8 +56,16 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 	  echo "== airflow dags test finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
 	  $(VENV)/bin/tidal report $(RECIPE); exit $$rc
 
+# PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
+# (scripts/services.sh: own process groups; servers already listening are reused, not stopped).
 test: corpora
-	$(VENV)/bin/pytest -q
+	bash scripts/services.sh run -- $(VENV)/bin/pytest -q
+
+services:
+	bash scripts/services.sh start
+
+services-stop:
+	bash scripts/services.sh stop
 
 lint: venv
 	$(VENV)/bin/ruff check tidal operators dags tests plugins bench
