@@ -21,7 +21,7 @@ export TOKENIZERS_PARALLELISM := false
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
 	@echo "make test   run the test suite (what CI runs)"
-	@echo "make lint   ruff over the code"
+	@echo "make lint   ruff and the import-linter layer contracts"
 	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
 
 $(UV):
@@ -67,8 +67,10 @@ services:
 services-stop:
 	bash scripts/services.sh stop
 
+# ruff (style, line length) and import-linter (the layer contracts in pyproject.toml).
 lint: venv
 	$(VENV)/bin/ruff check tidal operators dags tests plugins bench
+	$(VENV)/bin/lint-imports
 
 clean-demo:
 	rm -rf .tidal $(AIRFLOW_HOME)

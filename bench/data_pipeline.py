@@ -136,11 +136,11 @@ def prepare(work: Path, scales: list[int], workers: int, stride: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from tidal.core.load import load_pipeline
     from tidal.data import fetch
     from tidal.data import tokenizer as tokenizer_step
-    from tidal.pipeline import Pipeline
 
-    pipe = Pipeline.load(RECIPE, storage_root=str(work / "store"))
+    pipe = load_pipeline(RECIPE, storage_root=str(work / "store"))
     rows: dict[str, list[dict]] = {}
     configs: dict[str, dict] = {}
     started = time.perf_counter()

@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage-root", help="override the storage root (default: the base recipe's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     suite_path = Path(args.suite).resolve()
     tmp = tempfile.TemporaryDirectory()
     if args.reduced:
         suite_path = reduced_suite(suite_path, Path(tmp.name))
-    pipe = Pipeline.load(suite_path, storage_root=args.storage_root)
+    pipe = load_pipeline(suite_path, storage_root=args.storage_root)
     started = time.perf_counter()
     train_s = 0.0
     ran = 0

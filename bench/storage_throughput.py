@@ -4,8 +4,8 @@
 
 Starts ``python -m moto.server`` on a free loopback port, then moves objects of 1 MB and
 200 MB (MB = 10^6 bytes here, throughput in MB/s = bytes / 10^6 / seconds) with the same
-boto3 client and transfer settings steps use (:func:`tidal.storage_s3.s3_client`,
-:func:`tidal.storage_s3.transfer_config`: adaptive retries, multipart above 64 MiB in 16 MiB
+boto3 client and transfer settings steps use (:func:`tidal.storage.s3.s3_client`,
+:func:`tidal.storage.s3.transfer_config`: adaptive retries, multipart above 64 MiB in 16 MiB
 parts, 8 parallel transfers). 1 MB objects go ``--small-count`` at a time through a pool of
 8 threads, as a step commit uploads its files; the 200 MB object alone (multipart). Each
 figure is the best of ``--repeats``. The baseline, measured in the same run on the same
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tidal.storage import StorageSettings
-from tidal.storage_s3 import s3_client, transfer_config
+from tidal.storage.s3 import s3_client, transfer_config
 
 MB = 10**6
 

@@ -38,8 +38,8 @@ def headline(record: dict[str, Any]) -> str:
 
 
 def slack_payload(record: dict[str, Any]) -> dict[str, Any]:
-    """A Slack incoming-webhook message for a failure record (tidal/failures.py)."""
-    from tidal.failures import expectation_text
+    """A Slack incoming-webhook message for a failure record (tidal/tracking/failures.py)."""
+    from tidal.tracking.failures import expectation_text
 
     lines = [
         f"*{headline(record)}*",

@@ -3,13 +3,13 @@
 With ``beam.launcher: provider`` the DAG factory puts a task group named like the step in
 place of the single ``TidalStepOperator`` of each Beam step (clean, tokenize):
 
-* ``{step}.prepare`` (branch, milliseconds): :func:`tidal.launch.beam_job.prepare`; a
+* ``{step}.prepare`` (branch, milliseconds): :func:`tidal.core.beam_job.prepare`; a
   committed step goes straight to ``commit`` and no job starts; otherwise a scratch dir
   and the job's ``config.json`` are written and the launch runs.
 * ``{step}.launch``: the Beam provider's ``BeamRunPythonPipelineOperator`` running
   ``python -m tidal.data.<kind> --runner=R --config=... --input=NAME=DIR ... --out=SCRATCH
   --seed=N --name=STEP`` plus ``beam.pipeline_options`` (:func:`beam_operator_kwargs`).
-* ``{step}.commit``: :func:`tidal.launch.beam_job.commit`: expected outputs, manifest,
+* ``{step}.commit``: :func:`tidal.core.beam_job.commit`: expected outputs, manifest,
   step.json, _SUCCESS, atomic rename into place, MLflow.
 
 The launch task is an :class:`operators.gke.ProviderOperator` shell (the real operator is
@@ -37,12 +37,12 @@ DEFERRABLE_RUNNERS = frozenset({"DataflowRunner"})
 class BeamPrepareOperator(TidalPrepareOperator):
     """Branch: skip to ``commit`` when the step is committed, else write the job config and launch.
 
-    XCom ``prepared`` = :func:`tidal.launch.beam_job.prepare`'s dict (the job's arguments).
+    XCom ``prepared`` = :func:`tidal.core.beam_job.prepare`'s dict (the job's arguments).
     """
 
     def choose_branch(self, context: Any) -> list[str]:
         from operators.step import pipeline_for_run
-        from tidal.launch.beam_job import prepare
+        from tidal.core.beam_job import prepare
 
         params = context.get("params") or {}
         force = self.step_name in (params.get("force_steps") or [])
@@ -63,9 +63,9 @@ class BeamCommitOperator(TidalCommitOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from operators.step import export_signing_key, pipeline_for_run
-        from tidal.launch.beam_job import commit
+        from tidal.core.beam_job import commit
 
-        export_signing_key()  # the commit signs step.json and manifest.json (tidal/signing.py)
+        export_signing_key()  # the commit signs step.json and manifest.json (tidal/integrity/signing.py)
         prepared = context["ti"].xcom_pull(task_ids=self.prepare_task_id, key="prepared")
         result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, prepared=prepared, runner=self.runner,
                         workload=self.workload, run_key=run_key_of(context))
@@ -87,7 +87,7 @@ def beam_operator_kwargs(*, step: Any, recipe: Any, prepare_task_id: str) -> dic
     """``BeamRunPythonPipelineOperator`` arguments for one Beam step; templated on the prepare XCom.
 
     * ``py_file`` = the kind's module with ``py_options=["-m"]``: run as a module, not as the
-      file ``tidal/data/clean.py``, whose directory on ``sys.path`` would shadow the standard
+      file ``tidal/data/clean/step.py``, whose directory on ``sys.path`` would shadow the standard
       library's ``tokenize`` with ``tidal/data/tokenize.py``.
     * ``py_interpreter``: the Python that parsed the DAG (the workers run the same image).
     * ``pipeline_options``: the job's own arguments (the provider writes each as ``--key=value``,

@@ -2,13 +2,13 @@
 
 ``on_failure_callback`` (set through ``default_args`` in operators/dag_factory.py) runs in the
 task's own process after the task failed, with the task's context: the exception object
-(a :class:`tidal.gates.GateFailed` keeps its failed expectations), the task, the try number.
+(a :class:`tidal.quality.gates.GateFailed` keeps its failed expectations), the task, the try number.
 It must never raise: whatever part fails (MLflow down, storage read-only) is logged and the
 rest still happens.
 
 The log tail is the end of the attempt's Airflow log file (:func:`task_log_tail`); when that
 file is not on this machine, the lines logged in this process (:func:`capture_log_tail` attaches
-a :class:`tidal.failures.LogTail` ring buffer to the root logger when a tidal task starts).
+a :class:`tidal.tracking.failures.LogTail` ring buffer to the root logger when a tidal task starts).
 """
 
 from __future__ import annotations
@@ -16,60 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from operators.task_log import capture_log_tail, log_tail, task_log_tail
+
 log = logging.getLogger(__name__)
-_TAIL = None
-
-
-def capture_log_tail() -> None:
-    """Keep the last lines logged in this process (idempotent; called at the start of a task)."""
-    global _TAIL
-    if _TAIL is None:
-        from tidal.failures import LogTail
-
-        _TAIL = LogTail()
-        logging.getLogger().addHandler(_TAIL)
-
-
-def log_tail() -> list[str]:
-    """The captured lines, oldest first (empty if nothing was captured)."""
-    return list(_TAIL.lines) if _TAIL is not None else []
-
-
-def task_log_tail(dag_id: str, run_id: str, task_id: str, try_number: int | None, map_index: int = -1,
-                  lines: int = 40) -> list[str]:
-    """The last ``lines`` of the task attempt's Airflow log file, as ``time level logger: event``.
-
-    Airflow's supervisor writes each attempt's log as JSON lines under ``[logging]
-    base_log_folder`` (default template ``dag_id=…/run_id=…/task_id=…/[map_index=…/]attempt=N.log``);
-    on a worker the file is local while the task runs, also with remote logging. Errors add their
-    exception type and value. Returns [] when the file cannot be found or read.
-    """
-    import json
-    from pathlib import Path
-
-    from airflow.configuration import conf
-
-    base = Path(conf.get("logging", "base_log_folder"))
-    task_dir = base / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-    if map_index >= 0:
-        task_dir = task_dir / f"map_index={map_index}"
-    path = task_dir / f"attempt={try_number}.log"
-    if not path.is_file():
-        return []
-    out = []
-    for raw in path.read_text(errors="replace").splitlines()[-4 * lines:]:
-        try:
-            event = json.loads(raw)
-        except json.JSONDecodeError:
-            out.append(raw[:1000])
-            continue
-        text = f"{event.get('timestamp', '')} {event.get('level', '')} {event.get('logger', '')}: {event.get('event', '')}"
-        for detail in event.get("error_detail") or []:
-            text += f" [{detail.get('exc_type')}: {str(detail.get('exc_value'))[:500]}]"
-        out.append(text[:1500])
-    return out[-lines:]
-
-
+__all__ = ["capture_log_tail", "failure_record", "log_tail", "mlflow_link", "on_failure_callback", "task_log_tail"]
 def mlflow_link(pipe: Any, run_key: str) -> tuple[str | None, str | None]:
     """``(parent run id, link)`` of the DAG run's MLflow parent run; ``(None, None)`` if not found.
 
@@ -96,8 +46,8 @@ def mlflow_link(pipe: Any, run_key: str) -> tuple[str | None, str | None]:
 
 def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
     """The catalog record of a failed task and its pipeline (None if the recipe cannot load)."""
-    from operators.step import pipeline_for_run, run_key_of
-    from tidal.failures import build_record
+    from operators.run_context import pipeline_for_run, run_key_of
+    from tidal.tracking.failures import build_record
 
     ti, task, dag_run = context["ti"], context["task"], context["dag_run"]
     exc = context.get("exception")
@@ -151,14 +101,14 @@ def on_failure_callback(context: Any) -> None:
         return
     if pipe is not None:
         try:
-            from tidal.failures import record_failure
+            from tidal.tracking.failures import record_failure
 
             path = record_failure(pipe.storage.local_dir, record)
             log.info("failure %s recorded in %s", record["fingerprint"], path)
         except Exception:
             log.exception("tidal failure callback could not write the catalog")
     try:
-        from tidal import metrics_statsd as m
+        from tidal.tracking import statsd as m
 
         client = m.StatsdClient.from_env()
         tags = {"recipe": str(record.get("recipe")), "step": str(record.get("task_id")),

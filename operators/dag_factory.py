@@ -8,53 +8,16 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
+from operators.dag_args import SCHEDULE_START, pipeline_dag_args
 from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepOperator
 
+__all__ = ["SCHEDULE_START", "broken_recipe_dag", "build_dag", "build_dags", "pipeline_dag_args", "recipe_doc_md"]
+
 log = logging.getLogger(__name__)
-
-
-# Scheduled recipes need a start date for their timetable; runs before it are never created
-# (catchup is off; `airflow backfill create` makes past runs on purpose).
-SCHEDULE_START = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def pipeline_dag_args(graph, recipe=None) -> dict:
-    """DAG arguments every tidal pipeline DAG shares: one run at a time, failures recorded in
-    the catalog (operators/callbacks.py), and the trigger form.
-
-    With a ``recipe`` (tidal.recipe.Recipe): its ``schedule`` (None: manual trigger only) and the
-    full form of operators/params.py (seed, training steps, launcher, resource profile, steps to
-    force-rerun, dry run). Without (a scaling suite): manual, ``force_steps`` and ``dry_run`` only.
-    """
-    from operators.callbacks import on_failure_callback
-
-    names = [s.name for s in graph]
-    if recipe is not None:
-        from operators.params import recipe_params
-
-        params = recipe_params(recipe, names)
-    else:
-        params = {
-            "force_steps": Param([], type="array", items={"type": "string", "enum": names}, uniqueItems=True,
-                                 description="steps to recompute even if committed"),
-            "dry_run": Param(False, type="boolean", description="plan only: log run/skip/blocked, compute nothing"),
-        }
-    schedule = getattr(recipe, "schedule", None)
-    args = {
-        "schedule": schedule,
-        "catchup": False,
-        "max_active_runs": 1,
-        "params": params,
-        "default_args": {"on_failure_callback": on_failure_callback},
-    }
-    if schedule is not None:
-        args["start_date"] = SCHEDULE_START
-    return args
 
 
 def recipe_doc_md(recipe, recipe_path: Path, graph) -> str:
@@ -85,7 +48,7 @@ def build_dag(recipe_path: Path) -> DAG:
     Raises:
         tidal.recipe.RecipeError: the recipe is invalid (Airflow shows it as an import error).
     """
-    from tidal.planner import build_graph
+    from tidal.core.planner import build_graph
     from tidal.recipe import load_recipe
     from tidal.scaling.suite import is_suite_file
 
@@ -96,8 +59,8 @@ def build_dag(recipe_path: Path) -> DAG:
     recipe = load_recipe(recipe_path)
     graph = build_graph(recipe)
     beam_kinds: tuple[str, ...] = ()
-    if recipe.beam.launcher == "provider":  # tidal.launch.beam_job imports the runner: only when needed
-        from tidal.launch.beam_job import BEAM_KINDS as beam_kinds
+    if recipe.beam.launcher == "provider":  # tidal.core.beam_job imports the runner: only when needed
+        from tidal.kinds import BEAM_KINDS as beam_kinds
     with DAG(
         **pipeline_dag_args(graph, recipe),
         dag_id=f"tidal_{recipe.name}",

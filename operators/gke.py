@@ -4,7 +4,7 @@ With ``train.resources.launcher: gke`` the DAG factory puts a task group named l
 in place of the single ``TidalStepOperator``:
 
 * ``{step}.prepare`` (branch; under a second, seconds when MLflow is slow to answer):
-  :func:`tidal.launch.remote.prepare`; a committed step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
+  :func:`tidal.core.remote.prepare`; a committed step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
   step's MLflow run is opened (:func:`open_live_run`) and the launch runs.
 * single pod (CPU, GPU node, single-host TPU slice): ``{step}.launch``, a
   ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
@@ -12,7 +12,7 @@ in place of the single ``TidalStepOperator``:
   JobSet of :func:`tidal.launch.pods.jobset`, ``{step}.wait`` (:class:`JobSetSensor`) waits
   for its ``Completed`` / ``Failed`` condition, ``{step}.delete`` removes it whatever the sensor
   found (it does not run when create was skipped: ``trigger_rule="none_skipped"``).
-* ``{step}.commit``: :func:`tidal.launch.remote.commit` writes manifest, step.json, _SUCCESS,
+* ``{step}.commit``: :func:`tidal.core.remote.commit` writes manifest, step.json, _SUCCESS,
   and the step is recorded in MLflow: into the live run when prepare opened one.
 
 Live metrics: prepare pushes XComs ``mlflow_tracking_uri`` and ``mlflow_run_id``; the pod env
@@ -36,7 +36,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
-from operators.step import run_key_of
+from operators.run_context import run_key_of
 from tidal.train.metrics import RUN_ID_ENV, URI_ENV
 
 POD_OPERATOR = "airflow.providers.cncf.kubernetes.operators.pod:KubernetesPodOperator"
@@ -95,7 +95,7 @@ class ProviderOperator(BaseOperator):
 class TidalPrepareOperator(BaseBranchOperator):
     """Branch: skip to ``commit`` when the step is committed, else write ``spec.json`` and launch.
 
-    XCom ``prepared`` = :func:`tidal.launch.remote.prepare`'s dict; ``step_uri`` = its step dir;
+    XCom ``prepared`` = :func:`tidal.core.remote.prepare`'s dict; ``step_uri`` = its step dir;
     ``mlflow_tracking_uri`` / ``mlflow_run_id`` = the live run for the pod (:func:`open_live_run`;
     empty strings when there is none).
     """
@@ -110,8 +110,8 @@ class TidalPrepareOperator(BaseBranchOperator):
         self.launch_task_id, self.commit_task_id = launch_task_id, commit_task_id
 
     def choose_branch(self, context: Any) -> list[str]:
-        from operators.step import pipeline_for_run
-        from tidal.launch.remote import prepare
+        from operators.run_context import pipeline_for_run
+        from tidal.core.remote import prepare
 
         params = context.get("params") or {}
         force = self.step_name in (params.get("force_steps") or [])
@@ -133,7 +133,7 @@ def open_live_run(pipe: Any, step_name: str, run_key: str, log: Any) -> dict[str
     """Open the MLflow run a training pod logs into while it trains; the pod's env for it.
 
     Args:
-        pipe: the run's :class:`tidal.pipeline.Pipeline` (its ``tracking_uri``:
+        pipe: the run's :class:`tidal.core.pipeline.Pipeline` (its ``tracking_uri``:
             ``$MLFLOW_TRACKING_URI`` of the deployment when set, else the recipe's, else the
             storage root's SQLite).
         step_name: the training step, about to be launched.
@@ -208,10 +208,10 @@ class TidalCommitOperator(BaseOperator):
         self.prepare_task_id, self.workload = prepare_task_id, workload
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from operators.step import export_signing_key, pipeline_for_run
-        from tidal.launch.remote import commit
+        from operators.run_context import export_signing_key, pipeline_for_run
+        from tidal.core.remote import commit
 
-        export_signing_key()  # the commit signs step.json and manifest.json (tidal/signing.py)
+        export_signing_key()  # the commit signs step.json and manifest.json (tidal/integrity/signing.py)
         ti = context["ti"]
         prepared = ti.xcom_pull(task_ids=self.prepare_task_id, key="prepared")
         live_run = ti.xcom_pull(task_ids=self.prepare_task_id, key=XCOM_RUN_ID) or None

@@ -29,15 +29,15 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
     Returns:
         ``{"recipe", "dag_id", "path", "schedule", "recipe_hash", "storage_root", "steps": [{"name",
         "kind", "step_id", "status"}], "failing_gates": [{"attempt", "failed": [...]}],
-        "failures": groups from tidal.failures.group_failures, "checkpoint": {"path", "step",
+        "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
         "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}``, or ``{"path", "error"}``
         when the recipe does not load.
     """
-    from tidal.failures import group_failures, list_failures
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
+    from tidal.tracking.failures import group_failures, list_failures
 
     try:
-        pipe = Pipeline.load(recipe_path)
+        pipe = load_pipeline(recipe_path)
     except Exception as err:  # noqa: BLE001 - a broken recipe is shown, not hidden
         return {"path": str(recipe_path), "error": f"{type(err).__name__}: {err}"}
     steps = [{"name": s.name, "kind": s.kind, "step_id": s.step_id, "status": pipe.status(s.name)} for s in pipe.graph]

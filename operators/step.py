@@ -1,4 +1,4 @@
-"""Airflow operators for tidal steps: thin shells that delegate to :mod:`tidal.pipeline`.
+"""Airflow operators for tidal steps: thin shells that delegate to :mod:`tidal.core.pipeline`.
 
 Nothing heavy is imported at module level, so DAG files that use these parse fast; the
 step's own libraries (Beam, JAX, GX) load inside ``execute`` on the worker.
@@ -10,41 +10,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
 
-def run_key_of(context: Any) -> str:
-    """The MLflow parent-run key of the Airflow DAG run: ``{dag_id}__{run_id}``."""
-    dag_run = context["dag_run"]
-    return f"{dag_run.dag_id}__{dag_run.run_id}"
-
-
-SIGNING_CONN_ID = "tidal_signing"
-
-
-def export_signing_key(conn_id: str = SIGNING_CONN_ID) -> bool:
-    """Export the Airflow connection ``tidal_signing``'s password (hex key) as ``$TIDAL_SIGNING_KEY``.
-
-    tidal signs ``step.json`` and ``manifest.json`` with that variable (tidal/signing.py) and
-    never imports Airflow, so the worker hands the secret over here, before the step commits.
-    A variable already set wins; no connection means the step is committed unsigned.
-
-    Returns:
-        True when a key was exported from the connection.
-    """
-    import os
-
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    if os.environ.get("TIDAL_SIGNING_KEY"):
-        return False
-    try:
-        conn = Connection.get(conn_id)
-    except AirflowNotFoundException:
-        return False
-    if not conn.password:
-        return False
-    os.environ["TIDAL_SIGNING_KEY"] = conn.password
-    return True
+__all__ = ["SIGNING_CONN_ID", "BrokenRecipeOperator", "InjectedFault", "TidalReportOperator", "TidalStepOperator",
+           "check_fault", "export_signing_key", "pipeline_for_run", "run_key_of"]
 
 
 class InjectedFault(RuntimeError):
@@ -69,33 +38,9 @@ def check_fault(step_name: str) -> None:
         raise InjectedFault(f"injected fault for step {step_name!r}: {text or '(no text)'}")
 
 
-def pipeline_for_run(recipe_path: str, context: Any):
-    """The :class:`tidal.pipeline.Pipeline` of this DAG run: the recipe with the run's overrides.
-
-    Step ids are computed here, at run time, from the run's params (trigger conf merged over
-    the form's defaults by Airflow), not at parse time: a run that overrides ``train_steps``
-    computes (and commits) a different train step than the DAG's doc shows. A scaling suite
-    takes no overrides.
-
-    Raises:
-        tidal.recipe.RecipeError: the recipe or an override is invalid.
-    """
-    from tidal.pipeline import Pipeline
-    from tidal.scaling.suite import is_suite_file
-
-    if is_suite_file(recipe_path):
-        return Pipeline.load(recipe_path)
-    from operators.params import overrides_from_params
-    from tidal.recipe import load_recipe
-
-    params = dict(context.get("params") or {})
-    overrides = overrides_from_params(load_recipe(recipe_path), params)
-    return Pipeline.load(recipe_path, overrides or None)
-
-
 def _emit_step_metrics(pipe: Any, result: Any) -> None:
-    """StatsD: steps run/skipped, step duration, training throughput (tidal/metrics_statsd.py)."""
-    from tidal import metrics_statsd as m
+    """StatsD: steps run/skipped, step duration, training throughput (tidal/tracking/statsd.py)."""
+    from tidal.tracking import statsd as m
 
     client = m.StatsdClient.from_env()
     if not client.enabled:
@@ -136,8 +81,8 @@ class TidalStepOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators.callbacks import capture_log_tail
         from operators.params import run_options
+        from operators.task_log import capture_log_tail
 
         capture_log_tail()
         force_steps, dry_run = run_options(context.get("params") or {})
@@ -169,7 +114,7 @@ class TidalReportOperator(BaseOperator):
 
     It fails (so the DAG run is marked failed) when any step of the recipe is not
     committed at the end, naming those steps, or when the recipe has a ``baseline`` and the
-    run (without overrides) differs from it beyond tolerance (tidal/baseline.py): the error
+    run (without overrides) differs from it beyond tolerance (tidal/quality/baseline.py): the error
     lists each metric with expected, got and tolerance. It also sends the checkpoint-age
     StatsD gauges.
     """
@@ -185,10 +130,10 @@ class TidalReportOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators.callbacks import capture_log_tail
         from operators.params import overrides_from_params, run_options
+        from operators.task_log import capture_log_tail
+        from tidal.core.report import build_report, format_report
         from tidal.recipe import load_recipe
-        from tidal.report import build_report, format_report
 
         capture_log_tail()
         _, dry_run = run_options(context.get("params") or {})
@@ -216,8 +161,13 @@ def _compare_baseline(pipe: Any, log: Any) -> None:
     """Fail the task with a readable difference when the run differs from the recipe's baseline."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tidal import metrics_statsd as m
-    from tidal.baseline import BaselineError, BaselineMismatch, baseline_path, check_pipeline
+    from tidal.quality.baseline import (
+        BaselineError,
+        BaselineMismatch,
+        baseline_path,
+        check_pipeline,
+    )
+    from tidal.tracking import statsd as m
 
     client = m.StatsdClient.from_env()
     try:
@@ -235,7 +185,7 @@ def _emit_checkpoint_metrics(pipe: Any) -> None:
     """StatsD gauges: unix time and age (s) of the latest committed checkpoint of the train step."""
     import time
 
-    from tidal import metrics_statsd as m
+    from tidal.tracking import statsd as m
 
     client = m.StatsdClient.from_env()
     if not client.enabled or "train" not in pipe.graph.by_name:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
-from operators.dag_factory import pipeline_dag_args
+from operators.dag_args import pipeline_dag_args
 from operators.step import TidalStepOperator
 
 
@@ -25,7 +25,8 @@ def build_suite_dag(suite_path: Path) -> DAG:
     Raises:
         tidal.scaling.suite.SuiteError: the suite or its base recipe is invalid.
     """
-    from tidal.scaling.suite import FIT_STEP, build_suite_graph, load_suite, train_step_names
+    from tidal.core.planner import build_suite_graph, train_step_names
+    from tidal.scaling.suite import FIT_STEP, load_suite
 
     suite, base = load_suite(suite_path)
     graph = build_suite_graph(suite, base)

@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
+from tidal.core.planner import build_graph
 from tidal.kinds import KINDS
-from tidal.planner import build_graph
 from tidal.recipe import parse_recipe
 from tidal.steps import Step, StepGraph, derive_seed
 

@@ -17,10 +17,10 @@ from tidal.recipe import RecipeError
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from tidal.baseline import describe_baseline
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
+    from tidal.quality.baseline import describe_baseline
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
     baseline = describe_baseline(pipe)
     if baseline is not None:
@@ -42,9 +42,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     step = pipe.graph.find(args.step)
     print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
@@ -53,9 +53,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     names = [pipe.graph.find(args.step).name] if args.step else [s.name for s in pipe.graph]
     forced = {pipe.graph.find(name).name for name in args.force or []}
@@ -68,10 +68,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tidal.pipeline import Pipeline
-    from tidal.report import build_report, format_report
+    from tidal.core.load import load_pipeline
+    from tidal.core.report import build_report, format_report
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     print(format_report(build_report(pipe, args.run_key)))
     return 0
 
@@ -87,10 +87,10 @@ def _cmd_archives(args: argparse.Namespace) -> int:
 
 
 def _cmd_forecast(args: argparse.Namespace) -> int:
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
     from tidal.scaling.forecast import ForecastUnavailable, forecast_suite, format_forecast
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     try:
         result = forecast_suite(pipe, args.flops)
     except (ForecastUnavailable, ValueError) as err:
@@ -101,9 +101,9 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from tidal.lineage import TargetError, nothing_committed, resolve_target
-    from tidal.signing import SigningKeyError, load_key
-    from tidal.verify import format_verification, verify_steps
+    from tidal.audit.lineage import TargetError, nothing_committed, resolve_target
+    from tidal.audit.verify import format_verification, verify_steps
+    from tidal.integrity.signing import SigningKeyError, load_key
 
     try:
         key = load_key()
@@ -130,7 +130,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_lineage(args: argparse.Namespace) -> int:
-    from tidal.lineage import (
+    from tidal.audit.lineage import (
         TargetError,
         build_lineage,
         format_lineage,
@@ -155,13 +155,13 @@ def _cmd_failures(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from tidal.failures import format_groups, group_failures, list_failures
+    from tidal.tracking.failures import format_groups, group_failures, list_failures
 
     recipe_name = None
     if args.recipe:
-        from tidal.pipeline import Pipeline
+        from tidal.core.load import load_pipeline
 
-        pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+        pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
         root, recipe_name = pipe.storage.local_dir, pipe.recipe.name
     else:
         root = Path(args.storage_root or os.environ.get("TIDAL_STORAGE_ROOT") or ".tidal")
@@ -177,10 +177,15 @@ def _cmd_failures(args: argparse.Namespace) -> int:
 def _cmd_baseline(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tidal.baseline import baseline_path, read_run_values, step_dirs_of_run, write_baseline
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
+    from tidal.quality.baseline import (
+        baseline_path,
+        read_run_values,
+        step_dirs_of_run,
+        write_baseline,
+    )
 
-    pipe = Pipeline.load(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     out = Path(args.out) if args.out else baseline_path(pipe)
     if out is None:
         print("error: the recipe has no `baseline.file`; pass --out FILE", file=sys.stderr)
@@ -271,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Exit status: 0 ok; 1 a step or check failed (one ``error:`` line, no traceback), or
     ``verify``/``lineage`` found nothing committed; 2 bad recipe, unknown step name, or a
-    ``verify``/``lineage`` target that names nothing (tidal/lineage.py resolve_target);
+    ``verify``/``lineage`` target that names nothing (tidal/audit/lineage.py resolve_target);
     130 interrupted (Ctrl-C).
     """
     from tidal.logs import quiet_libraries

@@ -22,6 +22,7 @@ class KindSpec:
     module: str
     version: int
     resumable: bool = False
+    beam: bool = False  # a Beam job: runs in-process or as a job command on a Beam runner
 
     def load(self) -> ModuleType:
         """Import the module that implements the kind (heavy: Beam, JAX, GX)."""
@@ -30,15 +31,17 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "fetch": KindSpec("tidal.data.fetch", 2),
-    "clean": KindSpec("tidal.data.clean", 4),
+    "clean": KindSpec("tidal.data.clean", 4, beam=True),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
-    "tokenize": KindSpec("tidal.data.tokenize", 2),
+    "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1),
     "stats": KindSpec("tidal.data.stats", 2),
-    "gate": KindSpec("tidal.gates", 1),
+    "gate": KindSpec("tidal.quality.gates", 1),
     "train": KindSpec("tidal.train", 1, resumable=True),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 1),
 }
+
+BEAM_KINDS = frozenset(name for name, spec in KINDS.items() if spec.beam)
 
 
 def kind_spec(kind: str) -> KindSpec:

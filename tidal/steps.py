@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tidal.hashing import canonical_json, sha256_bytes
+from tidal.integrity.hashing import canonical_json, sha256_bytes
 from tidal.kinds import kind_spec
 
 ID_HASH_CHARS = 12

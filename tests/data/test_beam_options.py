@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from tidal.data import beam_options
-from tidal.jobcli import _pipeline_options
+from tidal.data.jobcli import _pipeline_options
 from tidal.recipe import parse_recipe
 
 DATAFLOW = {"project": "tidal-prod", "region": "europe-west4", "temp_location": "gs://tidal-tmp/beam",
@@ -77,7 +77,7 @@ def test_recipe_beam_section_builds_the_same_flags_as_the_airflow_provider(tiny_
 
 
 def test_job_command_line_options_go_through_the_environment():
-    """`python -m tidal.data.clean --runner=FlinkRunner --flink_master=...` (tidal/jobcli.py)."""
+    """`python -m tidal.data.clean --runner=FlinkRunner --flink_master=...` (tidal/data/jobcli.py)."""
     with _pipeline_options(beam_options.runner_args("FlinkRunner", FLINK)):
         options = beam_options.beam_options()
     assert options.view_as(StandardOptions).runner == "FlinkRunner"

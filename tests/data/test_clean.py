@@ -145,7 +145,7 @@ def test_real_brown_reconciles(tmp_path):
 
 
 def test_raw_slices_cover_every_row_once(tmp_path):
-    from tidal.data.clean_fns import raw_slices
+    from tidal.data.clean.fns import raw_slices
 
     table = pa.table({"source": ["toy"] * 10, "ref": [f"x:{i}" for i in range(10)],
                       "raw": pa.array([b"t"] * 10, pa.binary())}, schema=fetch.RAW_SCHEMA)
@@ -156,7 +156,7 @@ def test_raw_slices_cover_every_row_once(tmp_path):
 
 def test_slicing_row_groups_changes_no_byte(twice, tmp_path, monkeypatch):
     """Elements of 2 rows (duplicates x:1, x:9, x:10 land in different elements): same files."""
-    from tidal.data import clean_fns
+    from tidal.data.clean import fns as clean_fns
 
     monkeypatch.setattr(clean_fns, "SLICE_ROWS", 2)
     (want_summary, want), _ = twice
@@ -178,7 +178,7 @@ def test_batch_and_row_group_sizes_change_no_document(tmp_path, monkeypatch):
     duplicates' bucket entries meet from different band files) and shard row groups of at most
     2 documents (or one, by byte cap) give the same counts and documents as the defaults; the
     shard files have the bounded row groups, and a rerun writes the same bytes."""
-    from tidal.data import clean_fns
+    from tidal.data.clean import fns as clean_fns
 
     want_summary, want = run_clean(tmp_path / "default", "out", NEAR_CONFIG, NEAR_RECORDS)
     assert want_summary["duplicates_near"] == 2 and want_summary["kept"] == 5

@@ -12,8 +12,8 @@ import pytest
 
 from tests.data.test_recipe_data import with_source
 from tidal.context import StepContext
+from tidal.core.planner import build_graph
 from tidal.data import fetch
-from tidal.planner import build_graph
 from tidal.recipe import RecipeError, parse_recipe
 
 

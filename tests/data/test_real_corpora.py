@@ -35,10 +35,10 @@ def is_utf8(raw: bytes) -> bool:
 @pytest.fixture(scope="module")
 def cleaned(tmp_path_factory):
     """``{source: (rows fed to clean, counts.json, clean out dir)}`` for the tiny recipe's sources."""
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     tmp = tmp_path_factory.mktemp("real")
-    pipe = Pipeline.load(TINY, storage_root=str(tmp / "store"))
+    pipe = load_pipeline(TINY, storage_root=str(tmp / "store"))
     out = {}
     for source, n in SLICE.items():
         fetch_config = dict(pipe.graph[f"fetch-{source}"].config)

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
+from tidal.core.planner import build_graph
 from tidal.data.clean import CleanConfig
-from tidal.planner import build_graph
 from tidal.recipe import RecipeError, parse_recipe
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.data.builders import CORPUS_WORDS, write_clean_step
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
-from tidal.hashing import sha256_file
+from tidal.integrity.hashing import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = "<|endoftext|>"

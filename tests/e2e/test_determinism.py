@@ -18,10 +18,10 @@ pytestmark = pytest.mark.e2e
 
 
 def run_all(tmp_path, name: str):
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     recipe = write_slice_recipe(tmp_path / f"{name}.yaml", tmp_path / name)
-    pipe = Pipeline.load(recipe)
+    pipe = load_pipeline(recipe)
     for step in pipe.graph:
         pipe.run(step.name)
     return pipe

@@ -72,14 +72,14 @@ def parent_and_children(pipe):
 
 
 def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
-    from tidal.hashing import verify_manifest
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
+    from tidal.integrity.hashing import verify_manifest
 
     first, first_s = dags_test(airflow_env["env"])
     log = first.stdout + first.stderr
     assert first.returncode == 0, log[-6000:]
 
-    pipe = Pipeline.load(airflow_env["recipe"])
+    pipe = load_pipeline(airflow_env["recipe"])
     assert all(pipe.storage.is_committed(s.step_id) for s in pipe.graph)
 
     client, parents, children = parent_and_children(pipe)
@@ -143,7 +143,7 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     log = failing.stdout + failing.stderr
     assert failing.returncode != 0
     assert "GateFailed" in log and "total_tokens [source=all]: expected >= 1e+12, got" in log
-    strict = Pipeline.load(airflow_env["recipe"])
+    strict = load_pipeline(airflow_env["recipe"])
     assert not strict.storage.is_committed(strict.graph["gate"].step_id)
     assert not strict.storage.is_committed(strict.graph["train"].step_id)
     assert strict.graph["stats"].step_id == pipe.graph["stats"].step_id

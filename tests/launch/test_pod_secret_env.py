@@ -10,7 +10,7 @@ import yaml
 
 from operators.dag_factory import build_dag
 from tests.launch.test_pods import validate
-from tests.test_dag_gke import JOBSET, POD, rendered, write_recipe
+from tests.operators.test_gke import JOBSET, POD, rendered, write_recipe
 from tidal.launch.hardening import violations
 from tidal.launch.pods import SpecError, pod_secret_env
 

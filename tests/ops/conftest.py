@@ -266,8 +266,8 @@ def airflow_server(tmp_path_factory, postgres_url):
     # migrations are not safe to run from several processes at once (a half-done migration
     # leaves `_alembic_tmp_experiments` behind and every later open fails).
     init = subprocess.run([sys.executable, "-c", ("import sys; from mlflow.tracking import MlflowClient; "
-                           "from tidal.pipeline import Pipeline; "
-                           "MlflowClient(Pipeline.load(sys.argv[1]).tracking_uri).search_experiments()"),
+                           "from tidal.core.load import load_pipeline; "
+                           "MlflowClient(load_pipeline(sys.argv[1]).tracking_uri).search_experiments()"),
                            str(recipes / "ops_ci.yaml")], env=env, capture_output=True, text=True, timeout=300,
                           check=False, cwd=REPO)
     assert init.returncode == 0, init.stderr[-3000:]

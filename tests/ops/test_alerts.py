@@ -43,8 +43,8 @@ def webhook():
 
 
 def _gate_record():
-    from tidal.failures import build_record
-    from tidal.gates import GateFailed
+    from tidal.quality.gates import GateFailed
+    from tidal.tracking.failures import build_record
 
     result = {"success": False, "summary": "gate failed: 1 of 1 expectations", "results": [
         {"source": "all", "column": "total_tokens", "observed": 99.0, "expected": ">= 1000", "success": False}]}
@@ -101,7 +101,7 @@ def test_an_unreachable_webhook_never_raises():
 
 
 def test_statsd_lines_reach_a_udp_socket():
-    from tidal import metrics_statsd as m
+    from tidal.tracking import statsd as m
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
         server.bind(("127.0.0.1", 0))
@@ -123,7 +123,7 @@ def test_statsd_lines_reach_a_udp_socket():
 
 
 def test_statsd_off_or_unresolvable_is_a_no_op():
-    from tidal.metrics_statsd import StatsdClient
+    from tidal.tracking.statsd import StatsdClient
 
     assert not StatsdClient(None).enabled
     off = StatsdClient("no-such-host.invalid")
@@ -135,7 +135,7 @@ def test_the_grafana_dashboard_queries_the_metrics_tidal_sends():
     import json
 
     from tests.conftest import REPO
-    from tidal import metrics_statsd as m
+    from tidal.tracking import statsd as m
 
     dashboard = json.loads((REPO / "helm" / "tidal" / "dashboards" / "tidal-operations.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])

@@ -24,7 +24,7 @@ CURVE = [(5, 6.91), (10, 6.52)]
 
 def _commit(pipe, name: str, files: dict[str, str | pd.DataFrame], summary: dict) -> Path:
     """Commit ``files`` as step ``name`` through the runner's real commit protocol."""
-    from tidal.runner import write_commit
+    from tidal.core.runner import write_commit
 
     step = pipe.graph[name]
     out = pipe.storage.step_dir(step.step_id)
@@ -45,9 +45,9 @@ def scheduled(tmp_path):
     path = write_ops_recipe(tmp_path / "nightly.yaml", tmp_path / "storage", name="ops_nightly",
                             schedule="0 3 * * *", baseline={"file": "baselines/nightly.json", "loss_tolerance": 0.05,
                                                             "stats_tolerance": 0.01})
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
-    pipe = Pipeline.load(path)
+    pipe = load_pipeline(path)
     _commit(pipe, "stats", {"stats.parquet": pd.DataFrame(STATS, columns=["source", "metric", "value"])}, {})
     metrics = "".join(json.dumps({"step": s, "loss": loss, "lr": 0.001}) + "\n" for s, loss in CURVE)
     metrics += json.dumps({"step": 10, "eval_loss/udhr": 7.1}) + "\n"
@@ -56,9 +56,9 @@ def scheduled(tmp_path):
 
 
 def test_schedule_and_baseline_never_enter_a_step_id(scheduled):
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
-    plain, nightly = Pipeline.load(scheduled["plain"]), scheduled["pipe"]
+    plain, nightly = load_pipeline(scheduled["plain"]), scheduled["pipe"]
     assert nightly.recipe.schedule == "0 3 * * *"
     assert [s.step_id for s in plain.graph] == [s.step_id for s in nightly.graph]
 
@@ -76,7 +76,7 @@ def test_invalid_schedule_is_refused_naming_the_field(tmp_path):
 
 def test_baseline_from_committed_run_then_drift_is_readable(scheduled):
     from operators.step import _compare_baseline
-    from tidal.baseline import BaselineMismatch, check_pipeline
+    from tidal.quality.baseline import BaselineMismatch, check_pipeline
 
     pipe = scheduled["pipe"]
     out = subprocess.run([str(VENV_BIN / "tidal"), "baseline", str(scheduled["nightly"])], cwd=REPO,
@@ -115,7 +115,7 @@ def test_baseline_from_committed_run_then_drift_is_readable(scheduled):
 
 
 def test_a_malformed_baseline_names_the_file(scheduled):
-    from tidal.baseline import BaselineError, check_pipeline
+    from tidal.quality.baseline import BaselineError, check_pipeline
 
     path = scheduled["nightly"].parent / "baselines" / "nightly.json"
     path.parent.mkdir(parents=True, exist_ok=True)

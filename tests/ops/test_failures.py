@@ -26,7 +26,7 @@ def _raise_in(path: str, lineno: int, message: str) -> BaseException:
 
 
 def test_fingerprint_ignores_line_numbers_paths_and_messages_but_not_the_code_path():
-    from tidal.failures import build_record
+    from tidal.tracking.failures import build_record
 
     a = build_record(_raise_in("/home/a/venv/lib/python3.11/site-packages/lib/mod.py", 10, "size 1 at 0x7f00"))
     b = build_record(_raise_in("/opt/other/lib/python3.12/site-packages/lib/mod.py", 99, "size 2 at 0x7f11"))
@@ -36,13 +36,13 @@ def test_fingerprint_ignores_line_numbers_paths_and_messages_but_not_the_code_pa
     assert a["fingerprint"] == b["fingerprint"]
     assert c["fingerprint"] == d["fingerprint"]
     assert len({a["fingerprint"], c["fingerprint"], e["fingerprint"]}) == 3
-    assert a["frames"][-1] == "lib/mod.py:failing_step" and c["frames"][-1] == "tidal/gates.py:failing_step"
+    assert a["frames"][-1] == "lib/mod.py:failing_step" and c["frames"][-1] == "tidal/quality/gates.py:failing_step"
     assert a["message"] == "size 1 at 0x7f00" and a["exception_type"] == "ValueError"
 
 
 def _writer(args: tuple[str, int, int]) -> int:
     root, worker, n = args
-    from tidal.failures import build_record, record_failure
+    from tidal.tracking.failures import build_record, record_failure
 
     for i in range(n):
         err = _raise_in("/x/tidal/stats.py" if i % 2 else "/x/tidal/train.py", 5, f"w{worker} i{i}")
@@ -52,7 +52,7 @@ def _writer(args: tuple[str, int, int]) -> int:
 
 
 def test_concurrent_writers_lose_nothing_and_groups_count(tmp_path):
-    from tidal.failures import group_failures, list_failures
+    from tidal.tracking.failures import group_failures, list_failures
 
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         written = sum(pool.map(_writer, [(str(tmp_path), w, 25) for w in range(4)]))
@@ -66,14 +66,14 @@ def test_concurrent_writers_lose_nothing_and_groups_count(tmp_path):
 
 
 def test_a_gate_failure_keeps_its_failed_expectations(tmp_path):
-    from tidal.failures import (
+    from tidal.quality.gates import GateFailed, summarize
+    from tidal.tracking.failures import (
         build_record,
         format_groups,
         group_failures,
         list_failures,
         record_failure,
     )
-    from tidal.gates import GateFailed, summarize
 
     results = [
         {"expectation": "expect_column_values_to_be_between", "source": "all", "column": "total_tokens",
@@ -92,7 +92,7 @@ def test_a_gate_failure_keeps_its_failed_expectations(tmp_path):
 
 
 def test_tidal_failures_lists_newest_first_with_counts(tmp_path):
-    from tidal.failures import build_record, record_failure
+    from tidal.tracking.failures import build_record, record_failure
 
     for i in range(3):
         record_failure(tmp_path, build_record(_raise_in("/x/tidal/train.py", 1, f"old {i}"), dag_id="tidal_x",

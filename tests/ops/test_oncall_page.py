@@ -84,10 +84,10 @@ def test_the_plugin_is_mounted_linked_and_protected(airflow_server):
 def test_oncall_page_in_headless_chromium(airflow_server, browser):
     from selenium.webdriver.common.by import By
 
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     run_id = _a_successful_run(airflow_server)
-    pipe = Pipeline.load(airflow_server.recipes / "ops_ci.yaml")
+    pipe = load_pipeline(airflow_server.recipes / "ops_ci.yaml")
     import requests
 
     status = requests.get(f"{airflow_server.url}/tidal-oncall/status", timeout=120,

@@ -67,7 +67,7 @@ def test_an_override_changes_a_step_id_only_where_it_changes_the_computation(dag
 
     defaults = ParamsDict(dag.params).validate()
     base = _ids(recipe, defaults)
-    assert base == {s.name: s.step_id for s in __import__("tidal.pipeline").pipeline.Pipeline.load(recipe).graph}
+    assert base == {s.name: s.step_id for s in __import__("tidal.core.load").core.load.load_pipeline(recipe).graph}
 
     steps = _ids(recipe, {**defaults, "train_steps": defaults["train_steps"] + 5})
     assert [n for n in base if base[n] != steps[n]] == ["train"]
@@ -85,12 +85,12 @@ def test_overrides_reach_the_recipe_and_defaults_make_none(dag, recipe):
 
     from operators.params import overrides_from_params
     from operators.step import pipeline_for_run
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
     from tidal.recipe import load_recipe
 
     defaults = ParamsDict(dag.params).validate()
     assert overrides_from_params(load_recipe(recipe), defaults) == {}
-    assert pipeline_for_run(str(recipe), {"params": defaults}).recipe_hash == Pipeline.load(recipe).recipe_hash
+    assert pipeline_for_run(str(recipe), {"params": defaults}).recipe_hash == load_pipeline(recipe).recipe_hash
     pipe = pipeline_for_run(str(recipe), {"params": {**defaults, "train_steps": 3, "resource_profile": "tpu-v5e-2x4",
                                                      "launcher": "gke"}})
     assert pipe.recipe.train.steps == 3
@@ -101,25 +101,25 @@ def test_overrides_reach_the_recipe_and_defaults_make_none(dag, recipe):
 def test_the_operator_resolves_ids_at_run_time_and_dry_run_computes_nothing(dag, recipe):
     from airflow.sdk.definitions.param import ParamsDict
 
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     defaults = ParamsDict(dag.params).validate()
     train = dag.get_task("train")
-    parse_time_id = Pipeline.load(recipe).graph["train"].step_id
+    parse_time_id = load_pipeline(recipe).graph["train"].step_id
     assert parse_time_id in train.doc_md
     out = train.execute({"params": {**defaults, "train_steps": 7, "dry_run": True}})
     assert out["status"] == "dry-run:blocked"
     assert out["step_id"] != parse_time_id
-    assert out["step_id"] == Pipeline.load(recipe, {"train.steps": 7}).graph["train"].step_id
+    assert out["step_id"] == load_pipeline(recipe, {"train.steps": 7}).graph["train"].step_id
     fetch = dag.get_task("fetch-brown").execute({"params": {**defaults, "dry_run": True}})
     assert fetch["status"] == "dry-run:run"
-    assert not Pipeline.load(recipe).storage.is_committed(fetch["step_id"])
+    assert not load_pipeline(recipe).storage.is_committed(fetch["step_id"])
 
 
 def test_dag_docs_show_the_description_and_the_step_graph(dag, recipe):
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
-    pipe = Pipeline.load(recipe)
+    pipe = load_pipeline(recipe)
     assert pipe.recipe.description in dag.doc_md
     for step in pipe.graph:
         assert f"| `{step.name}` | {step.kind} | `{step.step_id}` |" in dag.doc_md

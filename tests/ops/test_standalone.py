@@ -60,11 +60,11 @@ def test_rest_trigger_refuses_invalid_form_values(airflow_server, conf, field):
 
 
 def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow_server):
-    from tidal.failures import list_failures
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
+    from tidal.tracking.failures import list_failures
 
     recipe = airflow_server.recipes / "ops_ci.yaml"
-    pipe = Pipeline.load(recipe, {"seed": 7})  # the run overrides the seed: mix and later get new ids
+    pipe = load_pipeline(recipe, {"seed": 7})  # the run overrides the seed: mix and later get new ids
     fault = airflow_server.faults / "stats"
     fault.write_text("disk full (drill)")
     run_id = "ops_fault_seed7"

@@ -30,9 +30,9 @@ def write_suite(tmp_path, budgets=None, **changes):
 
 
 def test_suite_shares_the_base_recipes_data_steps():
-    from tidal.planner import build_graph
+    from tidal.core.planner import build_graph, build_suite_graph, train_step_names
     from tidal.recipe import load_recipe
-    from tidal.scaling.suite import build_suite_graph, load_suite, train_step_names
+    from tidal.scaling.suite import load_suite
 
     suite, base = load_suite(SUITE)
     graph = build_suite_graph(suite, base)
@@ -51,18 +51,18 @@ def test_suite_shares_the_base_recipes_data_steps():
 
 
 def test_growing_the_grid_adds_only_new_train_steps_and_the_fit(tmp_path):
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     budgets = [{"flops": 5e11, "models": ["d32l2", "d64l2", "d96l2"]},
                {"flops": 1e12, "models": ["d32l2", "d64l2", "d96l2"]}]
-    small = Pipeline.load(write_suite(tmp_path, budgets))
+    small = load_pipeline(write_suite(tmp_path, budgets))
     before = {s.name: s.step_id for s in small.graph}
-    grown = Pipeline.load(write_suite(tmp_path, [*budgets, {"flops": 2e12, "models": ["d64l2", "d128l2"]}]))
+    grown = load_pipeline(write_suite(tmp_path, [*budgets, {"flops": 2e12, "models": ["d64l2", "d128l2"]}]))
     after = {s.name: s.step_id for s in grown.graph}
     changed = {n for n in after if before.get(n) != after[n]}
     assert changed == {"fit", "train-c2e12-d64l2", "train-c2e12-d128l2"}
     # a rule change retrains the grid but keeps every data step
-    other = Pipeline.load(write_suite(tmp_path, budgets, rules={"lr_width_exponent": 1.0}))
+    other = load_pipeline(write_suite(tmp_path, budgets, rules={"lr_width_exponent": 1.0}))
     changed = {s.name for s in other.graph if before[s.name] != s.step_id}
     assert changed == {n for n in before if n.startswith("train-")} | {"fit"}
 
@@ -140,13 +140,13 @@ def _fake_train(pipe, law):
 
 def test_fit_step_writes_results_and_forecast_cli_reads_them(tmp_path, monkeypatch):
     from tidal.cli import main
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
     from tidal.scaling.forecast import forecast_suite
 
     monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
     budgets = [{"flops": c, "models": ["d32l2", "d48l2", "d64l2", "d96l2", "d128l2"]} for c in (5e11, 1e12, 2e12, 4e12)]
     path = write_suite(tmp_path, budgets, fit={"n_boot": 10, "forecast_flops": [1e21]})
-    pipe = Pipeline.load(path)
+    pipe = load_pipeline(path)
     assert type(pipe).__name__ == "SuitePipeline" and pipe.status("fit") == "blocked"
     assert main(["forecast", str(path), "--flops", "1e21"]) == 1  # not fitted yet: clear error
     # a law whose isoFLOP minima fall inside d32 … d128 at these budgets
@@ -177,10 +177,10 @@ def test_fit_step_writes_results_and_forecast_cli_reads_them(tmp_path, monkeypat
 def test_suite_parent_run_records_the_base_recipes_licences(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    pipe = Pipeline.load(write_suite(tmp_path))
+    pipe = load_pipeline(write_suite(tmp_path))
     run_id = pipe.parent_run("suite-licences")
     tags = MlflowClient(pipe.tracking_uri).get_run(run_id).data.tags
     assert tags["tidal.intended_use"] == "research"

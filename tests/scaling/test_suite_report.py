@@ -41,14 +41,14 @@ def commit_stand_in_run(pipe, point) -> float:
 
 def test_report_of_a_suite_lists_grid_runs_and_the_fit(tmp_path, monkeypatch, capsys):
     from tidal.cli import main
-    from tidal.pipeline import Pipeline
-    from tidal.report import build_report
+    from tidal.core.load import load_pipeline
+    from tidal.core.report import build_report
     from tidal.scaling.suite import plan_grid
 
     for var in ("TIDAL_STORAGE_ROOT", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(var, raising=False)
     path = write_suite(tmp_path)
-    pipe = Pipeline.load(path)
+    pipe = load_pipeline(path)
     points = plan_grid(pipe.suite, pipe.recipe)
 
     # nothing committed: every grid run and the fit are listed as such

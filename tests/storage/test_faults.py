@@ -18,10 +18,10 @@ from botocore.exceptions import ConnectionClosedError
 
 from tests.conftest import REPO
 from tests.storage.test_s3_storage import assert_complete, objects, raw_client
-from tidal.runner import StepBlocked, run_step
+from tidal.core.runner import StepBlocked, run_step
 from tidal.steps import Step
 from tidal.storage import StorageSettings, open_storage
-from tidal.storage_s3 import HOLD_BEFORE_MARKER_ENV
+from tidal.storage.s3 import HOLD_BEFORE_MARKER_ENV
 
 WRITER = {"name": "writer", "kind": "fixture", "config": {"parts": 8, "pause_s": 0.0, "fail_at": None}}
 

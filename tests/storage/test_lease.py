@@ -12,10 +12,10 @@ import time
 import pytest
 
 from tests.conftest import REPO
-from tidal.lease import Lease, LeaseLost, LeaseTimeout
-from tidal.runner import run_step
+from tidal.core.runner import run_step
 from tidal.steps import Step
 from tidal.storage import LocalStorage, StorageSettings, open_storage
+from tidal.storage.lease import Lease, LeaseLost, LeaseTimeout
 
 SLOW = {"name": "writer", "kind": "fixture", "config": {"parts": 6, "pause_s": 0.25, "fail_at": None}}
 

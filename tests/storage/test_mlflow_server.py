@@ -23,7 +23,7 @@ import boto3
 import pytest
 
 from tests.storage.servers import free_port
-from tidal.hashing import build_manifest
+from tidal.integrity.hashing import build_manifest
 from tidal.tracking import Tracker
 
 PG = {"host": "127.0.0.1", "port": 5432}

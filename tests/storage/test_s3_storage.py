@@ -9,11 +9,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tidal.hashing import verify_manifest
-from tidal.runner import StepBlocked, run_step
+from tidal.core.runner import StepBlocked, run_step
+from tidal.integrity.hashing import verify_manifest
 from tidal.steps import Step
 from tidal.storage import StorageSettings, open_storage
-from tidal.storage_s3 import S3Storage
+from tidal.storage.s3 import S3Storage
 
 
 def raw_client(endpoint: str):
@@ -146,13 +146,13 @@ def test_pipeline_opens_an_s3_root_with_the_recipe_settings(bucket, tmp_path):
     import yaml
 
     from tests.conftest import TINY
-    from tidal.pipeline import Pipeline
+    from tidal.core.load import load_pipeline
 
     data = yaml.safe_load(TINY.read_text())
     data["storage"] = {"multipart_chunk_mb": 8, "lease_ttl_s": 30.0}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(data))
-    pipe = Pipeline.load(path, storage_root=f"s3://{bucket}/pipe")
+    pipe = load_pipeline(path, storage_root=f"s3://{bucket}/pipe")
     assert isinstance(pipe.storage, S3Storage) and pipe.storage.uri == f"s3://{bucket}/pipe"
     assert pipe.storage.settings.multipart_chunk_bytes == 8 << 20 and pipe.storage.settings.lease_ttl_s == 30.0
     first = next(iter(pipe.graph))
@@ -161,13 +161,13 @@ def test_pipeline_opens_an_s3_root_with_the_recipe_settings(bucket, tmp_path):
 
 
 def test_remote_training_prepare_and_commit_on_s3(bucket, tmp_path):
-    """tidal.launch.remote around a pod: local work dir, upload with the marker last on commit."""
+    """tidal.core.remote around a pod: local work dir, upload with the marker last on commit."""
     from tests.conftest import TINY
-    from tidal.launch.remote import RemoteRunIncomplete, commit, prepare
-    from tidal.pipeline import Pipeline
-    from tidal.runner import write_commit
+    from tidal.core.load import load_pipeline
+    from tidal.core.remote import RemoteRunIncomplete, commit, prepare
+    from tidal.core.runner import write_commit
 
-    pipe = Pipeline.load(TINY, storage_root=f"s3://{bucket}/remote")
+    pipe = load_pipeline(TINY, storage_root=f"s3://{bucket}/remote")
     train = pipe.graph["train"]
     for dep in train.inputs:  # committed inputs (a tiny file each), as a real commit writes them
         work = pipe.storage.new_scratch(dep.step_id)

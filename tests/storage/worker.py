@@ -2,7 +2,7 @@
 
 JSON: ``{"root", "step": {"name", "kind", "config"}, "settings": {...}, "go": FILE|null,
 "out": FILE}``. It waits for ``go`` to exist (so several workers start together), runs the
-step with :func:`tidal.runner.run_step` and writes ``{"status", "pid"}`` to ``out``.
+step with :func:`tidal.core.runner.run_step` and writes ``{"status", "pid"}`` to ``out``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from tidal.core.runner import run_step
 from tidal.kinds import KINDS, KindSpec
-from tidal.runner import run_step
 from tidal.steps import Step
 from tidal.storage import StorageSettings, open_storage
 

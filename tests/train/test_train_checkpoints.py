@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tidal.hashing import build_manifest
+from tidal.integrity.hashing import build_manifest
 from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, pack_state, split_packed
 
 

@@ -71,7 +71,7 @@ def test_optional_mesh_and_permanent_checkpoints():
 
 
 def test_recipe_leaves_unset_trainer_options_out_of_the_step_config(tiny_data):
-    from tidal.planner import build_graph
+    from tidal.core.planner import build_graph
     from tidal.recipe import parse_recipe
 
     config = build_graph(parse_recipe(tiny_data))["train"].config

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidal.hashing import sha256_file
+from tidal.integrity.hashing import sha256_file
 
 CACHE_ENV = "TIDAL_ARCHIVE_CACHE"
 DEFAULT_CACHE = Path("~/.cache/tidal/archives")

@@ -43,10 +43,10 @@ import pyarrow.parquet as pq
 
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
+from tidal.data.jobcli import main
 from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.data.spill import attempt_tmp
-from tidal.jobcli import main
 
 STEP_VERSION = 2
 RAW_FILE = "raw.parquet"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tidal.jobcli
+import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import load_token_sequences, read_json, write_token_shards
 
@@ -201,4 +201,4 @@ def run(ctx: StepContext) -> dict:
 
 
 if __name__ == "__main__":
-    tidal.jobcli.main(sys.modules[__name__], "mix")
+    tidal.data.jobcli.main(sys.modules[__name__], "mix")

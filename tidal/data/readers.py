@@ -15,7 +15,7 @@ back into a folder already being walked (a cycle) is a ``ValueError`` naming the
 folder; a broken symlink is a ``FileNotFoundError`` naming the link; a folder that cannot be
 listed raises too (nothing is skipped silently). S3 objects
 are listed (paginated) and downloaded one at a time into a temporary directory with the
-storage layer's client (:func:`tidal.storage_s3.s3_client`: endpoint from
+storage layer's client (:func:`tidal.storage.s3.s3_client`: endpoint from
 ``TIDAL_S3_ENDPOINT_URL`` or boto3's own settings, credentials from boto3's chain, adaptive
 retries), read, then deleted; the refs are the same as for a local copy of the prefix.
 
@@ -484,7 +484,7 @@ def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter,
     import tempfile
 
     from tidal.storage import StorageSettings
-    from tidal.storage_s3 import s3_client
+    from tidal.storage.s3 import s3_client
 
     client = s3_client(StorageSettings())
     bucket, entries = list_s3(client, uri)

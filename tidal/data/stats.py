@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import tidal.jobcli
+import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import DOCUMENTS_PREFIX, list_shards, read_json
 
@@ -243,4 +243,4 @@ def run(ctx: StepContext) -> dict:
 
 
 if __name__ == "__main__":
-    tidal.jobcli.main(sys.modules[__name__], "stats")
+    tidal.data.jobcli.main(sys.modules[__name__], "stats")

@@ -51,7 +51,7 @@ import apache_beam as beam
 import numpy as np
 from tokenizers import Tokenizer
 
-import tidal.jobcli
+import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.beam_options import beam_options, create_spread
@@ -213,7 +213,7 @@ def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[
 
     The spills are removed here, inside the job, not only by :func:`run` after it: a job
     that a Beam provider launched on a cluster is committed when the job ends (see
-    :mod:`tidal.launch.beam_job`), whether or not the launching process got to clean up.
+    :mod:`tidal.core.beam_job`), whether or not the launching process got to clean up.
     """
     out = Path(out_dir)
     dtype = token_dtype(settings["vocab_size"])
@@ -290,7 +290,7 @@ def run(ctx: StepContext) -> dict:
 def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     """The summary :func:`run` returns, from a finished job's ``meta.json``.
 
-    Also what commits a job that ran elsewhere (:mod:`tidal.launch.beam_job`).
+    Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
     meta = json.loads((Path(out_dir) / META_NAME).read_text())
     return {
@@ -300,4 +300,4 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
 
 
 if __name__ == "__main__":
-    tidal.jobcli.main(sys.modules[__name__], "tokenize")
+    tidal.data.jobcli.main(sys.modules[__name__], "tokenize")

@@ -38,10 +38,10 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-import tidal.jobcli
+import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import iter_documents
-from tidal.hashing import sha256_bytes, sha256_file
+from tidal.integrity.hashing import sha256_bytes, sha256_file
 
 STEP_VERSION = 1
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -260,4 +260,4 @@ def load(step_dir: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    tidal.jobcli.main(sys.modules[__name__], "tokenizer")
+    tidal.data.jobcli.main(sys.modules[__name__], "tokenizer")

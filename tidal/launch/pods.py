@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from tidal.launch.config import ResourceConfig
 from tidal.launch.resources import (
     GPU_ACCELERATOR_LABEL,
     GPU_RESOURCE,
@@ -51,7 +52,6 @@ from tidal.launch.resources import (
     gpu_type,
     tpu_slice,
 )
-from tidal.recipe import ResourceConfig
 from tidal.train.metrics import RUN_ID_ENV, URI_ENV
 
 POD_COMMAND = ("python", "-m", "tidal.train")

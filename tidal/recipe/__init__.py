@@ -8,7 +8,7 @@ computed: the planner never puts them into a step config, so they never change a
 
 The package has one module per concern; import every name from ``tidal.recipe``:
 
-* :mod:`tidal.recipe.common`: constrained types, the strict base model, :class:`RecipeError`;
+* :mod:`tidal.config`: constrained types, the strict base model, :class:`RecipeError`;
 * :mod:`tidal.recipe.data`: sources and the data-step sections (clean, tokenizer, mixture, gate);
 * :mod:`tidal.recipe.training`: model, optimizer, mesh and training loop;
 * :mod:`tidal.recipe.operations`: the sections that are never hashed (resources, Beam,
@@ -17,7 +17,7 @@ The package has one module per concern; import every name from ``tidal.recipe``:
 * :mod:`tidal.recipe.loader`: YAML, overrides and error messages (:func:`load_recipe`).
 """
 
-from tidal.recipe.common import Fraction, PositiveInt, RecipeError, Sha256, Strict
+from tidal.config import Fraction, PositiveInt, RecipeError, Sha256, Strict
 from tidal.recipe.data import (
     Archive,
     CleanConfig,

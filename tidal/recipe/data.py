@@ -1,6 +1,6 @@
 """Recipe sections of the data steps: sources, clean (filters, languages, near-dedup),
 tokenizer, tokenize, mixture, evaluation and gate. Every field here is hashed into the ids
-of the steps that read it (tidal/planner.py)."""
+of the steps that read it (tidal/core/planner.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.licences import Use
-from tidal.recipe.common import Fraction, PositiveInt, Sha256, Strict
+from tidal.config import Fraction, PositiveInt, Sha256, Strict
+from tidal.quality.licences import Use
 
 
 class Archive(Strict):
@@ -118,7 +118,7 @@ class Source(Strict):
     language: LanguageConfig = Field(
         default_factory=lambda: LanguageConfig(), description="allowed languages of this source (langid)"
     )
-    licence: str = Field(min_length=1, description="SPDX identifier of the text's licence (tidal/licences.py)")
+    licence: str = Field(min_length=1, description="SPDX identifier of the text's licence (tidal/quality/licences.py)")
     permitted_uses: list[Use] | None = Field(
         default=None, description="narrow the licence's uses (never widen; default: all the licence permits)"
     )

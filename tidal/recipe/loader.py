@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tidal.recipe.common import RecipeError
+from tidal.config import RecipeError
 from tidal.recipe.schema import Recipe
 
 

@@ -8,8 +8,8 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.licences import Use
-from tidal.recipe.common import PositiveInt, Strict
+from tidal.config import PositiveInt, Strict
+from tidal.quality.licences import Use
 from tidal.recipe.data import (
     CleanConfig,
     EvaluationConfig,
@@ -33,7 +33,7 @@ class Recipe(Strict):
     sources: dict[str, Source] = Field(min_length=1)
     intended_use: list[Use] = Field(
         min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
-        "each (tidal/licences.py; not hashed)"
+        "each (tidal/quality/licences.py; not hashed)"
     )
     clean: CleanConfig = CleanConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -96,7 +96,7 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _licence_gate(self) -> Recipe:
-        from tidal.licences import gate_problems
+        from tidal.quality.licences import gate_problems
 
         problems = gate_problems(self.sources, self.intended_use)
         if problems:

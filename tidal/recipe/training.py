@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.recipe.common import Fraction, PositiveInt, Strict
+from tidal.config import Fraction, PositiveInt, Strict
 from tidal.recipe.operations import ResourceConfig
 
 

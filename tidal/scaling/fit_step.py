@@ -1,6 +1,6 @@
 """Step kind ``scaling_fit``: read every grid run's summary, fit scaling laws, write results.
 
-Config (planned by :func:`tidal.scaling.suite.build_suite_graph`): ``runs`` (train step name ->
+Config (planned by :func:`tidal.core.planner.build_suite_graph`): ``runs`` (train step name ->
 ``{budget, model, planned_flops, planned_tokens}``), ``loss`` (what is fitted, below),
 ``tail_fraction``, ``n_params`` (``total`` or ``non_embedding``), ``n_boot``, ``holdout``,
 ``forecast_flops``, ``seed``.

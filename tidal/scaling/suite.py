@@ -66,7 +66,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidal.recipe import Recipe, RecipeError, load_recipe
-from tidal.steps import Step, StepGraph
 from tidal.train.flops import ModelConfig, flops_per_token, param_count
 
 SUITE_KIND = "scaling_suite"
@@ -310,49 +309,6 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
                 flops_per_token=fpt, tokens=steps * batch * context, flops=float(steps * batch * context * fpt),
                 batch_size=batch, steps=steps, warmup_steps=warmup, lr=float(f"{lr:.6g}")))
     return points
-
-
-def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
-    """The suite's steps: the base recipe's data steps (same ids), one train step per grid
-    point, then the ``fit`` step reading every train step."""
-    from tidal.planner import build_graph
-
-    base_graph = build_graph(base)
-    base_train = base_graph["train"]
-    data_steps = [s for s in base_graph if s.name != "train"]
-    inputs = base_train.inputs
-    ref_cfg = dict(base_train.config)
-    points = plan_grid(suite, base)
-    trains = []
-    for p in points:
-        optimizer = {**ref_cfg["optimizer"], "lr": p.lr, "warmup_steps": p.warmup_steps}
-        config = {**ref_cfg, "model": p.model, "optimizer": optimizer, "steps": p.steps,
-                  "batch_size": p.batch_size, "eval_every": p.steps, "eval_batches": suite.train.eval_batches,
-                  "checkpoint_every": min(suite.train.checkpoint_every or p.steps, p.steps),
-                  "log_every": min(suite.train.log_every, p.steps)}
-        trains.append(Step(name=p.name, kind="train", config=config, inputs=inputs))
-    fit = Step(
-        name=FIT_STEP,
-        kind="scaling_fit",
-        config={
-            "seed": base.seed,
-            "loss": suite.fit.loss,
-            "tail_fraction": suite.fit.tail_fraction,
-            "n_params": suite.fit.n_params,
-            "n_boot": suite.fit.n_boot,
-            "holdout": suite.fit.holdout,
-            "forecast_flops": sorted(suite.fit.forecast_flops),
-            "runs": {p.name: {"budget": p.budget, "model": p.model, "planned_flops": p.flops,
-                              "planned_tokens": p.tokens} for p in points},
-        },
-        inputs=tuple(trains),
-    )
-    return StepGraph((*data_steps, *trains, fit))
-
-
-def train_step_names(graph: StepGraph) -> list[str]:
-    """Names of the grid's train steps (what the DAG maps over)."""
-    return [s.name for s in graph if s.kind == "train"]
 
 
 def suite_summary(suite: Suite, base: Recipe) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 Layout under the step directory::
 
     checkpoints/<step>/...                 orbax CheckpointManager, one directory per step
-    checkpoint_manifests/<step>.json       tidal.hashing.build_manifest(checkpoints/<step>)
-                                           + "step" + "fingerprint" (tidal.fingerprint)
+    checkpoint_manifests/<step>.json       tidal.integrity.hashing.build_manifest(checkpoints/<step>)
+                                           + "step" + "fingerprint" (tidal.integrity.fingerprint)
     checkpoint_manifest.json               the same, for the latest saved checkpoint
 
 Saves are asynchronous (orbax ``enable_async_checkpointing``): :meth:`Checkpointer.save`
@@ -60,7 +60,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from tidal.hashing import build_manifest, verify_manifest
+from tidal.integrity.hashing import build_manifest, verify_manifest
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST_DIR = "checkpoint_manifests"

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tidal.fingerprint import environment_fingerprint
+from tidal.integrity.fingerprint import environment_fingerprint
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train.config import ConfigError

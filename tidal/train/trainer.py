@@ -40,7 +40,7 @@ import jax
 import numpy as np
 import optax
 
-from tidal.fingerprint import environment_fingerprint, fingerprint_diff
+from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train import model as modellib

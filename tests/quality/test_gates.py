@@ -1,0 +1,94 @@
+"""The gate step kind over a real Great Expectations ephemeral context, on small stats tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tidal.context import StepContext
+from tidal.quality import gates
+
+WEIGHTS = {"brown": 0.7, "udhr": 0.3}
+CONFIG = {
+    "stats": "stats", "min_total_tokens": 1000, "weights": WEIGHTS,
+    "mixture_tolerance": 0.02, "max_quarantine_rate": 0.05, "max_duplicate_rate": 0.5,
+}
+
+
+def stats_rows(**override: float) -> list[tuple[str, str, float]]:
+    """Good stats rows; ``override`` keys are ``"{source}__{metric}"``."""
+    rows = {("all", "total_tokens"): 50_000.0, ("all", "quarantine_rate"): 0.01,
+            ("all", "documents_in"): 300.0, ("all", "documents_kept"): 280.0}
+    for src, w in WEIGHTS.items():
+        rows |= {(src, "documents_in"): 150.0, (src, "quarantine_rate"): 0.01, (src, "duplicate_rate"): 0.02,
+                 (src, "tokens"): 25_000.0, (src, "mixture_weight_requested"): w,
+                 (src, "mixture_weight_realized"): w + 0.005}
+    for key, value in override.items():
+        src, metric = key.split("__")
+        rows[(src, metric)] = value
+    return [(s, m, v) for (s, m), v in sorted(rows.items())]
+
+
+def make_ctx(tmp_path: Path, rows: list[tuple[str, str, float]]) -> StepContext:
+    stats_dir, out_dir = tmp_path / "stats", tmp_path / "out"
+    stats_dir.mkdir()
+    out_dir.mkdir()
+    pd.DataFrame(rows, columns=["source", "metric", "value"]).to_parquet(stats_dir / "stats.parquet")
+    return StepContext(step_id="gate-0123456789ab", name="gate", kind="gate", config=CONFIG,
+                       out_dir=out_dir, inputs={"stats": stats_dir}, input_ids={"stats": "stats-x"})
+
+
+def test_passing_stats_writes_result_and_data_docs(tmp_path):
+    ctx = make_ctx(tmp_path, stats_rows())
+    summary = gates.run(ctx)
+    # all: total_tokens + quarantine; per clean source: quarantine + duplicate; per weight: realized
+    assert summary == {"gate_success": 1, "expectations": 8, "failed": 0}
+    result = json.loads((ctx.out_dir / "gate_result.json").read_text())
+    assert result["success"] is True and len(result["results"]) == 8
+    assert all(r["success"] for r in result["results"])
+    assert {r["expectation"] for r in result["results"]} == {"expect_column_values_to_be_between"}
+    brown = next(r for r in result["results"] if r["source"] == "brown" and r["column"] == "mixture_weight_realized")
+    assert brown["observed"] == pytest.approx(0.705) and brown["min"] == pytest.approx(0.68)
+    assert (ctx.out_dir / "data_docs" / "index.html").is_file()
+    assert list((ctx.out_dir / "data_docs" / "validations").rglob("*.html"))
+
+
+def test_failed_expectations_raise_readable_summary(tmp_path):
+    ctx = make_ctx(tmp_path, stats_rows(brown__mixture_weight_realized=0.9, udhr__quarantine_rate=0.4))
+    with pytest.raises(gates.GateFailed) as err:
+        gates.run(ctx)
+    message = str(err.value)
+    lines = message.splitlines()
+    assert lines[0] == "gate failed: 2 of 8 expectations"
+    weight_line = next(line for line in lines if "mixture_weight_realized" in line)
+    assert "brown" in weight_line and "between 0.68 and 0.72" in weight_line and "got 0.9" in weight_line
+    quarantine_line = next(line for line in lines if "quarantine_rate" in line)
+    assert "udhr" in quarantine_line and "<= 0.05" in quarantine_line and "got 0.4" in quarantine_line
+    result = err.value.result
+    assert result["success"] is False and result["summary"] == message
+    assert sorted((r["source"], r["column"]) for r in result["results"] if not r["success"]) == [
+        ("brown", "mixture_weight_realized"), ("udhr", "quarantine_rate")]
+
+
+def test_missing_metric_row_is_a_clear_error(tmp_path):
+    rows = [r for r in stats_rows() if r[:2] != ("udhr", "mixture_weight_realized")]
+    ctx = make_ctx(tmp_path, rows)
+    with pytest.raises(gates.StatsIncomplete, match=r"stats\.parquet.*source='udhr', metric='mixture_weight_realized'"):
+        gates.run(ctx)
+    assert not (ctx.out_dir / "gate_result.json").exists()
+
+
+def test_nan_value_counts_as_missing(tmp_path):
+    ctx = make_ctx(tmp_path, stats_rows(all__total_tokens=float("nan")))
+    with pytest.raises(gates.StatsIncomplete, match="total_tokens"):
+        gates.run(ctx)
+
+
+def test_config_without_threshold_is_refused(tmp_path):
+    ctx = make_ctx(tmp_path, stats_rows())
+    bad = StepContext(**{**ctx.__dict__, "config": {k: v for k, v in CONFIG.items() if k != "max_quarantine_rate"}})
+    with pytest.raises(gates.GateConfigError, match="max_quarantine_rate"):
+        gates.run(bad)

@@ -1,0 +1,154 @@
+"""The commit protocol around a Beam data step that runs as a job command (``beam.launcher: provider``).
+
+Invariant: the job is exactly the standalone face of the step kind (:mod:`tidal.data.jobcli`),
+``python -m tidal.data.<kind> --config FILE --input NAME=DIR ... --out SCRATCH --seed N
+--name STEP [--runner=R --pipeline_option=V ...]``, run by the Beam provider's
+``BeamRunPythonPipelineOperator`` (operators/beam.py); the commit protocol stays with the
+caller, in two halves that each take milliseconds on the Airflow worker:
+
+1. :func:`prepare`: a committed step is reported as such (no job starts); inputs must be
+   committed (else :class:`tidal.core.runner.StepBlocked`); a fresh scratch directory is made
+   (the job's ``--out``) and the step's config is written as JSON next to it, in
+   ``{scratch}.job/config.json`` (outside the step's outputs, so the manifest is the same).
+2. the operator runs the job; the runner's workers write into the scratch directory.
+3. :func:`commit`: the kind's expected outputs must exist; the summary is read back from them
+   by the kind's own ``summarize`` (what its ``run`` returns in-process), then
+   ``manifest.json``, ``step.json``, ``_SUCCESS`` (:func:`tidal.core.runner.write_commit`) and the
+   atomic rename of the scratch directory into place (:meth:`LocalStorage.commit_scratch`;
+   on an object store the upload with the marker last, :meth:`S3Storage.commit_scratch`),
+   exactly as :func:`tidal.core.runner.run_step` does; then MLflow.
+
+The summary comes from the outputs, not from the job's stdout: with ``DataflowRunner`` the
+provider stops following the launcher process as soon as it has the Dataflow job id and
+waits on the job itself. So the bytes, the manifest root hash and the step id are the same
+as in-process, whatever runner ran the job; a failed or killed job leaves only scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidal.core.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
+from tidal.kinds import BEAM_KINDS, kind_spec
+
+JOB_SUFFIX = ".job"
+CONFIG_FILE = "config.json"
+
+if TYPE_CHECKING:
+    from tidal.core.pipeline import Pipeline
+
+
+class JobIncomplete(RuntimeError):
+    """The Beam job reported success but an expected output is missing from its directory."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def job_dir(work_dir: Path) -> Path:
+    """Where the job's own files (its config) live: next to the scratch dir, never inside it."""
+    return work_dir.with_name(work_dir.name + JOB_SUFFIX)
+
+
+def expected_outputs(kind: str, config: dict[str, Any]) -> list[str]:
+    """File names a finished job of ``kind`` must have written (docs/contracts.md)."""
+    from tidal.data.shards import shard_name
+
+    if kind == "clean":
+        shards = int(config.get("shards", 1))
+        return ["counts.json", "quarantine.parquet", *(shard_name("documents", i, shards, "parquet")
+                                                       for i in range(shards))]
+    if kind == "tokenize":
+        shards = int(config.get("shards", 1))
+        return ["meta.json", "failed_documents.json", *(shard_name("tokens", i, shards, "npy")
+                                                        for i in range(shards))]
+    raise ValueError(f"step kind {kind!r} is not a Beam job; Beam kinds: {sorted(BEAM_KINDS)}")
+
+
+def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]:
+    """Get Beam step ``name`` ready for a job run.
+
+    Returns:
+        ``{"step_id", "status", "started_at"}``; ``status`` is ``"skip"`` when the step is
+        committed (nothing written). With ``"run"`` also the job's arguments: ``out`` (the
+        scratch dir), ``config`` (the JSON file), ``inputs`` (name -> committed dir), ``seed``.
+
+    Raises:
+        StepBlocked: an input step is not committed.
+        ValueError: the step's kind is not a Beam job.
+    """
+    step = pipe.graph[name]
+    if step.kind not in BEAM_KINDS:
+        raise ValueError(f"step {name} is a {step.kind} step; Beam kinds: {sorted(BEAM_KINDS)}")
+    storage = pipe.storage
+    base = {"step_id": step.step_id, "started_at": _now()}
+    if not needs_run(step, storage, force=force):
+        return {**base, "status": "skip"}
+    storage.clear_uncommitted(step.step_id)
+    work_dir = storage.new_scratch(step.step_id)  # also removes stale scratch and job dirs (dead pid)
+    ctx = make_context(step, storage, work_dir)
+    config_path = job_dir(work_dir) / CONFIG_FILE
+    config_path.parent.mkdir()
+    config_path.write_text(json.dumps(ctx.config, indent=1, sort_keys=True) + "\n")
+    return {**base, "status": "run", "out": str(work_dir), "config": str(config_path),
+            "inputs": {n: str(p) for n, p in ctx.inputs.items()}, "seed": ctx.seed}
+
+
+def job_arguments(prepared: dict[str, Any], name: str) -> list[str]:
+    """The job's own command-line arguments (after ``python -m tidal.data.<kind>``)."""
+    return [f"--config={prepared['config']}", *(f"--input={n}={d}" for n, d in prepared["inputs"].items()),
+            f"--out={prepared['out']}", f"--seed={prepared['seed']}", f"--name={name}"]
+
+
+def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
+           workload: str | None = None, run_key: str | None = None) -> StepResult:
+    """Commit Beam step ``name`` after its job finished; a committed step is a no-op skip.
+
+    Args:
+        prepared: what :func:`prepare` returned (scratch dir, start time).
+        runner: the Beam runner, recorded in provenance with ``workload`` (e.g. the job name).
+        run_key: MLflow parent-run key; None records nothing.
+
+    Raises:
+        JobIncomplete: an expected output is missing (the job did not finish).
+    """
+    tick = time.perf_counter()
+    step = pipe.graph[name]
+    storage = pipe.storage
+    out_dir = storage.step_dir(step.step_id)
+    work_dir = Path(prepared["out"]) if prepared.get("status") == "run" else None
+    if storage.is_committed(step.step_id):
+        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
+        result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
+        if work_dir is not None:  # committed meanwhile by another attempt: same content address
+            shutil.rmtree(work_dir, ignore_errors=True)
+    else:
+        if work_dir is None:
+            raise JobIncomplete(f"step {step.step_id} is not committed and its prepare reported "
+                                f"{prepared.get('status')!r}; rerun the step's prepare task")
+        config = make_context(step, storage, work_dir).config
+        missing = [f for f in expected_outputs(step.kind, config) if not (work_dir / f).is_file()]
+        if missing:
+            raise JobIncomplete(f"{work_dir}: the {runner} job of {step.step_id} did not write {missing}; "
+                                "rerun the step's task group (nothing was committed)")
+        summary = kind_spec(step.kind).load().summarize(config, work_dir)
+        seconds = (datetime.now(UTC) - datetime.fromisoformat(prepared["started_at"])).total_seconds()
+        write_commit(step, storage, work_dir, summary, started_at=prepared["started_at"], seconds=seconds,
+                     provenance={"launcher": "beam-provider", "runner": runner, "workload": workload})
+        storage.commit_scratch(work_dir, step.step_id)
+        storage.clear_attempts(step.step_id)
+        result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+    if work_dir is not None:
+        shutil.rmtree(job_dir(work_dir), ignore_errors=True)
+    if run_key is not None:
+        pipe.record(result, run_key)
+    return result
+
+
+__all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "expected_outputs", "job_arguments", "job_dir", "prepare"]

@@ -1,0 +1,236 @@
+"""One entry point for running a recipe's steps, shared by the CLI and the Airflow operators.
+
+It loads the recipe, plans the graph, runs a step under the commit protocol and records it
+in MLflow (a parent run per DAG run, found again by its ``run_key``; a nested run per step).
+Tracking failures never fail a step: :class:`tidal.tracking.Tracker` buffers and warns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tidal.core.planner import build_graph
+from tidal.core.runner import StepResult, needs_run, run_step
+from tidal.integrity.hashing import canonical_json, sha256_bytes
+from tidal.recipe import Recipe, load_recipe
+from tidal.steps import StepGraph
+from tidal.storage import Storage, open_storage
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A loaded recipe with its graph, storage root and tracking URI.
+
+    ``storage_root`` and ``tracking_uri`` come, in order of precedence, from the arguments,
+    the environment (``TIDAL_STORAGE_ROOT``, ``MLFLOW_TRACKING_URI``) and the recipe.
+    A relative storage root resolves against the directory of the recipe file (so
+    ``recipes/tiny.yaml`` says ``../.tidal``); ``TIDAL_STORAGE_ROOT`` against the cwd.
+    """
+
+    recipe_path: Path
+    recipe: Recipe
+    storage: Storage
+    tracking_uri_setting: str | None = None
+
+    @classmethod
+    def load(
+        cls,
+        recipe_path: str | Path,
+        overrides: dict[str, Any] | None = None,
+        storage_root: str | None = None,
+    ) -> Pipeline:
+        """Load and validate a recipe (not a scaling suite: :func:`tidal.core.load.load_pipeline` takes both).
+
+        Raises:
+            tidal.recipe.RecipeError: on bad input.
+        """
+
+        path = Path(recipe_path).resolve()
+        recipe = load_recipe(path, overrides)
+        override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        settings = recipe.storage.settings()
+        storage = (
+            open_storage(override, settings=settings)
+            if override
+            else open_storage(recipe.storage_root, base=path.parent, settings=settings)
+        )
+        return cls(path, recipe, storage, os.environ.get("MLFLOW_TRACKING_URI") or recipe.tracking_uri)
+
+    @cached_property
+    def tracking_uri(self) -> str:
+        """MLflow URI: the setting, else the embedded SQLite store in the storage root (for an
+        object-store root: in its local cache directory, per machine; set ``tracking_uri``)."""
+        from tidal.tracking import tracking_uri_for
+
+        return self.tracking_uri_setting or tracking_uri_for(self.storage.local_dir)
+
+    @cached_property
+    def graph(self) -> StepGraph:
+        """The recipe's step graph."""
+        return build_graph(self.recipe)
+
+    @cached_property
+    def recipe_hash(self) -> str:
+        """sha256 of the recipe's canonical JSON (what it computes and where)."""
+        return sha256_bytes(canonical_json(self.recipe.model_dump(mode="json")).encode())
+
+    def status(self, name: str) -> str:
+        """``skip`` (committed), ``run`` (inputs committed) or ``blocked`` (waits on inputs)."""
+        step = self.graph[name]
+        if self.storage.is_committed(step.step_id):
+            return "skip"
+        if all(self.storage.is_committed(dep.step_id) for dep in step.inputs):
+            return "run"
+        return "blocked"
+
+    def tracker(self):
+        """A :class:`tidal.tracking.Tracker` for this recipe's experiment."""
+        from tidal.tracking import Tracker
+
+        return Tracker(self.tracking_uri, experiment=f"tidal-{self.recipe.name}")
+
+    def parent_run(self, run_key: str) -> str | None:
+        """The MLflow parent run for ``run_key`` (created on first use), or None if tracking is down."""
+        params = _flatten(self.recipe.model_dump(mode="json"))
+        tags = {
+            "tidal.recipe": self.recipe.name,
+            "tidal.recipe_version": str(self.recipe.version),
+            "tidal.recipe_hash": self.recipe_hash,
+            "tidal.recipe_path": str(self.recipe_path),
+        }
+        from tidal.integrity.provenance import git_sha
+        from tidal.quality.licences import licence_tags
+
+        tags["tidal.git_sha"] = git_sha()
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # licences, uses, overrides
+        return self.tracker().parent_run(run_key, params=params, tags=tags)
+
+    def run(self, name: str, run_key: str | None = None, force: bool = False) -> StepResult:
+        """Run one step (or skip it if committed) and record it under ``run_key``'s parent run."""
+        step = self.graph[name]
+        live_run = self._open_live_run(step, run_key, force)
+        try:
+            with _environment(self._live_env(live_run)):
+                result = run_step(step, self.storage, force=force)
+        except Exception as err:
+            if run_key is not None:
+                self._track_failure(step, run_key, err, live_run)
+            raise
+        if run_key is not None:
+            self.record(result, run_key, live_run=live_run)
+        return result
+
+    def _open_live_run(self, step, run_key: str | None, force: bool) -> str | None:
+        """The nested run a training step logs into while it trains (None: record afterwards).
+
+        Only for a ``train`` step that will compute (not committed, or forced) under a
+        ``run_key``; the subprocess finds it through ``TIDAL_MLFLOW_RUN_ID``.
+        """
+        if run_key is None or step.kind != "train" or not needs_run(step, self.storage, force=force):
+            return None
+        parent = self.parent_run(run_key)
+        if parent is None:
+            return None
+        return self.tracker().open_step_run(parent, step.name, step.step_id, step.kind)
+
+    def _live_env(self, live_run: str | None) -> dict[str, str]:
+        """Environment of a live-logging training subprocess (tidal/train/metrics.py)."""
+        if live_run is None:
+            return {}
+        return {"MLFLOW_TRACKING_URI": self.tracker().uri, "TIDAL_MLFLOW_RUN_ID": live_run}
+
+    def _track_failure(self, step, run_key: str, err: Exception, live_run: str | None = None) -> None:
+        """Record a failed step as a nested run (status ``failed``) with the kept evidence."""
+        parent = self.parent_run(run_key)
+        if parent is None:
+            return
+        attempts = self.storage.failed_attempts(step.step_id)
+        evidence = [attempts[-1] / n for n in _ARTIFACTS.get(step.kind, ())] if attempts else []
+        self.tracker().log_step(
+            parent, step.name, step.step_id, step.kind, "failed",
+            {"error": f"{type(err).__name__}: {err}"[:4000]},
+            artifacts=[p for p in evidence if p.exists()],
+            tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
+            run_id=live_run,
+        )
+
+    def record(self, result: StepResult, run_key: str, live_run: str | None = None,
+               complete_history: bool = False) -> None:
+        """Record a finished or skipped step as a nested MLflow run under ``run_key``'s parent.
+
+        ``live_run``: the nested run the training subprocess already logged its metric history
+        into (:meth:`_open_live_run`); it is completed instead of creating a new one, and the
+        history is not logged twice. ``complete_history``: the live run may lack rows (a GKE
+        pod's undelivered rows stay in the pod): the rows of ``metrics.jsonl`` whose (metric,
+        step) the run does not hold are logged (:meth:`tidal.tracking.Tracker.log_step`).
+        """
+        tracker = self.tracker()
+        parent = self.parent_run(run_key)
+        if parent is None:
+            return
+        from tidal.integrity.provenance import git_sha
+
+        tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
+        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256"):
+            if isinstance(result.summary.get(key), str):
+                tags[f"tidal.{key}"] = result.summary[key]
+        step_json = result.out_dir / "step.json"
+        if step_json.is_file():
+            tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
+        artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
+        history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
+        tracker.log_step(
+            parent, result.name, result.step_id, result.kind, result.status, result.summary,
+            history=history if result.status == "run" and (live_run is None or complete_history) else None,
+            artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
+            tags=tags, run_id=live_run,
+        )
+
+
+_ARTIFACTS = {
+    "clean": ("counts.json", "step.json"),
+    "tokenizer": ("tokenizer_meta.json", "step.json"),
+    "tokenize": ("meta.json",),
+    "mix": ("mixture.json",),
+    "stats": ("stats.json", "step.json"),
+    "gate": ("gate_result.json", "data_docs"),
+    "train": ("summary.json", "checkpoint_manifest.json", "step.json", "manifest.json"),
+    "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
+}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (inherited by subprocesses), then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(data, dict):
+        out: dict[str, str] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): json.dumps(data) if not isinstance(data, str) else data}

@@ -1,0 +1,164 @@
+"""Recipe -> StepGraph: which steps a recipe needs and the exact config each one hashes.
+
+Invariant: a step config holds only what changes the step's output. Locations and
+resources (``storage_root``, ``tracking_uri``, ``train.resources``) never enter a config,
+and a step only sees the recipe sections it reads, so a change to training fields leaves
+every data step id unchanged. Only kinds that draw random numbers (mix, train) carry the
+recipe ``seed``; each derives its own stream from it and its step name.
+"""
+
+from __future__ import annotations
+
+from tidal.recipe import Recipe
+from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
+from tidal.steps import Step, StepGraph
+
+
+def build_graph(recipe: Recipe) -> StepGraph:
+    """Plan every step of ``recipe``, inputs first.
+
+    Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
+    ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
+    (mix, held-out tokenized sources, tokenizer, gate).
+    """
+    steps: list[Step] = []
+    clean_cfg = recipe.clean.model_dump()
+    clean: dict[str, Step] = {}
+    for src in sorted(recipe.sources):
+        source = recipe.sources[src]
+        fetch = Step(
+            name=f"fetch-{src}",
+            kind="fetch",
+            config={"source": src, **source.fetch_config()},
+        )
+        clean[src] = Step(
+            name=f"clean-{src}",
+            kind="clean",
+            config={"source": src, "input": fetch.name, **clean_cfg, **source.clean_overrides(recipe.clean.filters)},
+            inputs=(fetch,),
+        )
+        steps += [fetch, clean[src]]
+
+    tok_cfg = recipe.tokenizer.model_dump()
+    if recipe.tokenizer.mode == "train":
+        tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
+        tok_inputs = tuple(clean[src] for src in recipe.train_sources)
+    else:
+        tok_cfg = {"mode": "file", "path": recipe.tokenizer.path, "sha256": recipe.tokenizer.sha256}
+        tok_inputs = ()
+    tokenizer = Step(
+        name="tokenizer",
+        kind="tokenizer",
+        config={
+            **tok_cfg,
+            "special_tokens": ["<|endoftext|>"],
+            "sources": [s.name for s in tok_inputs],
+        },
+        inputs=tok_inputs,
+    )
+    steps.append(tokenizer)
+
+    tokenized: dict[str, Step] = {}
+    for src in sorted(recipe.sources):
+        tokenized[src] = Step(
+            name=f"tokenize-{src}",
+            kind="tokenize",
+            config={
+                "source": src,
+                "input": clean[src].name,
+                "tokenizer": tokenizer.name,
+                **recipe.tokenize.model_dump(),
+            },
+            inputs=(clean[src], tokenizer),
+        )
+        steps.append(tokenized[src])
+
+    mix = Step(
+        name="mix",
+        kind="mix",
+        config={
+            "seed": recipe.seed,
+            "weights": dict(sorted(recipe.mixture.weights.items())),
+            "inputs": {src: tokenized[src].name for src in recipe.train_sources},
+            "n_sequences": recipe.mixture.n_sequences,
+            "shards": recipe.mixture.shards,
+        },
+        inputs=tuple(tokenized[src] for src in recipe.train_sources),
+    )
+    stats = Step(
+        name="stats",
+        kind="stats",
+        config={
+            "clean": {src: clean[src].name for src in sorted(recipe.sources)},
+            "tokenize": {src: tokenized[src].name for src in sorted(recipe.sources)},
+            "mix": mix.name,
+        },
+        inputs=(*(clean[s] for s in sorted(recipe.sources)), *(tokenized[s] for s in sorted(recipe.sources)), mix),
+    )
+    total = sum(recipe.mixture.weights.values())
+    gate = Step(
+        name="gate",
+        kind="gate",
+        config={
+            "stats": stats.name,
+            **recipe.gate.model_dump(),
+            "weights": {src: w / total for src, w in sorted(recipe.mixture.weights.items())},
+        },
+        inputs=(stats,),
+    )
+    train_cfg = recipe.train.model_dump(exclude={"resources"})
+    train = Step(
+        name="train",
+        kind="train",
+        config={
+            "seed": recipe.seed,
+            **train_cfg,
+            "train_data": mix.name,
+            "eval_data": {src: tokenized[src].name for src in recipe.eval_sources},
+            "tokenizer": tokenizer.name,
+        },
+        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate),
+    )
+    steps += [mix, stats, gate, train]
+    return StepGraph(tuple(steps))
+
+
+def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
+    """The suite's steps: the base recipe's data steps (same ids), one train step per grid
+    point, then the ``fit`` step reading every train step."""
+    base_graph = build_graph(base)
+    base_train = base_graph["train"]
+    data_steps = [s for s in base_graph if s.name != "train"]
+    inputs = base_train.inputs
+    ref_cfg = dict(base_train.config)
+    points = plan_grid(suite, base)
+    trains = []
+    for p in points:
+        optimizer = {**ref_cfg["optimizer"], "lr": p.lr, "warmup_steps": p.warmup_steps}
+        config = {**ref_cfg, "model": p.model, "optimizer": optimizer, "steps": p.steps,
+                  "batch_size": p.batch_size, "eval_every": p.steps, "eval_batches": suite.train.eval_batches,
+                  "checkpoint_every": min(suite.train.checkpoint_every or p.steps, p.steps),
+                  "log_every": min(suite.train.log_every, p.steps)}
+        trains.append(Step(name=p.name, kind="train", config=config, inputs=inputs))
+    fit = Step(
+        name=FIT_STEP,
+        kind="scaling_fit",
+        config={
+            "seed": base.seed,
+            "loss": suite.fit.loss,
+            "tail_fraction": suite.fit.tail_fraction,
+            "n_params": suite.fit.n_params,
+            "n_boot": suite.fit.n_boot,
+            "holdout": suite.fit.holdout,
+            "forecast_flops": sorted(suite.fit.forecast_flops),
+            "runs": {p.name: {"budget": p.budget, "model": p.model, "planned_flops": p.flops,
+                              "planned_tokens": p.tokens} for p in points},
+        },
+        inputs=tuple(trains),
+    )
+    return StepGraph((*data_steps, *trains, fit))
+
+
+def train_step_names(graph: StepGraph) -> list[str]:
+    """Names of the grid's train steps (what the DAG maps over)."""
+    return [s.name for s in graph if s.kind == "train"]

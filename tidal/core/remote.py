@@ -1,0 +1,99 @@
+"""The commit protocol around a training step that runs elsewhere (a pod, a JobSet).
+
+Invariant: the pod runs only the entrypoint, ``python -m tidal.train STEP_URI``, exactly as
+the local launcher does; the commit protocol stays with the caller, in two halves that each
+take milliseconds on the Airflow worker:
+
+1. :func:`prepare`: a committed step is reported as such (no pod is ever started for it);
+   inputs must be committed (else :class:`tidal.core.runner.StepBlocked`); ``spec.json`` is
+   written into the step directory, which is kept across attempts (training resumes from
+   its checkpoints there, as the ``train`` kind is resumable).
+2. the launcher runs the entrypoint; it writes checkpoints, metrics and ``summary.json``.
+3. :func:`commit`: ``summary.json`` must exist; then ``manifest.json``, ``step.json`` and
+   ``_SUCCESS`` (last) are written exactly as :func:`tidal.core.runner.run_step` writes them, and
+   the step is recorded in MLflow.
+
+So a pod that dies, is preempted or is deleted leaves an uncommitted directory whose next
+attempt resumes; only a finished run is ever marked done. ``spec.json`` holds what the
+local runner writes (:func:`tidal.train.write_spec`), so the entrypoint cannot tell the two
+apart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from tidal.core.pipeline import Pipeline
+from tidal.core.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
+
+SUMMARY = "summary.json"
+
+
+class RemoteRunIncomplete(RuntimeError):
+    """The launcher reported success but the step directory lacks ``summary.json``."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]:
+    """Get step ``name`` ready for a remote run.
+
+    Returns:
+        ``{"step_id", "step_uri", "status", "started_at"}``; ``status`` is ``"skip"`` when the
+        step is committed (nothing written) and ``"run"`` when ``spec.json`` was written.
+
+    Raises:
+        StepBlocked: an input step is not committed.
+    """
+    step = pipe.graph[name]
+    storage = pipe.storage
+    out_dir = storage.step_dir(step.step_id)
+    base = {"step_id": step.step_id, "step_uri": str(out_dir), "started_at": _now()}
+    if not needs_run(step, storage, force=force):
+        return {**base, "status": "skip"}
+    from tidal.train import write_spec  # light: no JAX (see tidal/train/__init__.py)
+
+    work_dir = storage.resumable_dir(step.step_id)  # local: the step dir; object store: a local work dir
+    write_spec(make_context(step, storage, work_dir))
+    return {**base, "step_uri": str(work_dir), "status": "run"}
+
+
+def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
+           workload: str | None = None, run_key: str | None = None) -> StepResult:
+    """Commit step ``name`` after its remote run finished; a committed step is a no-op skip.
+
+    Args:
+        started_at: ISO time :func:`prepare` returned (recorded in ``step.json``).
+        launcher: ``"gke"``; recorded in provenance with ``workload`` (Pod / JobSet name).
+        run_key: MLflow parent-run key; None records nothing.
+
+    Raises:
+        RemoteRunIncomplete: ``summary.json`` is missing (the pod did not finish training).
+    """
+    tick = time.perf_counter()
+    step = pipe.graph[name]
+    storage = pipe.storage
+    out_dir = storage.step_dir(step.step_id)
+    if storage.is_committed(step.step_id):
+        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
+        result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
+    else:
+        work_dir = storage.resumable_dir(step.step_id)
+        if not (work_dir / SUMMARY).is_file():
+            raise RemoteRunIncomplete(f"{work_dir}/{SUMMARY} is missing: the {launcher} run of {step.step_id} "
+                                      "did not finish; rerun the launch task (training resumes from checkpoints)")
+        summary = json.loads((work_dir / SUMMARY).read_text())
+        seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
+        write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
+                     provenance={"launcher": launcher, "workload": workload})
+        storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
+        storage.clear_attempts(step.step_id)
+        result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+    if run_key is not None:
+        pipe.record(result, run_key)
+    return result

@@ -1,0 +1,200 @@
+"""The end-of-run summary: steps run and skipped, tokens seen, losses, gate verdict, locations.
+
+Read from what the run left behind: committed step directories (the truth about what
+exists) and the MLflow parent run (what this particular DAG run did: ``run`` or ``skip``).
+A recipe has one ``train`` step; a scaling suite (tidal/core/suite_pipeline.py) has a grid of
+train steps and a ``fit`` step instead, and its report lists each grid run and the fit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) -> dict[str, Any]:
+    """Summarize the DAG run ``run_key`` of ``pipe`` (a :class:`tidal.core.pipeline.Pipeline`).
+
+    Args:
+        run_key: MLflow parent-run key; None picks the newest parent run of the recipe.
+        finish: also mark the MLflow parent run FINISHED (or FAILED when steps are missing).
+
+    Returns:
+        A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
+        step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
+        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``. For a scaling suite, instead of
+        the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
+        ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`).
+    """
+    graph, storage = pipe.graph, pipe.storage
+    suite = getattr(pipe, "suite", None)
+    missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
+    report: dict[str, Any] = {"recipe": pipe.recipe.name if suite is None else suite.name,
+                              "missing": missing, "run_key": run_key}
+    statuses = _mlflow_statuses(pipe, run_key, report)
+    report["steps_run"] = [n for n, st in statuses.items() if st == "run"]
+    report["steps_skipped"] = [n for n, st in statuses.items() if st == "skip"]
+
+    if suite is not None:
+        report.update(kind="scaling_suite", base=pipe.recipe.name, grid=_grid_runs(pipe), fit=_fit_result(pipe))
+    elif storage.is_committed(graph["train"].step_id):
+        train_id = graph["train"].step_id
+        summary = json.loads(storage.read_text(train_id, "step.json"))["summary"]
+        for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
+            report[key] = summary.get(key)
+        report["checkpoints"] = storage.step_uri(train_id).rstrip("/") + "/checkpoints"
+    gate = graph["gate"]
+    gate_text = _committed_text(storage, gate.step_id, "gate_result.json")
+    if gate_text is not None:
+        report["gate"] = "passed" if json.loads(gate_text)["success"] else "failed"
+    else:
+        report["gate"] = "not passed (gate step not committed)"
+        failed = [p / "gate_result.json" for p in storage.failed_attempts(gate.step_id)]
+        failed = [p for p in failed if p.is_file()]
+        if failed:
+            result = json.loads(failed[-1].read_text())
+            report["gate"] = f"FAILED ({failed[-1].parent})\n    " + result["summary"].replace("\n", "\n    ")
+    if finish and report.get("mlflow_run_id"):
+        pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
+    return report
+
+
+def _grid_runs(pipe: Any) -> list[dict[str, Any]]:
+    """One dict per train step of a suite's grid, in graph order: ``name``, ``step_id``,
+    ``committed`` and, when committed, ``tokens_seen``, ``final_train_loss``, ``eval_loss`` and
+    ``steps`` from the trainer's ``summary.json`` (what the fit step reads too)."""
+    runs = []
+    for step in pipe.graph:
+        if step.kind != "train":
+            continue
+        run: dict[str, Any] = {"name": step.name, "step_id": step.step_id,
+                               "committed": pipe.storage.is_committed(step.step_id)}
+        text = _committed_text(pipe.storage, step.step_id, "summary.json")
+        if text is not None:
+            summary = json.loads(text)
+            run.update({k: summary.get(k) for k in ("tokens_seen", "final_train_loss", "eval_loss", "steps")})
+        runs.append(run)
+    return runs
+
+
+def _fit_result(pipe: Any) -> dict[str, Any]:
+    """A suite's ``fit`` step: ``step_id``, ``committed`` and, when committed, its summary
+    (``n_runs``, ``n_flags``, ``alpha``, ``beta``, ``E``, ``holdout_rel_error``, ...)."""
+    from tidal.scaling.suite import FIT_STEP
+
+    step = pipe.graph[FIT_STEP]
+    fit: dict[str, Any] = {"step_id": step.step_id, "committed": pipe.storage.is_committed(step.step_id)}
+    text = _committed_text(pipe.storage, step.step_id, "step.json")
+    if text is not None:
+        fit["summary"] = json.loads(text).get("summary") or {}
+    return fit
+
+
+def _committed_text(storage: Any, step_id: str, name: str) -> str | None:
+    """A file of a committed step (local or object store), or None if uncommitted or absent."""
+    if not storage.is_committed(step_id):
+        return None
+    try:
+        return storage.read_text(step_id, name)
+    except FileNotFoundError:
+        return None
+
+
+def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:
+    """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty if unreachable)."""
+    report["mlflow_uri"] = pipe.tracking_uri
+    if pipe.tracking_uri.startswith("sqlite:///") and not Path(pipe.tracking_uri.removeprefix("sqlite:///")).exists():
+        report["mlflow_error"] = "no MLflow store yet (nothing has run with tracking)"
+        return {}
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(pipe.tracking_uri)
+        experiment = client.get_experiment_by_name(f"tidal-{report['recipe']}")  # a suite's own name
+        if experiment is None:
+            return {}
+        # parent runs carry tidal.run_key; nested step runs carry the recipe hash too, but no key
+        query = f"tags.`tidal.recipe_hash` = '{pipe.recipe_hash}' and " + (
+            f"tags.`tidal.run_key` = '{run_key}'" if run_key is not None else "tags.`tidal.run_key` != ''"
+        )
+        parents = client.search_runs(
+            [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if not parents:
+            report["mlflow_error"] = (
+                f"no MLflow run with key {run_key!r} for this recipe" if run_key
+                else "no MLflow run of this exact recipe yet (runs of other versions are not shown)"
+            )
+            return {}
+        parent = parents[0]
+        report["mlflow_run_id"] = parent.info.run_id
+        report["run_key"] = parent.data.tags.get("tidal.run_key")
+        children = client.search_runs(
+            [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=1000
+        )
+    except Exception as err:  # noqa: BLE001 - tracking never takes the report down
+        report["mlflow_error"] = f"{type(err).__name__}: {err}"
+        return {}
+    order = {s.name: i for i, s in enumerate(pipe.graph)}
+    found = {c.data.tags.get("mlflow.runName", ""): c.data.tags.get("tidal.status", "") for c in children}
+    return dict(sorted(((n, st) for n, st in found.items() if n in order), key=lambda kv: order[kv[0]]))
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as the few lines ``make demo`` ends with."""
+
+    def fmt(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    what = (f"scaling suite {report['recipe']} on base recipe {report['base']}" if report.get("kind") == "scaling_suite"
+            else f"recipe {report['recipe']}")
+    lines = [
+        f"tidal run of {what} (run key {report.get('run_key')})",
+        f"  steps run:     {len(report['steps_run'])}  {' '.join(report['steps_run'])}",
+        f"  steps skipped: {len(report['steps_skipped'])}",
+        f"  gate:          {report['gate']}",
+    ]
+    if "tokens_seen" in report:
+        lines += [
+            f"  tokens seen:   {report['tokens_seen']:,} over {report.get('steps')} training steps",
+            f"  train loss:    {fmt(report.get('final_train_loss'))} (final)",
+            f"  eval loss:     {fmt(report.get('eval_loss'))} (held out)",
+            f"  checkpoints:   {report['checkpoints']}",
+        ]
+    if "grid" in report:
+        lines += _format_suite(report, fmt)
+    lines.append(f"  MLflow:        {report['mlflow_uri']} run {report.get('mlflow_run_id', '(none)')}")
+    if report.get("mlflow_error"):
+        lines.append(f"  MLflow error:  {report['mlflow_error']}")
+    if report["missing"]:
+        lines.append(f"  NOT COMMITTED: {', '.join(report['missing'])}")
+    return "\n".join(lines)
+
+
+def _format_suite(report: dict[str, Any], fmt: Any) -> list[str]:
+    """The grid (one line per train step) and the fit of a scaling suite's report."""
+    grid = report["grid"]
+    lines = [f"  grid:          {sum(r['committed'] for r in grid)} of {len(grid)} train steps committed"]
+    width = max((len(r["name"]) for r in grid), default=0)
+    for run in grid:
+        if run["committed"]:
+            tokens = run.get("tokens_seen")
+            lines.append(f"    {run['name']:<{width}}  tokens {tokens if tokens is None else format(tokens, ',')}  "
+                         f"train loss {fmt(run.get('final_train_loss'))}  eval loss {fmt(run.get('eval_loss'))}")
+        else:
+            lines.append(f"    {run['name']:<{width}}  not committed")
+    fit = report["fit"]
+    if not fit["committed"]:
+        lines.append(f"  fit:           {fit['step_id']} not committed (it needs every train step of the grid)")
+        return lines
+    summary = fit.get("summary", {})
+    laws = ", ".join(f"{key} {fmt(summary[key])}" for key in ("alpha", "beta", "E", "alpha_C") if key in summary)
+    lines.append(f"  fit:           {fit['step_id']}: {summary.get('n_runs')} runs, {laws or 'no law fitted'}, "
+                 f"{summary.get('n_flags', 0)} flag(s)")
+    if "holdout_rel_error" in summary:
+        lines.append(f"                 hold-out budget {summary.get('holdout_budget'):.3g}: predicted "
+                     f"{fmt(summary.get('holdout_predicted'))}, actual {fmt(summary.get('holdout_actual'))} "
+                     f"({100 * summary['holdout_rel_error']:+.1f} %)")
+    lines.append("                 forecasts: tidal forecast SUITE --flops C")
+    return lines

@@ -1,0 +1,291 @@
+"""The ``clean`` step kind: a Beam pipeline from ``raw.parquet`` to sharded, deduplicated documents.
+
+Invariant: every input record ends in exactly one of four places, and the step fails if
+they do not add up: *kept* (a document shard), *filtered* (the rule that removed it),
+*duplicate* (the id of the cluster's survivor) or *quarantined* (a reason). Every byte of
+every output is a pure function of the input rows and the config, whatever the runner,
+worker count or running mode.
+
+Per record (:func:`tidal.data.clean.record.clean_record`, called by
+:class:`tidal.data.clean.fns.CleanBatchFn`), in order:
+
+1. a record the reader could not parse (``raw.parquet`` ``reason`` set, see
+   :mod:`tidal.data.readers`) is quarantined under that reason;
+2. decode UTF-8 under the ``invalid_utf8`` policy (``quarantine`` | ``repair``; reason
+   ``invalid_utf8`` or ``lone_surrogate``, counted in ``quarantined`` or ``repaired``);
+3. normalize (:mod:`tidal.data.normalize`: BOM, ANSI, newlines, NFC/NFKC, controls; each
+   step that changes the text is counted under ``normalized.<step>``: the record is kept, the
+   repair is not silent);
+4. special-token strings under the ``special_tokens`` policy (``text`` | ``strip`` |
+   ``quarantine``; :func:`tidal.data.normalize.apply_special_token_policy`);
+5. basic filters ``empty``, ``too_short``, ``too_long``, ``low_letter_fraction``;
+6. quality filters of the source (:mod:`tidal.data.filters`: ``c4.*`` which also drops
+   lines, ``gopher_repetition.*``, ``gopher_quality.*``);
+7. language (:mod:`tidal.data.langid`: ``language.not_allowed``, ``language.low_confidence``).
+
+The first failing rule filters the record; every failing rule of steps 6-7 is also counted
+in ``hits`` (so each rule's hit rate is known even behind an earlier rule).
+
+Survivors are keyed by ``id = sha256(normalized text)``; of each id the record with the
+lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept (exact dedup); then, if
+``near_dedup.enabled``, :class:`tidal.data.neardup.NearDuplicates` removes verified
+near-duplicates into the cluster of their survivor.
+
+Outputs (in ``out_dir``):
+
+* ``documents-SSSSS-of-NNNNN.parquet``: ``id`` (64 hex chars), ``text``, ``source``, ``ref``
+  (the kept record's ref), ``language`` (ISO 639-1, ``und`` if none); document goes to shard
+  ``int(id, 16) % N``; every shard file exists (possibly empty) and is sorted by ``id``.
+* ``quarantine.parquet``: ``ref``, ``raw`` (the original bytes), ``reason``, ``detail``,
+  sorted by ref.
+* ``removed.parquet``: ``ref``, ``outcome`` (``filtered`` | ``duplicate``), ``reason`` (the
+  rule, or ``exact`` / ``near``), ``cluster`` (the survivor's id for duplicates), ``detail``
+  (Jaccard similarity of a near duplicate), sorted by ref.
+* ``counts.json``: ``{"in", "kept", "filtered": {rule: n}, "duplicates", "duplicates_by_kind":
+  {"exact", "near"}, "quarantined": {reason: n}, "hits": {rule: n}, "c4_lines_dropped":
+  {reason: n}, "repaired": {reason: n}, "normalized": {step: records it changed} (``bom``,
+  ``ansi``, ``newlines``, ``unicode_form``, ``controls``; a record can count under several,
+  see :func:`tidal.data.normalize.normalize_text_steps`), "special_tokens": {policy: n}, "languages":
+  {lang: kept documents}, "neardup": {"candidate_pairs", "verified_pairs"}}``; every rule of
+  the enabled filters is present (0 if unseen).
+  The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
+  of the files agree (:func:`check_outputs`).
+
+Records are cleaned in batches (at most :data:`tidal.data.clean.fns.BATCH_ROWS` records and
+:data:`tidal.data.clean.fns.BATCH_BYTES` raw bytes, streamed from slices of ``raw.parquet``
+row groups), so the runner's per-element cost and the counters are paid once per batch
+(:mod:`tidal.data.clean.fns`). A batch's survivors and LSH bucket entries go to spill files
+(:mod:`tidal.data.spill`) and only the files' paths cross Beam's shuffles, so the in-process
+runner, which holds every shuffled collection in memory, holds no element per kept
+document. What still grows with the corpus: a removed row per filtered or duplicate record
+and the raw bytes of each quarantined one travel to the final step (:class:`FinishFn`,
+which holds them all: small fractions of a corpus), near-dedup candidates' texts travel to
+their verification, and a shard writer holds its shard's stubs. Exact duplicates meet where
+they are written: a document's shard is a function of its id, so after a ``GroupByKey`` on
+the shard number one worker reads the shard's stubs (id, ref, language: about 360 bytes a
+document, :func:`tidal.data.clean.fns.read_stubs`; a shard of 10 million documents would
+need 3.6 GB: use more ``shards``), deduplicates, sorts and writes the shard one row group at
+a time (:func:`tidal.data.clean.fns.write_shard`; at web scale a shard would be
+range-partitioned and written with ``WriteToParquet``). Workers write into ``out_dir``
+directly, so ``out_dir`` must be reachable from workers (a shared filesystem on a cluster).
+Parquet writer options are fixed (:data:`tidal.data.fetch.PARQUET_OPTIONS`), so reruns
+give byte-identical files.
+
+Runner: :mod:`tidal.data.beam_options`; runner options are not part of the step's config
+or hash. Beam metrics counters (namespace ``tidal.clean``) count the same events as
+``counts.json``; after an in-process run they are checked against it and logged, and the
+summary the step returns (logged to MLflow as the step's metrics) carries every count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pyarrow.parquet as pq
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from tidal.context import StepContext
+from tidal.data.beam_options import beam_args, create_spread
+from tidal.data.clean.config import CleanConfig
+from tidal.data.clean.fns import (
+    BANDS_TAG,
+    COUNTS_FILE,
+    DOCUMENT_SCHEMA,
+    FINISH_TAG,
+    GROUPS,
+    METRICS_NAMESPACE,
+    QUARANTINE_FILE,
+    REMOVED_FILE,
+    SPILL_DIR,
+    CleanBatchFn,
+    FinishFn,
+    WriteShardFn,
+    counts_from_totals,
+    raw_slices,
+    shard_name,
+    shard_of,
+)
+from tidal.data.fetch import RAW_FILE
+from tidal.data.neardup import NearDuplicates
+
+STEP_VERSION = 4
+__all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
+           "check_counts", "check_outputs", "clean", "counts_from_totals", "flat_counts", "run", "shard_name",
+           "shard_of", "summarize"]
+
+
+def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
+    """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``.
+
+    Records are cleaned in batches (module docstring) and only the spill files' paths of a
+    batch's documents and bucket entries cross the shuffles, so Beam's per-element cost and the
+    per-event counters are paid once per batch. Documents meet their exact duplicates where they are
+    written: a document's shard is a function of its id, so the shard writer keeps the lowest
+    ref of each id (and drops the verified near duplicates, a side input). Quarantine rows,
+    removed rows and outcome counts meet in one final step (:class:`FinishFn`: one element,
+    everything else as side inputs) that writes the small files and removes the spill files.
+    Every transform and every fused stage is a fixed cost of each run (construction,
+    translation, one bundle per stage on the in-process runner), so the graph has few.
+    """
+    spill_dir = str(Path(out_dir) / SPILL_DIR)
+    slices = create_spread(pipeline, "RawSlices", [((g, first), n) for g, first, n in raw_slices(raw_path)])
+    batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg, spill_dir, cfg.shards)).with_outputs(
+        FINISH_TAG, BANDS_TAG, main="docs"
+    )
+    finish = [batches[FINISH_TAG]]
+    near: Any = {}  # near-dedup off: no near duplicate
+    if cfg.near_dedup.enabled:
+        removed, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
+            cfg.near_dedup)
+        near = beam.pvalue.AsDict(removed)
+        finish.append(pair_counts)
+    # one group per shard that holds documents (FinishFn writes the empty ones)
+    finish.append(
+        batches.docs
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=near)
+    )
+    # quarantine, removed, counts (from the data itself; the Beam counters count the same
+    # events, clean() compares), spill removal: once, after every shard is written
+    _ = (
+        pipeline
+        | "Once" >> beam.Impulse()
+        | "Finish" >> beam.ParDo(FinishFn(out_dir, cfg.shards, cfg.rule_names(), spill_dir),
+                                 *(beam.pvalue.AsIter(items) for items in finish))
+    )
+
+
+def check_counts(counts: dict[str, Any]) -> None:
+    """Check ``in = kept + filtered + duplicates + quarantined``.
+
+    Raises:
+        ValueError: naming all five numbers when they do not add up.
+    """
+    filtered = sum(counts["filtered"].values())
+    quarantined = sum(counts["quarantined"].values())
+    total = counts["kept"] + filtered + counts["duplicates"] + quarantined
+    if counts["in"] != total:
+        raise ValueError(
+            f"clean counts do not reconcile: in={counts['in']} but kept={counts['kept']} + "
+            f"filtered={filtered} + duplicates={counts['duplicates']} + quarantined={quarantined} = {total}"
+        )
+
+
+def check_outputs(out_dir: str | Path, counts: dict[str, Any], shards: int) -> None:
+    """Check that the files hold what ``counts.json`` says: documents rows = kept, removed rows
+    = filtered + duplicates (by outcome), quarantine rows = quarantined.
+
+    Raises:
+        ValueError: naming the file and both numbers on a mismatch.
+    """
+    out_dir = Path(out_dir)
+    kept = sum(pq.read_metadata(out_dir / shard_name(k, shards)).num_rows for k in range(shards))
+    removed = pq.read_table(out_dir / REMOVED_FILE, columns=["outcome"]).column("outcome").to_pylist()
+    quarantined = pq.read_metadata(out_dir / QUARANTINE_FILE).num_rows
+    checks = [
+        ("documents shards", kept, counts["kept"]),
+        (f"{REMOVED_FILE} filtered rows", removed.count("filtered"), sum(counts["filtered"].values())),
+        (f"{REMOVED_FILE} duplicate rows", removed.count("duplicate"), counts["duplicates"]),
+        (QUARANTINE_FILE, quarantined, sum(counts["quarantined"].values())),
+    ]
+    for name, found, expected in checks:
+        if found != expected:
+            raise ValueError(f"{out_dir}: {name} hold {found} records but counts.json says {expected}")
+
+
+def clean(
+    raw_path: str | Path,
+    out_dir: str | Path,
+    cfg: CleanConfig,
+    args: list[str] | None = None,
+    log: logging.Logger | None = None,
+) -> dict[str, Any]:
+    """Run the clean pipeline on ``raw_path`` into ``out_dir`` and check the counts.
+
+    ``args`` are Beam pipeline options (default :func:`beam_args`); the Beam counters are
+    logged on ``log`` and, where the runner reports committed counters, compared with the
+    data-derived counts.
+
+    Returns:
+        The ``counts.json`` structure.
+
+    Raises:
+        FileNotFoundError: if ``raw_path`` does not exist.
+        ValueError: if the counts do not reconcile (:func:`check_counts`, :func:`check_outputs`)
+            or a Beam counter disagrees with them.
+    """
+    raw_path, out_dir = Path(raw_path), Path(out_dir)
+    if not raw_path.is_file():
+        raise FileNotFoundError(f"clean: input {raw_path} does not exist")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pipeline = beam.Pipeline(options=PipelineOptions(args if args is not None else beam_args()))
+    build_pipeline(pipeline, str(raw_path), str(out_dir), cfg)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:  # the pipeline removes its spill files; this also covers a failed run
+        shutil.rmtree(out_dir / SPILL_DIR, ignore_errors=True)
+    log = log or logging.getLogger("tidal.step")
+    counters = {}
+    for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
+        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + (counter.committed or 0)
+    for name, value in sorted(counters.items()):
+        log.info("beam counter %s.%s = %s", METRICS_NAMESPACE, name, value)
+    counts = json.loads((out_dir / COUNTS_FILE).read_text())
+    check_counts(counts)
+    check_outputs(out_dir, counts, cfg.shards)
+    flat = flat_counts(counts)
+    wrong = {k: (v, flat.get(k.replace(".", "_", 1))) for k, v in counters.items()
+             if "." in k and v and flat.get(k.replace(".", "_", 1)) != v}
+    if wrong:
+        raise ValueError(f"clean: Beam counters disagree with counts.json: {wrong}")
+    return counts
+
+
+def flat_counts(counts: dict[str, Any]) -> dict[str, int]:
+    """``counts.json`` as flat ``group_name`` keys (``filtered_c4.lorem_ipsum``, ``languages_en`` ...)."""
+    flat = {"in": counts["in"], "kept": counts["kept"], "duplicates": counts["duplicates"],
+            "filtered": sum(counts["filtered"].values()), "quarantined": sum(counts["quarantined"].values())}
+    for prefix, key in GROUPS.items():
+        for name, n in counts.get(key, {}).items():
+            flat[f"{prefix}_{name}"] = n
+    return flat
+
+
+def run(ctx: StepContext) -> dict:
+    """Clean the input fetch step's ``raw.parquet`` (see module docstring).
+
+    Returns:
+        :func:`summarize`'s flat summary (logged to MLflow as the step's metrics).
+
+    Raises:
+        ValueError: for a bad config or counts that do not reconcile.
+        KeyError: if the config's ``input`` is not an input of this step.
+    """
+    cfg = CleanConfig.from_config(ctx.config)
+    raw_path = ctx.input_dir(cfg.input) / RAW_FILE
+    clean(raw_path, ctx.out_dir, cfg, log=ctx.log)
+    summary = summarize(ctx.config, ctx.out_dir)
+    ctx.log.info("clean %s: %s", cfg.source, summary)
+    return summary
+
+
+def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+    """The summary :func:`run` returns, from a finished job's ``counts.json`` (checked again):
+    ``in``, ``kept``, ``filtered``, ``duplicates``, ``quarantined``, ``shards`` and every
+    count of :func:`flat_counts` (``filtered_<rule>``, ``quarantined_<reason>``,
+    ``hits_<rule>``, ``duplicates_exact`` ...).
+
+    Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
+    """
+    cfg = CleanConfig.from_config(config)
+    counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
+    check_counts(counts)
+    return {**flat_counts(counts), "shards": cfg.shards}
+

@@ -1,0 +1,95 @@
+"""Run one step kind by hand: ``python -m tidal.data.<job> --config C --input NAME=DIR --out DIR``.
+
+This is the standalone face of a step kind, for debugging a job outside Airflow and for
+cluster runners. It builds the same :class:`~tidal.context.StepContext` the step runner
+builds, but does not commit (no manifest, no ``_SUCCESS``): use ``tidal run`` for that, or
+the Beam provider path (:mod:`tidal.core.beam_job`), which runs this command and commits.
+
+Other ``--options`` of a Beam job (clean, tokenize) are Beam pipeline options
+(``--runner=DataflowRunner --project=P``); they are added after ``$TIDAL_BEAM_ARGS``
+(:mod:`tidal.data.beam_options`; later wins) and never enter the step config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+from tidal.context import StepContext
+
+
+def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
+    """Parse the command line, run ``module.run`` once, print and return its summary.
+
+    Raises:
+        SystemExit: on a malformed ``--input`` (must be ``NAME=DIR``), a missing or unreadable
+            config, or unknown arguments to a job that is not a Beam job.
+    """
+    spec = getattr(module, "__spec__", None)  # with `python -m`, __name__ is "__main__"
+    prog = f"python -m {spec.name if spec is not None else module.__name__}"
+    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__, allow_abbrev=False)
+    parser.add_argument("--config", required=True, help="step config: a JSON file or inline JSON")
+    parser.add_argument("--input", action="append", default=[], help="NAME=DIR of an input step's output")
+    parser.add_argument("--out", required=True, type=Path, help="directory to write outputs into")
+    parser.add_argument("--seed", type=int, default=0, help="step seed (normally derived from the recipe)")
+    parser.add_argument("--name", default=kind, help="step name (default: the kind)")
+    args, pipeline_args = parser.parse_known_args(argv)
+    if pipeline_args:
+        from tidal.kinds import BEAM_KINDS
+
+        if kind not in BEAM_KINDS or any(not a.startswith("--") for a in pipeline_args):
+            parser.error(f"unrecognized arguments: {' '.join(pipeline_args)} (only the Beam jobs "
+                         f"{', '.join(sorted(BEAM_KINDS))} take --pipeline_options)")
+    if Path(args.config).is_file():
+        text = Path(args.config).read_text()
+    elif not args.config.lstrip().startswith(("{", "[")):
+        parser.error(f"--config {args.config}: file not found (give a JSON file or inline JSON)")
+    else:
+        text = args.config
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        parser.error(f"--config is neither a readable file nor valid JSON: {err}")
+    inputs = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            parser.error(f"--input {item!r}: expected NAME=DIR")
+        inputs[name] = Path(path)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    ctx = StepContext(
+        step_id=f"{args.name}-manual", name=args.name, kind=kind, config=config,
+        out_dir=args.out, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
+    )
+    with _pipeline_options(pipeline_args):
+        summary = module.run(ctx)
+    print(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+
+@contextlib.contextmanager
+def _pipeline_options(args: list[str]) -> Iterator[None]:
+    """While active, ``$TIDAL_BEAM_ARGS`` also holds ``args`` (after what it held: later wins)."""
+    if not args:
+        yield
+        return
+    from tidal.data.beam_options import BEAM_ARGS_ENV
+
+    old = os.environ.get(BEAM_ARGS_ENV)
+    os.environ[BEAM_ARGS_ENV] = shlex.join([*shlex.split(old or ""), *args])
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(BEAM_ARGS_ENV, None)
+        else:
+            os.environ[BEAM_ARGS_ENV] = old

@@ -1,0 +1,1 @@
+"""Content hashes, manifests, signatures, environment fingerprints and provenance of a step's output."""

@@ -1,0 +1,40 @@
+"""The storage root: a local directory or an object store, behind one :class:`Storage` protocol.
+
+``base`` holds the protocol, the settings and the local directory; ``s3`` the object store
+(boto3); ``lease`` the per-step leases that keep two workers from computing one step. Open a
+root with :func:`open_storage`; everything else imports the names re-exported here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidal.storage.base import (
+    FAILED,
+    SCRATCH,
+    SUCCESS,
+    LocalStorage,
+    Storage,
+    StorageError,
+    StorageSettings,
+)
+
+__all__ = ["FAILED", "SCRATCH", "SUCCESS", "LocalStorage", "Storage", "StorageError", "StorageSettings",
+           "open_storage"]
+
+
+def open_storage(uri: str, base: Path | None = None, settings: StorageSettings | None = None) -> Storage:
+    """Open a storage root: ``s3://bucket/prefix`` (boto3) or a local path (``file://`` allowed).
+
+    Relative local paths resolve against ``base`` (default: the cwd).
+
+    Raises:
+        StorageError: an unsupported scheme (``gs://``: use ``s3://`` with GCS's S3-interoperable
+            endpoint), or a malformed ``s3://`` URI.
+    """
+    settings = settings or StorageSettings()
+    if uri.startswith("s3://"):
+        from tidal.storage.s3 import S3Storage
+
+        return S3Storage.from_uri(uri, settings)
+    return LocalStorage.from_uri(uri, base, settings)

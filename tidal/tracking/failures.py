@@ -1,0 +1,186 @@
+"""The failure catalog: every failed step attempt, grouped by the fingerprint of its stack trace.
+
+Invariant: recording never loses or overwrites a failure, whatever runs at the same time.
+Each failure is one new JSON file, ``{storage_root}/failures/{fingerprint}/{time}-{pid}-{rand}.json``,
+written to a temporary name and renamed (atomic on POSIX, and one new object per failure on
+an object store), so concurrent task processes on any number of workers need no lock and a
+reader never sees half a record. Grouping is by directory; counting is listing.
+
+Fingerprint (what makes two failures "the same"): sha256 over the exception's class name and
+its traceback frames as ``(normalised file, function)`` pairs, first 16 hex characters.
+Normalisation keeps a trace stable across machines, releases and small edits:
+
+* line numbers are dropped (an edit elsewhere in a file does not split a group);
+* a file under ``site-packages/`` keeps only the path after it (venv location and Python
+  version do not matter); any other file keeps its last two path components
+  (``tidal/quality/gates.py``), so checkouts in different directories agree;
+* the message is not hashed (it carries values: sizes, paths, ids), and neither are memory
+  addresses, timestamps or the step id; these are stored in the record instead.
+
+The idea follows Sentry's default grouping by stack trace (docs.sentry.io, "Grouping").
+Callers pass the storage root's local directory (``Storage.local_dir``): the root itself for a
+local root; for an object-store root, the local directory that also holds its embedded MLflow
+store.
+No Airflow import here: the Airflow callback (operators/callbacks.py) builds the record.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import os
+import secrets
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+CATALOG_DIR = "failures"
+FINGERPRINT_CHARS = 16
+LOG_TAIL_LINES = 40
+
+
+def normalise_file(filename: str) -> str:
+    """``filename`` as hashed: the part after ``site-packages/``, else its last two components."""
+    path = filename.replace("\\", "/")
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[1]
+    return "/".join(path.split("/")[-2:])
+
+
+def frames_of(exc: BaseException) -> list[tuple[str, str]]:
+    """``(normalised file, function)`` of every frame of ``exc``'s traceback, outermost first."""
+    return [(normalise_file(f.filename), f.name) for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def fingerprint(exception_type: str, frames: list[tuple[str, str]]) -> str:
+    """First 16 hex of sha256 over the exception class name and the normalised frames."""
+    text = exception_type + "\n" + "\n".join(f"{file}:{func}" for file, func in frames)
+    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def build_record(exc: BaseException, **fields: Any) -> dict[str, Any]:
+    """A catalog record for ``exc``: type, message, frames, fingerprint, time, plus ``fields``.
+
+    ``fields`` are what the caller knows: ``dag_id``, ``task_id``, ``run_id``, ``try_number``,
+    ``recipe``, ``recipe_hash``, ``step_id``, ``mlflow_run_id``, ``mlflow_link``, ``log_tail``...
+    A gate failure (an exception with a ``result`` payload, :class:`tidal.quality.gates.GateFailed`) adds
+    ``failed_expectations``: the failed checks with what was expected and what was got.
+    """
+    frames = frames_of(exc)
+    exc_type = type(exc).__name__
+    record = {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "exception_type": exc_type,
+        "message": str(exc)[:4000],
+        "frames": [f"{file}:{func}" for file, func in frames],
+        "fingerprint": fingerprint(exc_type, frames),
+        "failed_expectations": failed_expectations(exc),
+        **fields,
+    }
+    return record
+
+
+def failed_expectations(exc: BaseException) -> list[dict[str, Any]]:
+    """The failed expectations of a gate failure (``exc.result["results"]`` with ``success`` false)."""
+    result = getattr(exc, "result", None)
+    if not isinstance(result, dict):
+        return []
+    return [r for r in result.get("results", []) if isinstance(r, dict) and not r.get("success", True)]
+
+
+def record_failure(storage_root: Path, record: dict[str, Any]) -> Path:
+    """Add ``record`` (from :func:`build_record`) to the catalog under ``storage_root``.
+
+    Returns:
+        The file written. Never overwrites: the name holds time, pid and 8 random hex.
+    """
+    group = Path(storage_root) / CATALOG_DIR / record["fingerprint"]
+    group.mkdir(parents=True, exist_ok=True)
+    stamp = record["time"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    path = group / f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}.json"
+    tmp = group / f".{path.name}.tmp"
+    tmp.write_text(json.dumps(record, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def list_failures(storage_root: Path, recipe: str | None = None) -> list[dict[str, Any]]:
+    """Every recorded failure (optionally of one recipe), newest first; unreadable files are skipped."""
+    root = Path(storage_root) / CATALOG_DIR
+    records = []
+    for path in root.glob("*/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if recipe is None or record.get("recipe") == recipe:
+            record["file"] = str(path)
+            records.append(record)
+    return sorted(records, key=lambda r: r.get("time", ""), reverse=True)
+
+
+def group_failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group records (newest first) by fingerprint; groups ordered by their newest failure.
+
+    Returns:
+        ``[{"fingerprint", "count", "last_seen", "first_seen", "exception_type", "latest",
+        "tasks"}]`` where ``latest`` is the newest record and ``tasks`` counts per
+        ``dag_id.task_id``.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for record in records:
+        fp = record["fingerprint"]
+        group = groups.setdefault(fp, {
+            "fingerprint": fp, "count": 0, "last_seen": record.get("time"), "first_seen": record.get("time"),
+            "exception_type": record.get("exception_type"), "latest": record, "tasks": collections.Counter(),
+        })
+        group["count"] += 1
+        group["first_seen"] = record.get("time")
+        group["tasks"][f"{record.get('dag_id')}.{record.get('task_id')}"] += 1
+    return sorted(groups.values(), key=lambda g: g["last_seen"] or "", reverse=True)
+
+
+def format_groups(groups: list[dict[str, Any]]) -> str:
+    """The catalog as ``tidal failures`` prints it: one block per fingerprint, newest first."""
+    if not groups:
+        return "no failures recorded"
+    lines = []
+    for group in groups:
+        latest = group["latest"]
+        tasks = ", ".join(f"{name} x{n}" for name, n in group["tasks"].most_common())
+        lines.append(f"{group['fingerprint']}  {group['count']:>3} failure(s)  last {group['last_seen']}  "
+                     f"{group['exception_type']}")
+        lines.append(f"    tasks:   {tasks}")
+        lines.append(f"    latest:  step {latest.get('step_id')} try {latest.get('try_number')} "
+                     f"run {latest.get('run_id')}")
+        lines.append(f"    message: {latest.get('message', '').splitlines()[0][:200] if latest.get('message') else ''}")
+        for check in latest.get("failed_expectations", [])[:10]:
+            lines.append(f"    failed:  {expectation_text(check)}")
+        if latest.get("mlflow_link"):
+            lines.append(f"    mlflow:  {latest['mlflow_link']}")
+    return "\n".join(lines)
+
+
+def expectation_text(check: dict[str, Any]) -> str:
+    """One failed gate expectation as ``column [source=src]: expected ..., got ...``."""
+    got = check.get("observed")
+    got = f"{got:.6g}" if isinstance(got, int | float) else str(got)
+    return f"{check.get('column')} [source={check.get('source')}]: expected {check.get('expected')}, got {got}"
+
+
+class LogTail(logging.Handler):
+    """A logging handler that keeps the last ``capacity`` formatted lines (for failure records)."""
+
+    def __init__(self, capacity: int = LOG_TAIL_LINES):
+        super().__init__(level=logging.INFO)
+        self.lines: collections.deque[str] = collections.deque(maxlen=capacity)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record)[:1000])
+        except Exception:  # noqa: BLE001 - a log line that cannot be formatted is not worth a failure
+            self.handleError(record)
