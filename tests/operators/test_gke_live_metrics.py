@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.storage.servers import hostname_mlflow_server
 from tests.operators.test_gke import gke_context
+from tests.storage.servers import hostname_mlflow_server
 from tidal.launch.pods import pod_tracking_uri
 
 
