@@ -73,6 +73,6 @@ def test_a_cycle_is_found(tmp_path, monkeypatch):
 
 def test_layer_contracts_hold():
     lint = Path(sys.executable).parent / "lint-imports"
-    out = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(lint), "--no-cache"], check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
