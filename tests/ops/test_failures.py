@@ -30,8 +30,8 @@ def test_fingerprint_ignores_line_numbers_paths_and_messages_but_not_the_code_pa
 
     a = build_record(_raise_in("/home/a/venv/lib/python3.11/site-packages/lib/mod.py", 10, "size 1 at 0x7f00"))
     b = build_record(_raise_in("/opt/other/lib/python3.12/site-packages/lib/mod.py", 99, "size 2 at 0x7f11"))
-    c = build_record(_raise_in("/srv/x/tidal/gates.py", 10, "boom"))
-    d = build_record(_raise_in("/home/y/checkout/tidal/gates.py", 50, "other"))
+    c = build_record(_raise_in("/srv/x/tidal/quality/gates.py", 10, "boom"))
+    d = build_record(_raise_in("/home/y/checkout/tidal/quality/gates.py", 50, "other"))
     e = build_record(_raise_in("/srv/x/tidal/mix.py", 10, "boom"))
     assert a["fingerprint"] == b["fingerprint"]
     assert c["fingerprint"] == d["fingerprint"]
