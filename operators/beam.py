@@ -8,7 +8,7 @@ place of the single ``TidalStepOperator`` of each Beam step (clean, tokenize):
   and the job's ``config.json`` are written and the launch runs.
 * ``{step}.launch``: the Beam provider's ``BeamRunPythonPipelineOperator`` running
   ``python -m tidal.data.<kind> --runner=R --config=... --input=NAME=DIR ... --out=SCRATCH
-  --seed=N --name=STEP`` plus ``beam.pipeline_options`` (:func:`beam_operator_kwargs`).
+  [--seed=N] --name=STEP`` plus ``beam.pipeline_options`` (:func:`beam_operator_kwargs`).
 * ``{step}.commit``: :func:`tidal.core.beam_job.commit`: expected outputs, manifest,
   step.json, _SUCCESS, atomic rename into place, MLflow.
 
@@ -67,8 +67,8 @@ class BeamCommitOperator(TidalCommitOperator):
 
         export_signing_key()  # the commit signs step.json and manifest.json (tidal/integrity/signing.py)
         prepared = context["ti"].xcom_pull(task_ids=self.prepare_task_id, key="prepared")
-        result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, prepared=prepared, runner=self.runner,
-                        workload=self.workload, run_key=run_key_of(context))
+        result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, prepared=prepared,
+                        runner=self.runner, workload=self.workload, run_key=run_key_of(context))
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
@@ -97,7 +97,7 @@ def beam_operator_kwargs(*, step: Any, recipe: Any, prepare_task_id: str) -> dic
     * ``dataflow_config`` (Dataflow only): job name ``tidal-{step_id}``; project and region from
       the pipeline options (the provider otherwise overwrites them from the GCP connection).
     """
-    from tidal.steps import derive_seed
+    from tidal.core.commit import step_seed
 
     beam = recipe.beam
     prepared = f'ti.xcom_pull(task_ids="{prepare_task_id}", key="prepared")'
@@ -109,11 +109,13 @@ def beam_operator_kwargs(*, step: Any, recipe: Any, prepare_task_id: str) -> dic
         "config": pulled("config"),
         "input": [f"{dep.name}={pulled('inputs', dep.name)}" for dep in step.inputs],
         "out": pulled("out"),
-        "seed": derive_seed(int(step.config.get("seed", 0)), step.name),
         "name": step.name,
         "labels": {"tidal-recipe": _label(recipe.name), "tidal-step": _label(step.name),
                    "tidal-step-id": _label(step.step_id)},
     }
+    seed = step_seed(step)  # None for clean and tokenize (they draw no random numbers): no --seed
+    if seed is not None:
+        job["seed"] = seed
     kwargs: dict[str, Any] = {
         "py_file": f"tidal.data.{step.kind}",
         "py_options": ["-m"],

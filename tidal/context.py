@@ -34,7 +34,8 @@ class StepContext:
             a fresh scratch directory the runner renames into place after ``run`` returns.
         inputs: input step name -> committed output directory of that step.
         input_ids: input step name -> step id (for provenance, e.g. tokenizer hashes).
-        seed: a 63-bit seed derived from the recipe seed and the step name.
+        seed: a 63-bit seed derived from the recipe seed and the step name; None for a kind
+            that draws no random numbers (``tidal/kinds.py`` ``seeded``). Never defaulted.
         log: logger to report progress on.
     """
 
@@ -45,8 +46,19 @@ class StepContext:
     out_dir: Path
     inputs: dict[str, Path] = field(default_factory=dict)
     input_ids: dict[str, str] = field(default_factory=dict)
-    seed: int = 0
+    seed: int | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tidal.step"))
+
+    def require_seed(self) -> int:
+        """The step's seed, for a kind that draws random numbers.
+
+        Raises:
+            ValueError: the step has no seed (a seeded kind is never run with a default seed).
+        """
+        if self.seed is None:
+            raise ValueError(f"step {self.name!r} ({self.kind}) needs a seed derived from the recipe seed; "
+                             "none was given (standalone jobs: pass --seed)")
+        return self.seed
 
     def input_dir(self, name: str) -> Path:
         """The committed output directory of input step ``name``.

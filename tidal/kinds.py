@@ -23,6 +23,7 @@ class KindSpec:
     version: int
     resumable: bool = False
     beam: bool = False  # a Beam job: runs in-process or as a job command on a Beam runner
+    seeded: bool = False  # draws random numbers: its config carries the recipe seed, its context a derived one
 
     def load(self) -> ModuleType:
         """Import the module that implements the kind (heavy: Beam, JAX, GX)."""
@@ -34,11 +35,11 @@ KINDS: dict[str, KindSpec] = {
     "clean": KindSpec("tidal.data.clean", 4, beam=True),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
-    "mix": KindSpec("tidal.data.mix", 1),
+    "mix": KindSpec("tidal.data.mix", 1, seeded=True),
     "stats": KindSpec("tidal.data.stats", 2),
     "gate": KindSpec("tidal.quality.gates", 1),
-    "train": KindSpec("tidal.train", 1, resumable=True),
-    "scaling_fit": KindSpec("tidal.scaling.fit_step", 1),
+    "train": KindSpec("tidal.train", 1, resumable=True, seeded=True),
+    "scaling_fit": KindSpec("tidal.scaling.fit_step", 1, seeded=True),
 }
 
 BEAM_KINDS = frozenset(name for name, spec in KINDS.items() if spec.beam)

@@ -132,7 +132,7 @@ def test_dataflow_variant_renders_the_provider_operator_arguments(tmp_path, tiny
     job = kwargs["pipeline_options"]
     assert job["config"] == PREPARED["config"] and job["out"] == PREPARED["out"]
     assert job["input"] == ["clean-udhr=/store/clean-udhr-2", "tokenizer=/store/tokenizer-3"]
-    assert job["name"] == "tokenize-udhr" and isinstance(job["seed"], int)
+    assert job["name"] == "tokenize-udhr" and "seed" not in job  # tokenize draws no random numbers
     assert job["labels"] == {"tidal-recipe": "df", "tidal-step": "tokenize-udhr", "tidal-step-id": step.step_id}
     assert kwargs["dataflow_config"] == {"job_name": f"tidal-{step.step_id}", "project_id": "my-project",
                                          "location": "europe-west4"}
@@ -163,16 +163,16 @@ def test_flink_variant_builds_the_real_operator_and_its_command(tmp_path, tiny_d
     op.execute({"ti": StubTI(PREPARED)})
     from airflow.version import version as airflow_version
 
-    from tidal.core.runner import make_context
+    from tidal.core.commit import make_context
     from tidal.storage import LocalStorage
 
     step = build_graph(parse_recipe(tiny_data))["clean-brown"]
-    seed = make_context(step, LocalStorage(tmp_path), tmp_path).seed  # the seed the in-process step gets
+    assert make_context(step, LocalStorage(tmp_path), tmp_path).seed is None  # clean draws no random numbers
     assert commands[0][:3] == [sys.executable, "-m", "tidal.data.clean"]
     assert commands[0][3] == "--runner=FlinkRunner"
     assert set(commands[0][4:]) == {
         "--flink_master=flink-jobmanager:8081", "--environment_type=LOOPBACK", f"--config={PREPARED['config']}",
-        "--input=fetch-brown=/store/fetch-brown-1", f"--out={PREPARED['out']}", f"--seed={seed}",
+        "--input=fetch-brown=/store/fetch-brown-1", f"--out={PREPARED['out']}",
         "--name=clean-brown", "--labels=tidal-recipe=flink", "--labels=tidal-step=clean-brown",
         f"--labels=tidal-step-id={step.step_id}", f"--labels=airflow-version=v{airflow_version.replace('.', '-')}"}
 
@@ -204,8 +204,8 @@ def fake_fetch(pipe, name: str) -> None:
 
 def test_provider_job_commits_the_same_bytes_as_in_process(tmp_path, tiny_data):
     from tidal.core.beam_job import JobIncomplete, commit, job_dir, prepare
+    from tidal.core.commit import read_step_json
     from tidal.core.load import load_pipeline
-    from tidal.core.runner import read_step_json
 
     tiny_data["sources"]["brown"].pop("filters", None)  # DOCS are one-line: brown's C4/Gopher would filter all
     local = load_pipeline(write_recipe(tmp_path, tiny_data, "inproc", None), storage_root=str(tmp_path / "a"))
@@ -257,11 +257,11 @@ def test_jobcli_forwards_unknown_options_to_beam(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TIDAL_BEAM_ARGS", "--direct_num_workers=2")
     module = fake_job(tmp_path)
-    main(module, "clean", ["--config={}", "--input=fetch-x=/d", f"--out={tmp_path}/o", "--seed=3",
+    main(module, "clean", ["--config={}", "--input=fetch-x=/d", f"--out={tmp_path}/o",
                            "--runner=FlinkRunner", "--labels=a=b"])
     ctx, beam_args = module.seen[0]
     assert beam_args == "--direct_num_workers=2 --runner=FlinkRunner --labels=a=b"
-    assert ctx.inputs == {"fetch-x": Path("/d")} and ctx.seed == 3 and ctx.config == {}
+    assert ctx.inputs == {"fetch-x": Path("/d")} and ctx.seed is None and ctx.config == {}
     assert os.environ["TIDAL_BEAM_ARGS"] == "--direct_num_workers=2"  # restored
     with pytest.raises(SystemExit):
         main(fake_job(tmp_path, "tidal.data.mix"), "mix", ["--config={}", f"--out={tmp_path}/o", "--runner=X"])
@@ -278,3 +278,17 @@ def test_jobcli_usage_names_the_module_and_a_missing_config_file(tmp_path, capsy
     module = fake_job(tmp_path)
     main(module, "clean", ["--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o")])
     assert module.seen[0][0].config == {"a": 1} and module.seen[0][1] is None
+
+
+def test_jobcli_requires_the_seed_of_a_seeded_kind_and_refuses_it_elsewhere(tmp_path, capsys):
+    from tidal.data.jobcli import main
+
+    module = fake_job(tmp_path)
+    with pytest.raises(SystemExit):
+        main(module, "mix", ["--config={}", f"--out={tmp_path}/o"])
+    assert "--seed is required: a mix step draws random numbers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(module, "clean", ["--config={}", f"--out={tmp_path}/o", "--seed=3"])
+    assert "--seed: a clean step draws no random numbers" in capsys.readouterr().err
+    main(module, "mix", ["--config={}", f"--out={tmp_path}/o", "--seed=3"])
+    assert module.seen[-1][0].seed == 3

@@ -24,7 +24,7 @@ CURVE = [(5, 6.91), (10, 6.52)]
 
 def _commit(pipe, name: str, files: dict[str, str | pd.DataFrame], summary: dict) -> Path:
     """Commit ``files`` as step ``name`` through the runner's real commit protocol."""
-    from tidal.core.runner import write_commit
+    from tidal.core.commit import write_commit
 
     step = pipe.graph[name]
     out = pipe.storage.step_dir(step.step_id)

@@ -163,9 +163,9 @@ def test_pipeline_opens_an_s3_root_with_the_recipe_settings(bucket, tmp_path):
 def test_remote_training_prepare_and_commit_on_s3(bucket, tmp_path):
     """tidal.core.remote around a pod: local work dir, upload with the marker last on commit."""
     from tests.conftest import TINY
+    from tidal.core.commit import write_commit
     from tidal.core.load import load_pipeline
     from tidal.core.remote import RemoteRunIncomplete, commit, prepare
-    from tidal.core.runner import write_commit
 
     pipe = load_pipeline(TINY, storage_root=f"s3://{bucket}/remote")
     train = pipe.graph["train"]

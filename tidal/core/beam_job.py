@@ -11,12 +11,12 @@ caller, in two halves that each take milliseconds on the Airflow worker:
    (the job's ``--out``) and the step's config is written as JSON next to it, in
    ``{scratch}.job/config.json`` (outside the step's outputs, so the manifest is the same).
 2. the operator runs the job; the runner's workers write into the scratch directory.
-3. :func:`commit`: the kind's expected outputs must exist; the summary is read back from them
-   by the kind's own ``summarize`` (what its ``run`` returns in-process), then
-   ``manifest.json``, ``step.json``, ``_SUCCESS`` (:func:`tidal.core.runner.write_commit`) and the
-   atomic rename of the scratch directory into place (:meth:`LocalStorage.commit_scratch`;
-   on an object store the upload with the marker last, :meth:`S3Storage.commit_scratch`),
-   exactly as :func:`tidal.core.runner.run_step` does; then MLflow.
+3. :func:`commit`: the kind's expected outputs must exist and pass the kind's own checks
+   (``expected_outputs`` / ``check_outputs`` beside its ``summarize``); the summary is read back
+   from them by ``summarize`` (what its ``run`` returns in-process), then the one commit path
+   (:func:`tidal.core.commit.commit_step`: ``manifest.json``, ``step.json``, ``_SUCCESS``, the
+   atomic rename of the scratch directory into place, or on an object store the upload with
+   the marker last), exactly as :func:`tidal.core.runner.run_step` does; then MLflow.
 
 The summary comes from the outputs, not from the job's stdout: with ``DataflowRunner`` the
 provider stops following the launcher process as soon as it has the Dataflow job id and
@@ -33,7 +33,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.core.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
+from tidal.core.commit import (
+    OutputsIncomplete,
+    StepResult,
+    commit_step,
+    make_context,
+    needs_run,
+    now,
+    skip_result,
+)
 from tidal.kinds import BEAM_KINDS, kind_spec
 
 JOB_SUFFIX = ".job"
@@ -43,32 +51,13 @@ if TYPE_CHECKING:
     from tidal.core.pipeline import Pipeline
 
 
-class JobIncomplete(RuntimeError):
+class JobIncomplete(OutputsIncomplete):
     """The Beam job reported success but an expected output is missing from its directory."""
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def job_dir(work_dir: Path) -> Path:
     """Where the job's own files (its config) live: next to the scratch dir, never inside it."""
     return work_dir.with_name(work_dir.name + JOB_SUFFIX)
-
-
-def expected_outputs(kind: str, config: dict[str, Any]) -> list[str]:
-    """File names a finished job of ``kind`` must have written (docs/contracts.md)."""
-    from tidal.data.shards import shard_name
-
-    if kind == "clean":
-        shards = int(config.get("shards", 1))
-        return ["counts.json", "quarantine.parquet", *(shard_name("documents", i, shards, "parquet")
-                                                       for i in range(shards))]
-    if kind == "tokenize":
-        shards = int(config.get("shards", 1))
-        return ["meta.json", "failed_documents.json", *(shard_name("tokens", i, shards, "npy")
-                                                        for i in range(shards))]
-    raise ValueError(f"step kind {kind!r} is not a Beam job; Beam kinds: {sorted(BEAM_KINDS)}")
 
 
 def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]:
@@ -77,7 +66,8 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     Returns:
         ``{"step_id", "status", "started_at"}``; ``status`` is ``"skip"`` when the step is
         committed (nothing written). With ``"run"`` also the job's arguments: ``out`` (the
-        scratch dir), ``config`` (the JSON file), ``inputs`` (name -> committed dir), ``seed``.
+        scratch dir), ``config`` (the JSON file), ``inputs`` (name -> committed dir), ``seed``
+        (None: the kind draws no random numbers).
 
     Raises:
         StepBlocked: an input step is not committed.
@@ -87,7 +77,7 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     if step.kind not in BEAM_KINDS:
         raise ValueError(f"step {name} is a {step.kind} step; Beam kinds: {sorted(BEAM_KINDS)}")
     storage = pipe.storage
-    base = {"step_id": step.step_id, "started_at": _now()}
+    base = {"step_id": step.step_id, "started_at": now()}
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
     storage.clear_uncommitted(step.step_id)
@@ -102,8 +92,9 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
 
 def job_arguments(prepared: dict[str, Any], name: str) -> list[str]:
     """The job's own command-line arguments (after ``python -m tidal.data.<kind>``)."""
+    seed = [] if prepared.get("seed") is None else [f"--seed={prepared['seed']}"]
     return [f"--config={prepared['config']}", *(f"--input={n}={d}" for n, d in prepared["inputs"].items()),
-            f"--out={prepared['out']}", f"--seed={prepared['seed']}", f"--name={name}"]
+            f"--out={prepared['out']}", *seed, f"--name={name}"]
 
 
 def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
@@ -117,15 +108,14 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
 
     Raises:
         JobIncomplete: an expected output is missing (the job did not finish).
+        ValueError: the kind's output checks refused the outputs (names the file and both numbers).
     """
     tick = time.perf_counter()
     step = pipe.graph[name]
     storage = pipe.storage
-    out_dir = storage.step_dir(step.step_id)
     work_dir = Path(prepared["out"]) if prepared.get("status") == "run" else None
     if storage.is_committed(step.step_id):
-        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
-        result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
+        result = skip_result(step, storage, time.perf_counter() - tick)
         if work_dir is not None:  # committed meanwhile by another attempt: same content address
             shutil.rmtree(work_dir, ignore_errors=True)
     else:
@@ -133,17 +123,14 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
             raise JobIncomplete(f"step {step.step_id} is not committed and its prepare reported "
                                 f"{prepared.get('status')!r}; rerun the step's prepare task")
         config = make_context(step, storage, work_dir).config
-        missing = [f for f in expected_outputs(step.kind, config) if not (work_dir / f).is_file()]
-        if missing:
-            raise JobIncomplete(f"{work_dir}: the {runner} job of {step.step_id} did not write {missing}; "
-                                "rerun the step's task group (nothing was committed)")
-        summary = kind_spec(step.kind).load().summarize(config, work_dir)
         seconds = (datetime.now(UTC) - datetime.fromisoformat(prepared["started_at"])).total_seconds()
-        write_commit(step, storage, work_dir, summary, started_at=prepared["started_at"], seconds=seconds,
-                     provenance={"launcher": "beam-provider", "runner": runner, "workload": workload})
-        storage.commit_scratch(work_dir, step.step_id)
-        storage.clear_attempts(step.step_id)
-        result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+        try:
+            result = commit_step(step, storage, work_dir,
+                                 lambda: kind_spec(step.kind).load().summarize(config, work_dir),
+                                 started_at=prepared["started_at"], seconds=seconds, where=f"the {runner} job",
+                                 provenance={"launcher": "beam-provider", "runner": runner, "workload": workload})
+        except OutputsIncomplete as err:
+            raise JobIncomplete(f"{err}; rerun the step's task group") from None
     if work_dir is not None:
         shutil.rmtree(job_dir(work_dir), ignore_errors=True)
     if run_key is not None:
@@ -151,4 +138,4 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     return result
 
 
-__all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "expected_outputs", "job_arguments", "job_dir", "prepare"]
+__all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "job_arguments", "job_dir", "prepare"]

@@ -9,9 +9,9 @@ take milliseconds on the Airflow worker:
    written into the step directory, which is kept across attempts (training resumes from
    its checkpoints there, as the ``train`` kind is resumable).
 2. the launcher runs the entrypoint; it writes checkpoints, metrics and ``summary.json``.
-3. :func:`commit`: ``summary.json`` must exist; then ``manifest.json``, ``step.json`` and
-   ``_SUCCESS`` (last) are written exactly as :func:`tidal.core.runner.run_step` writes them, and
-   the step is recorded in MLflow.
+3. :func:`commit`: ``summary.json`` must exist; then the one commit path
+   (:func:`tidal.core.commit.commit_step`: the kind's output checks, ``manifest.json``,
+   ``step.json``, ``_SUCCESS`` last) exactly as an in-process run, and the step is recorded in MLflow.
 
 So a pod that dies, is preempted or is deleted leaves an uncommitted directory whose next
 attempt resumes; only a finished run is ever marked done. ``spec.json`` holds what the
@@ -26,18 +26,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from tidal.core.commit import StepResult, commit_step, make_context, needs_run, now, skip_result
 from tidal.core.pipeline import Pipeline
-from tidal.core.runner import STEP_JSON, StepResult, make_context, needs_run, write_commit
-
-SUMMARY = "summary.json"
+from tidal.layout import SUMMARY_JSON as SUMMARY
 
 
 class RemoteRunIncomplete(RuntimeError):
     """The launcher reported success but the step directory lacks ``summary.json``."""
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]:
@@ -53,7 +48,7 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     step = pipe.graph[name]
     storage = pipe.storage
     out_dir = storage.step_dir(step.step_id)
-    base = {"step_id": step.step_id, "step_uri": str(out_dir), "started_at": _now()}
+    base = {"step_id": step.step_id, "step_uri": str(out_dir), "started_at": now()}
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
     from tidal.train import write_spec  # light: no JAX (see tidal/train/__init__.py)
@@ -78,10 +73,8 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
     tick = time.perf_counter()
     step = pipe.graph[name]
     storage = pipe.storage
-    out_dir = storage.step_dir(step.step_id)
     if storage.is_committed(step.step_id):
-        summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
-        result = StepResult(step.name, step.step_id, step.kind, "skip", time.perf_counter() - tick, out_dir, summary)
+        result = skip_result(step, storage, time.perf_counter() - tick)
     else:
         work_dir = storage.resumable_dir(step.step_id)
         if not (work_dir / SUMMARY).is_file():
@@ -89,11 +82,8 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
                                       "did not finish; rerun the launch task (training resumes from checkpoints)")
         summary = json.loads((work_dir / SUMMARY).read_text())
         seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
-        write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
-                     provenance={"launcher": launcher, "workload": workload})
-        storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
-        storage.clear_attempts(step.step_id)
-        result = StepResult(step.name, step.step_id, step.kind, "run", seconds, out_dir, summary)
+        result = commit_step(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
+                             provenance={"launcher": launcher, "workload": workload}, where=f"the {launcher} run")
     if run_key is not None:
         pipe.record(result, run_key)
     return result

@@ -28,8 +28,9 @@ from typing import Any
 
 KEY_ENV = "TIDAL_SIGNING_KEY"
 ALGORITHM = "HMAC-SHA256"
-SIGNATURE_JSON = "signature.json"
-SIGNED_FILES = ("manifest.json", "step.json")
+from tidal.layout import MANIFEST_JSON, SIGNATURE_JSON, STEP_JSON
+
+SIGNED_FILES = (MANIFEST_JSON, STEP_JSON)
 # RFC 2104 §3: keys shorter than the hash output (32 bytes for SHA-256) are "strongly discouraged".
 MIN_KEY_BYTES = 32
 KEY_ID_CHARS = 16

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from tidal.context import StepContext
+from tidal.layout import SPEC_JSON, SUMMARY_JSON
 
 STEP_VERSION = 1
 FITS_JSON = "fits.json"
@@ -73,7 +74,7 @@ def epoch_tokens(step_dir: Path) -> float | None:
     """Predicted tokens in one epoch of the run's training mixture (``n_sequences · (seq_len - 1)``
     from the ``mixture.json`` among the train step's inputs), or None when it cannot be found."""
     try:
-        spec = json.loads((Path(step_dir) / "spec.json").read_text())
+        spec = json.loads((Path(step_dir) / SPEC_JSON).read_text())
         for where in spec.get("inputs", {}).values():
             meta = Path(where) / "mixture.json"
             if meta.is_file():
@@ -106,7 +107,7 @@ def read_runs(ctx_inputs: dict[str, Path], config: dict[str, Any]) -> tuple[dict
     dropped, repeated, few = [], [], []
     for name, meta in sorted(config["runs"].items(), key=lambda kv: (kv[1]["budget"], kv[0])):
         step_dir = Path(ctx_inputs[name])
-        summary = json.loads((step_dir / "summary.json").read_text())
+        summary = json.loads((step_dir / SUMMARY_JSON).read_text())
         se = math.nan
         if loss_key == "train_loss_tail":
             loss, se, used = tail_train_loss(step_dir, int(summary.get("steps", 0)), fraction)
@@ -208,7 +209,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from tidal.scaling.plots import write_plots
 
     cols, dropped_flags = read_runs(ctx.inputs, ctx.config)
-    fits, fit = fit_runs(cols, ctx.config, ctx.seed)
+    fits, fit = fit_runs(cols, ctx.config, ctx.require_seed())
     fits["flags"] = dropped_flags + fits["flags"]
     out = ctx.out_dir
     pd.DataFrame({"name": cols["name"], "budget": cols["budget"], "d_model": cols["d_model"],

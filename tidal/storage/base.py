@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from tidal.layout import SUCCESS
 from tidal.storage.lease import Lease, LocalLeaseStore
 from tidal.storage.lease import pid_alive as _alive
 
-SUCCESS = "_SUCCESS"
 SCRATCH = ".scratch"
 FAILED = ".failed"
 

@@ -37,10 +37,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
+from tidal.layout import STEP_JSON
 from tidal.storage.base import SUCCESS, LocalStorage, StorageError, StorageSettings
 from tidal.storage.lease import LEASES, Lease
 
-STEP_JSON = "step.json"
 HOLD_BEFORE_MARKER_ENV = "TIDAL_STORAGE_HOLD_BEFORE_MARKER"  # tests only: see _test_hold()
 log = logging.getLogger("tidal.storage_s3")
 

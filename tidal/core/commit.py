@@ -1,0 +1,266 @@
+"""The one commit path: every place a step runs (in-process, a pod, a Beam-provider job) ends here.
+
+Invariant: ``_SUCCESS`` is written last, after ``manifest.json`` (every output file with size
+and sha256) and ``step.json`` (what was hashed, input ids, summary, provenance and times), and
+only after the kind's own output checks passed (:func:`check_outputs`). A committed step is
+never recomputed unless forced, and checking that costs one ``stat``.
+
+The callers differ only in where the computation ran and where its summary comes from:
+:func:`tidal.core.runner.run_step` (``module.run`` in this process, under a lease),
+:func:`tidal.core.remote.commit` (``summary.json`` a pod wrote) and
+:func:`tidal.core.beam_job.commit` (the kind's ``summarize`` over a job's outputs). Each calls
+:func:`skip_result` for a committed step and :func:`commit_step` otherwise, so a drift between
+them (a check one path skips) cannot happen.
+
+Kind contract (optional, beside the kind's ``run`` and ``summarize``):
+
+* ``expected_outputs(config) -> list[str]``: file names a finished run must have written;
+* ``check_outputs(config, out_dir) -> None``: raises ``ValueError`` naming the file and both
+  numbers when the outputs disagree with each other (e.g. row counts against ``counts.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tidal.context import StepContext
+from tidal.integrity.fingerprint import environment_fingerprint
+from tidal.integrity.hashing import write_manifest
+from tidal.integrity.provenance import environment, git_sha
+from tidal.integrity.signing import load_key, signing_record, write_signature
+from tidal.kinds import kind_spec
+from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS, atomic_write_text
+from tidal.steps import Step, derive_seed
+from tidal.storage import Storage
+from tidal.storage.lease import Lease
+
+log = logging.getLogger("tidal.runner")
+
+
+class StepBlocked(RuntimeError):
+    """A step's inputs are not committed yet; the message names them."""
+
+
+class OutputsIncomplete(RuntimeError):
+    """A finished run lacks an output its kind declares (nothing was committed)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What happened to one step: ``status`` is ``"run"`` or ``"skip"`` (already committed)."""
+
+    name: str
+    step_id: str
+    kind: str
+    status: str
+    seconds: float
+    out_dir: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def now() -> str:
+    """The current UTC time as ISO 8601 with milliseconds (the times recorded in ``step.json``)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def read_step_json(out_dir: Path) -> dict[str, Any]:
+    """The ``step.json`` of a committed step directory."""
+    return json.loads((out_dir / STEP_JSON).read_text())
+
+
+def needs_run(step: Step, storage: Storage, *, force: bool = False) -> bool:
+    """Whether ``step`` must be computed: False if committed (and not forced).
+
+    ``force`` first moves a committed output aside. Shared by in-process runs and the prepare
+    halves of runs elsewhere (:mod:`tidal.core.remote`, :mod:`tidal.core.beam_job`).
+
+    Raises:
+        StepBlocked: it must run but an input step is not committed.
+    """
+    if force:
+        storage.discard(step.step_id)
+    elif storage.is_committed(step.step_id):
+        return False
+    missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
+    if missing:
+        raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
+    return True
+
+
+def step_seed(step: Step) -> int | None:
+    """The step's own seed, derived from the recipe seed in its config and its name
+    (:func:`tidal.steps.derive_seed`); None for a kind that draws no random numbers.
+
+    Raises:
+        ValueError: the kind is seeded (``tidal/kinds.py``) but the config carries no ``seed``
+            (a planner bug: a seeded step never falls back to a default seed).
+    """
+    seeded = kind_spec(step.kind).seeded
+    if "seed" not in step.config:
+        if seeded:
+            raise ValueError(f"step {step.step_id}: a {step.kind} step needs a 'seed' in its config "
+                             "(derived from the recipe seed); none was planned")
+        return None
+    return derive_seed(int(step.config["seed"]), step.name)
+
+
+def make_context(step: Step, storage: Storage, work_dir: Path) -> StepContext:
+    """The :class:`StepContext` of ``step`` writing into ``work_dir`` (inputs: committed dirs, local;
+    an object store's are downloaded and verified first, :meth:`tidal.storage.Storage.input_dir`).
+
+    Raises:
+        ValueError: a seeded kind's config has no seed (:func:`step_seed`).
+    """
+    return StepContext(
+        step_id=step.step_id,
+        name=step.name,
+        kind=step.kind,
+        config=json.loads(json.dumps(dict(step.config))),
+        out_dir=work_dir,
+        inputs={dep.name: storage.input_dir(dep.step_id) for dep in step.inputs},
+        input_ids={dep.name: dep.step_id for dep in step.inputs},
+        seed=step_seed(step),
+        log=logging.getLogger(f"tidal.step.{step.name}"),
+    )
+
+
+def skip_result(step: Step, storage: Storage, seconds: float) -> StepResult:
+    """The result of a step that is already committed (its summary read back from ``step.json``)."""
+    summary = json.loads(storage.read_text(step.step_id, STEP_JSON)).get("summary", {})
+    return StepResult(step.name, step.step_id, step.kind, "skip", seconds, storage.step_dir(step.step_id), summary)
+
+
+def check_outputs(step: Step, work_dir: Path, *, where: str = "the run") -> None:
+    """Check a finished run's outputs against its kind's contract before anything is committed.
+
+    Every name of ``expected_outputs(config)`` must be a file in ``work_dir``; then the kind's
+    ``check_outputs(config, work_dir)`` runs. Kinds that declare neither pass.
+
+    Raises:
+        OutputsIncomplete: naming the missing files, ``where`` (e.g. "the FlinkRunner job") and the step.
+        ValueError: the kind's own check failed (names the file and both numbers).
+    """
+    module = kind_spec(step.kind).load()
+    config = json.loads(json.dumps(dict(step.config)))
+    expected = getattr(module, "expected_outputs", None)
+    if expected is not None:
+        missing = [name for name in expected(config) if not (work_dir / name).is_file()]
+        if missing:
+            raise OutputsIncomplete(f"{work_dir}: {where} of {step.step_id} did not write {missing}; "
+                                    "nothing was committed (rerun the step)")
+    check = getattr(module, "check_outputs", None)
+    if check is not None:
+        check(config, work_dir)
+
+
+def write_commit(
+    step: Step,
+    storage: Storage,
+    work_dir: Path,
+    summary: dict[str, Any],
+    *,
+    started_at: str,
+    seconds: float,
+    provenance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``manifest.json``, ``step.json``, ``signature.json`` (with a key), then ``_SUCCESS`` (last).
+
+    ``provenance`` adds fields (e.g. launcher, workload, lease). ``step.json`` also records the
+    environment fingerprint (:mod:`tidal.integrity.fingerprint`) and ``signing``; with
+    ``$TIDAL_SIGNING_KEY`` set, both files are signed (:mod:`tidal.integrity.signing`).
+
+    Raises:
+        tidal.integrity.signing.SigningKeyError: ``$TIDAL_SIGNING_KEY`` is set but malformed.
+
+    Returns:
+        The manifest written.
+    """
+    key = load_key()
+    (work_dir / SUCCESS).unlink(missing_ok=True)
+    (work_dir / SIGNATURE_JSON).unlink(missing_ok=True)
+    manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
+    record = {
+        "step_id": step.step_id,
+        "hash_input": step.hash_input,
+        "summary": summary,
+        "manifest_root_hash": manifest["root_hash"],
+        "environment": environment_fingerprint(),
+        "signing": signing_record(key),
+        "provenance": {
+            "git_sha": git_sha(),
+            "environment": environment(),
+            "storage_root": str(storage.root),
+            "started_at": started_at,
+            "ended_at": now(),
+            "seconds": round(seconds, 3),
+            "pid": os.getpid(),
+            **(provenance or {}),
+        },
+    }
+    (work_dir / STEP_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    if key is not None:
+        write_signature(work_dir, key)
+    atomic_write_text(work_dir / SUCCESS, manifest["root_hash"] + "\n", durable=True)
+    return manifest
+
+
+def commit_step(
+    step: Step,
+    storage: Storage,
+    work_dir: Path,
+    summary: dict[str, Any] | Callable[[], dict[str, Any]],
+    *,
+    started_at: str,
+    seconds: float,
+    provenance: dict[str, Any] | None = None,
+    lease: Lease | None = None,
+    where: str = "the run",
+) -> StepResult:
+    """Commit a finished run of ``step`` from ``work_dir``: the kind's output checks, the commit
+    files (:func:`write_commit`), then publication (a scratch directory is renamed or uploaded
+    into place; a resumable one is committed in place or uploaded with the marker last), then
+    the failed attempts kept for inspection are cleared.
+
+    Args:
+        summary: what the run returned (in-process), or a function that reads it back from the
+            outputs (called after the output checks passed).
+        started_at: ISO time the attempt started (recorded in ``step.json``).
+        seconds: wall time of the attempt.
+        provenance: extra fields for ``step.json`` (launcher, runner, workload).
+        lease: the step's lease when one is held: checked before and after the commit files are
+            written (a worker that lost its lease must not publish); its record enters provenance.
+        where: names the run in errors ("the FlinkRunner job", "the gke run").
+
+    Raises:
+        OutputsIncomplete: an expected output is missing; ValueError: a kind check failed.
+        tidal.storage.lease.LeaseLost: the lease moved to another worker (nothing published).
+    """
+    spec = kind_spec(step.kind)
+    check_outputs(step, work_dir, where=where)
+    if callable(summary):
+        summary = summary()
+    if lease is not None:
+        lease.ensure_held()
+        provenance = {**(provenance or {}), "lease": lease.record()}
+    manifest = write_commit(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
+                            provenance=provenance)
+    if lease is not None:
+        lease.ensure_held()  # fence: a worker that lost its lease must not publish
+    if spec.resumable:
+        storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
+    else:
+        storage.commit_scratch(work_dir, step.step_id)  # local: atomic rename; object store: upload, marker last
+    storage.clear_attempts(step.step_id)
+    log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
+    return StepResult(step.name, step.step_id, step.kind, "run", seconds, storage.step_dir(step.step_id), summary)
+
+
+__all__ = ["STEP_JSON", "OutputsIncomplete", "StepBlocked", "StepResult", "check_outputs", "commit_step",
+           "make_context", "needs_run", "now", "read_step_json", "skip_result", "step_seed", "write_commit"]
