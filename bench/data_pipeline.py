@@ -152,10 +152,11 @@ def prepare(work: Path, scales: list[int], workers: int, stride: int) -> dict:
         configs[source] = dict(pipe.graph[f"clean-{source}"].config)
     tok_cfg = pipe.graph["tokenizer"].config
     seq_len = pipe.graph["tokenize-brown"].config["seq_len"]
-    print(f"1x = every {stride}th fetched record: {sum(len(r) for r in rows.values())} records, in {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"1x = every {stride}th fetched record: {sum(len(r) for r in rows.values())} records, "
+          f"in {time.perf_counter() - started:.1f} s", flush=True)
 
-    texts = [r["raw"].decode("utf-8", errors="replace") for s in tok_cfg["sources"] for r in rows[s.removeprefix("clean-")]
-             if not r.get("reason")]
+    texts = [r["raw"].decode("utf-8", errors="replace") for s in tok_cfg["sources"]
+             for r in rows[s.removeprefix("clean-")] if not r.get("reason")]
     tok = tokenizer_step.train_tokenizer(texts, int(tok_cfg["vocab_size"]), int(tok_cfg["min_frequency"]),
                                          tok_cfg["special_tokens"])
     tok_dir = work / "tokenizer"
@@ -280,7 +281,8 @@ def run_datatrove(plan: dict, scale: str) -> dict:
                 config.num_buckets, "s2")
         execute([MinhashDedupCluster(str(root / "buckets"), str(root / "remove"), config=config)], 1, "s3")
         execute([ParquetReader(str(root / "filtered")), MinhashDedupFilter(str(root / "remove")),
-                 DocumentTokenizer(str(root / "tokens"), tokenizer_name_or_path=str(Path(plan["tokenizer"]) / "tokenizer.json"),
+                 DocumentTokenizer(str(root / "tokens"),
+                                   tokenizer_name_or_path=str(Path(plan["tokenizer"]) / "tokenizer.json"),
                                    eos_token=plan["eos"], shuffle_documents=False)], workers, "s4")
         for stats in sorted((root / "logs" / "s4" / "stats").glob("*.json")):
             for block in json.loads(stats.read_text()):
@@ -403,7 +405,8 @@ def main() -> int:
             results[system][scale] = r
             extra = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("seconds", "rss_mb", "cpu_s"))
             print(f"{system:<9} {scale:>2}x {mb:7.1f} MB {plan['scales'][str(scale)]['records']:>8} records "
-                  f"{r['seconds']:7.1f} s (CPU {r['cpu_s']:7.1f} s) {mb / r['seconds']:6.2f} MB/s peak RSS {r['rss_mb']:6.0f} MB  {extra}",
+                  f"{r['seconds']:7.1f} s (CPU {r['cpu_s']:7.1f} s) {mb / r['seconds']:6.2f} MB/s "
+                  f"peak RSS {r['rss_mb']:6.0f} MB  {extra}",
                   flush=True)
     top = max(scales)
     mbps = {s: {k: plan["scales"][str(k)]["bytes"] / 1e6 / v["seconds"] for k, v in results[s].items()}
@@ -417,7 +420,8 @@ def main() -> int:
     growth1 = (t[16] / t[1]) / 16 if 16 in t and 1 in t else float("nan")
     # time per added copy from 4x to 16x over that from 1x to 4x (fixed start-up cancels out)
     marginal = ((t[16] - t[4]) / 12) / ((t[4] - t[1]) / 3) if {1, 4, 16} <= set(t) else float("nan")
-    rss = results["tidal"].get(16, {}).get("rss_mb", float("nan")) / results["tidal"].get(4, {}).get("rss_mb", float("nan"))
+    rss = (results["tidal"].get(16, {}).get("rss_mb", float("nan"))
+           / results["tidal"].get(4, {}).get("rss_mb", float("nan")))
     print(f"datatrove compared at {both}x; bare tokenization and mbps at {top}x; growth_16x base 4x "
           f"(1x base: {growth1:.3f})")
     cpu = {sy: {k: v["cpu_s"] for k, v in results[sy].items()} for sy in results}
@@ -425,7 +429,8 @@ def main() -> int:
     cpu_bare = cpu["bare"][top] / cpu["tidal"][top]
     print(f"CPU-time ratios (work per CPU second; steadier than wall clock on a shared machine): "
           f"cpu_ratio_vs_datatrove={cpu_dt:.3f} cpu_ratio_vs_bare_tokenize={cpu_bare:.3f}")
-    print(f"RESULT mbps={mbps['tidal'][top]:.3f} ratio_vs_datatrove={ratio_dt:.3f} ratio_vs_bare_tokenize={ratio_bare:.3f} "
+    print(f"RESULT mbps={mbps['tidal'][top]:.3f} ratio_vs_datatrove={ratio_dt:.3f} "
+          f"ratio_vs_bare_tokenize={ratio_bare:.3f} "
           f"growth_16x={growth4:.3f} rss_ratio_16x_4x={rss:.3f} growth_16x_vs_1x={growth1:.3f} "
           f"ratio_vs_bare_tokenize_fast={ratio_bare_fast:.3f} marginal_growth={marginal:.3f} "
           f"datatrove_scale={both} workers={args.workers} cpu_ratio_vs_datatrove={cpu_dt:.3f} "

@@ -82,7 +82,7 @@ def write_raw(records: list[tuple[str, bytes]], directory: Path) -> Path:
 
 def timed_clean(raw: Path, out: Path, config: dict) -> tuple[float, float, dict]:
     """``(wall seconds, CPU seconds of this process, counts)`` of one in-process clean run."""
-    cfg = clean.CleanConfig.from_config(config)
+    cfg = clean.CleanConfig.model_validate(config)
     started, cpu = time.perf_counter(), time.process_time()
     counts = clean.clean(raw, out, cfg, args=["--runner=FnApiRunner", "--direct_num_workers=1"])
     return time.perf_counter() - started, time.process_time() - cpu, counts
@@ -119,9 +119,10 @@ def main() -> None:
     recall = len([r for r in correct if r["ref"] in positives]) / max(len(positives), 1)
     precision = len(correct) / max(len(near), 1)
     filtered = sum(full_counts["filtered"].values())
-    print(f"baseline (exact dedup only): {base_s:.1f} s wall, {base_cpu:.1f} s CPU, {len(records) / base_s:.0f} docs/s, "
-          f"{mb / base_s:.2f} MB/s, kept {base_counts['kept']}")
-    print(f"full (filters + near-dedup): {full_s:.1f} s wall, {full_cpu:.1f} s CPU, {len(records) / full_s:.0f} docs/s, "
+    print(f"baseline (exact dedup only): {base_s:.1f} s wall, {base_cpu:.1f} s CPU, "
+          f"{len(records) / base_s:.0f} docs/s, {mb / base_s:.2f} MB/s, kept {base_counts['kept']}")
+    print(f"full (filters + near-dedup): {full_s:.1f} s wall, {full_cpu:.1f} s CPU, "
+          f"{len(records) / full_s:.0f} docs/s, "
           f"{mb / full_s:.2f} MB/s, kept {full_counts['kept']}, filtered {filtered}, near duplicates {len(near)} "
           f"({len(correct)} planted), candidate pairs {full_counts['neardup']['candidate_pairs']}")
     print(f"RESULT docs_per_s={len(records) / full_s:.1f} MB_per_s={mb / full_s:.3f} "

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tidal.data import archives
-from tidal.data.archives import ArchiveError, ensure_archive, find_specs, validate_spec
+from tidal.data.archives import Archive, ArchiveError, ensure_archive, find_specs
 
 PAYLOAD = b"pinned archive bytes"
 
@@ -61,23 +61,27 @@ def test_cache_dir_from_env(tmp_path, monkeypatch):
 @pytest.mark.parametrize("change, rule", [
     ({"kind": "pip"}, "kind"),
     ({"sha256": "ABC"}, "sha256"),
-    ({"filename": "../x.tgz"}, "filename"),
-    ({"extra": 1}, "unknown key"),
+    ({"filename": "../x.tgz"}, "filename must be a bare name"),
+    ({"filename": ".."}, "filename must be a bare name"),
+    ({"extra": 1}, "extra\n  Extra inputs are not permitted"),
 ])
-def test_bad_specs_are_rejected(change, rule):
+def test_bad_specs_are_rejected(change, rule, tmp_path):
     with pytest.raises(ValueError, match=rule):
-        validate_spec(spec_for(**change))
+        Archive.model_validate(spec_for(**change))
+    with pytest.raises(ValueError, match=rule):  # before anything is downloaded
+        ensure_archive(spec_for(**change), tmp_path, writer(PAYLOAD, []))
 
 
 def test_missing_key_is_named():
     spec = spec_for()
     del spec["version"]
-    with pytest.raises(ValueError, match="version"):
-        validate_spec(spec)
+    with pytest.raises(ValueError, match="version\n  Field required"):
+        Archive.model_validate(spec)
 
 
 def test_find_specs_walks_a_recipe():
-    recipe = {"sources": {"a": {"archive": spec_for()}, "b": {"archive": spec_for(package="other", filename="other-1.0.0.tgz")}},
+    recipe = {"sources": {"a": {"archive": spec_for()},
+                          "b": {"archive": spec_for(package="other", filename="other-1.0.0.tgz")}},
               "clean": {"shards": 2}, "again": [spec_for()]}
     assert [s["package"] for s in find_specs(recipe)] == ["demo-pkg", "other"]
 

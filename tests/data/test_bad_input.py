@@ -95,8 +95,8 @@ def test_quarantine_keeps_the_bytes_verbatim_with_file_line_and_reason(cleaned):
     assert rows["a.jsonl:2"]["raw"] == "caf\xe9 bytes that are not UTF-8 at all in this line".encode("latin-1")
     assert rows["a.jsonl:2"]["reason"] == "invalid_utf8" and rows["a.jsonl:2"]["detail"].startswith("byte 3:")
     assert rows["a.jsonl:3"]["reason"] == "lone_surrogate"
-    assert rows["a.jsonl:8"] == {"ref": "a.jsonl:8", "raw": b'{"text": "malformed json line', "reason": "malformed_json",
-                                 "detail": rows["a.jsonl:8"]["detail"]}
+    assert rows["a.jsonl:8"] == {"ref": "a.jsonl:8", "raw": b'{"text": "malformed json line',
+                                 "reason": "malformed_json", "detail": rows["a.jsonl:8"]["detail"]}
     assert "a.jsonl line 8" in rows["a.jsonl:8"]["detail"]
     truncated = [r for r in rows.values() if r["reason"] == "truncated_file"]
     assert len(truncated) == 1 and truncated[0]["ref"].startswith("e.jsonl.gz:")
@@ -197,7 +197,8 @@ def test_jsonl_zst_truncation_zero_byte_shards_bom_and_non_text_records(tmp_path
     assert nonzero(counts["normalized"]) == {"newlines": 1}  # the BOM before line 1 is the reader's
     kept_zst = [ref for ref in docs if ref.startswith("e.jsonl.zst:")]
     assert 0 < len(kept_zst) < 2000 and counts["kept"] == 2 + len(kept_zst)
-    assert sorted(kept_zst, key=lambda r: int(r.split(":")[1])) == [f"e.jsonl.zst:{i}" for i in range(1, len(kept_zst) + 1)]
+    assert sorted(kept_zst, key=lambda r: int(r.split(":")[1])) == [
+        f"e.jsonl.zst:{i}" for i in range(1, len(kept_zst) + 1)]
     assert quarantined[f"e.jsonl.zst:{len(kept_zst) + 1}"]["reason"] == "truncated_file"
     assert docs["a.jsonl:1"]["text"] == SENTENCE + " after a byte-order mark"
     assert docs["a.jsonl:2"]["text"] == "Windows end\nold Mac end\nUnix end\nall in one document here"

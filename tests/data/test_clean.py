@@ -6,6 +6,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from tidal.context import StepContext
 from tidal.data import clean, fetch
@@ -121,12 +122,14 @@ def test_check_counts_names_the_numbers():
 
 
 def test_bad_config_is_rejected():
-    with pytest.raises(ValueError, match="shards"):
-        clean.CleanConfig.from_config({**CONFIG, "shards": 0})
-    with pytest.raises(ValueError, match="unknown key"):
-        clean.CleanConfig.from_config({**CONFIG, "runner": "x"})
-    with pytest.raises(ValueError, match="normalization"):
-        clean.CleanConfig.from_config({**CONFIG, "normalization": "NFD"})
+    with pytest.raises(ValidationError, match="shards"):
+        clean.CleanConfig.model_validate({**CONFIG, "shards": 0})
+    with pytest.raises(ValidationError, match="runner\n  Extra inputs are not permitted"):
+        clean.CleanConfig.model_validate({**CONFIG, "runner": "x"})
+    with pytest.raises(ValidationError, match="normalization"):
+        clean.CleanConfig.model_validate({**CONFIG, "normalization": "NFD"})
+    with pytest.raises(ValidationError, match="min_chars .30. exceeds max_chars .20."):
+        clean.CleanConfig.model_validate({**CONFIG, "min_chars": 30, "max_chars": 20})
 
 
 def test_real_brown_reconciles(tmp_path):
@@ -136,7 +139,8 @@ def test_real_brown_reconciles(tmp_path):
         pytest.skip(f"{spec['filename']} not in the archive cache {cache_dir()}")
     fetch_out = tmp_path / "fetch-brown"
     fetch_out.mkdir()
-    fetch.run(StepContext("f", "fetch-brown", "fetch", {"source": "brown", "format": "brown", "archive": spec}, fetch_out))
+    fetch.run(StepContext("f", "fetch-brown", "fetch", {"source": "brown", "format": "brown", "archive": spec},
+                          fetch_out))
     out = tmp_path / "clean-brown"
     out.mkdir()
     config = {**CONFIG, "source": "brown", "input": "fetch-brown", "max_chars": 200000, "shards": 2}
@@ -209,7 +213,8 @@ def test_band_files_round_trip(tmp_path):
 
     from tidal.data.spill import read_bands, write_bands
 
-    entries = {3: (np.array([7, 9], np.uint64), np.array([0, 1], np.int32), np.arange(64, dtype=np.uint8).reshape(2, 32))}
+    entries = {3: (np.array([7, 9], np.uint64), np.array([0, 1], np.int32),
+                   np.arange(64, dtype=np.uint8).reshape(2, 32))}
     path = write_bands(tmp_path / "b.npz", entries)
     keys, members, ids = read_bands(path, 3)
     assert keys.dtype == np.uint64 and keys.tolist() == [7, 9] and members.tolist() == [0, 1]

@@ -54,7 +54,7 @@ def run_clean(root: Path, recs, args: list[str]) -> tuple[dict, Path]:
                       "raw": pa.array([b for _, b in recs], pa.binary())}, schema=fetch.RAW_SCHEMA)
     pq.write_table(table, raw, row_group_size=400)  # several slices: work for both workers
     out = root / "out"
-    return clean.clean(raw, out, clean.CleanConfig.from_config(CONFIG), args=args), out
+    return clean.clean(raw, out, clean.CleanConfig.model_validate(CONFIG), args=args), out
 
 
 def test_one_worker_and_two_processes_write_the_same_bytes(tmp_path):

@@ -10,7 +10,10 @@ import pytest
 from tests.data.test_clean import write_raw
 from tidal.data import clean
 
-WORDS = ["river", "mill", "grain", "market", "bridge", "stone", "summer", "merchant", "wool", "silver", "timber", "amber", "honey", "leather", "harbour", "lantern", "orchard", "meadow", "valley", "forest", "the", "and", "of", "with", "that", "to", "have", "be", "copper", "glass", "salt", "horses", "cloth", "spices", "pottery", "wine", "boats", "carts", "farmers", "children"]
+WORDS = ["river", "mill", "grain", "market", "bridge", "stone", "summer", "merchant", "wool", "silver", "timber",
+         "amber", "honey", "leather", "harbour", "lantern", "orchard", "meadow", "valley", "forest", "the", "and", "of",
+         "with", "that", "to", "have", "be", "copper", "glass", "salt", "horses", "cloth", "spices", "pottery", "wine",
+         "boats", "carts", "farmers", "children"]
 
 
 def document(i: int) -> str:
@@ -27,7 +30,8 @@ def corpus() -> list[tuple[str, bytes]]:
         text[3] = "Changed " + text[3].split(" ", 1)[1]
         records.append((f"n:{i}", "\n".join(text).encode()))
     records += [(f"x:{i}", document(i).encode()) for i in range(5)]  # exact duplicates
-    records += [("bad:1", b"caf\xe9 " * 10), ("cjk:1", "春风又绿江南岸。明月何时照我还。千山鸟飞绝。万径人踪灭。".encode()),
+    records += [("bad:1", b"caf\xe9 " * 10),
+                ("cjk:1", "春风又绿江南岸。明月何时照我还。千山鸟飞绝。万径人踪灭。".encode()),
                 ("short:1", b"too short"), ("rep:1", ("same line here.\n" * 20).encode())]
     return records
 
@@ -45,7 +49,7 @@ MODES = {
 def run(tmp_path, name, args, records):
     raw_dir = write_raw(tmp_path / f"raw-{name}", records)
     out = tmp_path / name
-    counts = clean.clean(raw_dir / "raw.parquet", out, clean.CleanConfig.from_config(CONFIG), args=args)
+    counts = clean.clean(raw_dir / "raw.parquet", out, clean.CleanConfig.model_validate(CONFIG), args=args)
     return counts, {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 

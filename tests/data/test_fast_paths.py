@@ -37,7 +37,8 @@ def _old_normalize_steps(text: str, form: str) -> tuple[str, list[str]]:
     if text.startswith("\ufeff"):
         text, steps = text[1:], ["bom"]
     for name, step in (("ansi", normalize.strip_ansi), ("newlines", normalize.normalize_newlines),
-                       ("unicode_form", lambda t: unicodedata.normalize(form, t)), ("controls", normalize.strip_controls)):
+                       ("unicode_form", lambda t: unicodedata.normalize(form, t)),
+                       ("controls", normalize.strip_controls)):
         changed = step(text)
         if changed != text:
             steps.append(name)

@@ -75,8 +75,10 @@ def test_fetch_counts_gcide_database_entries_as_skipped(tmp_path, cache):
 
 def test_fetch_rejects_unknown_config_key(tmp_path, cache):
     spec = put(cache, "brownish-1.0.0.tgz", make_tar(BROWN))
-    with pytest.raises(ValueError, match="unknown config key"):
+    with pytest.raises(ValueError, match="shards\n  Extra inputs are not permitted"):
         run_fetch(tmp_path, {"source": "brown", "format": "brown", "archive": spec, "shards": 2})
+    with pytest.raises(ValueError, match="give `archive` and no `path`"):
+        run_fetch(tmp_path, {"source": "brown", "format": "brown", "path": "/x"}, "b")
 
 
 def test_fetch_runs_standalone(tmp_path, cache):
@@ -87,3 +89,14 @@ def test_fetch_runs_standalone(tmp_path, cache):
                           capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout)["documents"] == 6
     assert (out / "raw.parquet").is_file()
+
+
+def test_fetch_standalone_refuses_a_bad_config_in_one_line(tmp_path, cache):
+    spec = put(cache, "brownish-1.0.0.tgz", make_tar(BROWN))
+    config = json.dumps({"source": "brown", "format": "brown", "archive": {**spec, "sha256": "x"}, "shards": 2})
+    proc = subprocess.run([sys.executable, "-m", "tidal.data.fetch", "--config", config, "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "--config: 2 problem(s) for FetchConfig: archive.sha256: String should match pattern" in line
+    assert "shards: unknown key (got 2)" in line

@@ -70,7 +70,8 @@ def test_the_pin_is_part_of_the_step_id_and_only_file_sources_take_it(tiny_data,
     source = {"format": "jsonl", "path": str(tmp_path), "licence": "CC0-1.0"}
     unpinned = build_graph(parse_recipe(with_source(tiny_data, "web", source)))["fetch-web"]
     assert "snapshot_sha256" not in unpinned.config  # unpinned sources keep their step ids
-    ids = {build_graph(parse_recipe(with_source(tiny_data, "web", {**source, "snapshot_sha256": h})))["fetch-web"].step_id
+    ids = {build_graph(parse_recipe(with_source(tiny_data, "web",
+                                                {**source, "snapshot_sha256": h})))["fetch-web"].step_id
            for h in ("a" * 64, "b" * 64)}
     assert len(ids | {unpinned.step_id}) == 3
     with pytest.raises(RecipeError, match="no `path` or `snapshot_sha256`"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
 
 from tidal.data.filters import (
     C4Lines,
@@ -16,16 +17,20 @@ from tidal.data.filters import (
 )
 
 # 60 distinct words of ordinary English with enough stop words; no repetition anywhere.
-PROSE_WORDS = ["the", "river", "runs", "past", "old", "mills", "and", "that", "town", "where", "farmers", "bring", "grain", "to", "market", "with", "carts", "while", "children", "watch", "boats", "drift", "under", "stone", "bridges", "built", "of", "granite", "during", "long", "summers", "when", "merchants", "have", "traded", "wool", "cloth", "silver", "spices", "timber", "salt", "horses", "copper", "glass", "amber", "pottery", "wine", "honey", "leather", "grain"]
+PROSE_WORDS = ["the", "river", "runs", "past", "old", "mills", "and", "that", "town", "where", "farmers", "bring",
+               "grain", "to", "market", "with", "carts", "while", "children", "watch", "boats", "drift", "under",
+               "stone", "bridges", "built", "of", "granite", "during", "long", "summers", "when", "merchants", "have",
+               "traded", "wool", "cloth", "silver", "spices", "timber", "salt", "horses", "copper", "glass", "amber",
+               "pottery", "wine", "honey", "leather", "grain"]
 PROSE = " ".join(PROSE_WORDS[:60]) + "."
 
 
 def quality_hits(text: str, **overrides) -> list[str]:
-    return GopherQuality.from_config(overrides).hits(text, words(text))
+    return GopherQuality.model_validate(overrides).hits(text, words(text))
 
 
 def repetition_hits(text: str, **overrides) -> list[str]:
-    return GopherRepetition.from_config(overrides).hits(text, words(text))
+    return GopherRepetition.model_validate(overrides).hits(text, words(text))
 
 
 def test_words_split_cjk_by_character():
@@ -61,10 +66,27 @@ def test_gopher_quality_thresholds_are_configurable_and_checked():
     short = " ".join(PROSE_WORDS[:30])
     assert "too_few_words" not in quality_hits(short, min_words=20)
     assert quality_hits("春风又绿江南岸" * 10, min_stop_words=0, min_mean_word_length=1) == []
-    with pytest.raises(ValueError, match="unknown key"):
-        GopherQuality.from_config({"min_wrds": 3})
-    with pytest.raises(ValueError, match="max_bullet_lines"):
-        GopherQuality.from_config({"max_bullet_lines": 1.5})
+    with pytest.raises(ValidationError, match="min_wrds\n  Extra inputs are not permitted"):
+        GopherQuality.model_validate({"min_wrds": 3})
+    with pytest.raises(ValidationError, match="max_bullet_lines"):
+        GopherQuality.model_validate({"max_bullet_lines": 1.5})
+    with pytest.raises(ValidationError, match="min_words"):
+        GopherQuality.model_validate({"min_words": True})
+    with pytest.raises(ValidationError, match="top_ngram_chars.0.0"):
+        GopherRepetition.model_validate({"top_ngram_chars": [[0, 0.2]]})
+
+
+def test_a_section_dumps_the_thresholds_it_sets_as_written():
+    """The hashed form of the filters: set keys only, an integer kept an integer (step ids)."""
+    filters = QualityFilters.model_validate({"c4": {}, "gopher_quality": {"max_mean_word_length": 12},
+                                             "gopher_repetition": {"top_ngram_chars": [[2, 0]]}})
+    assert filters.gopher_quality.max_mean_word_length == 12 and filters.gopher_quality.min_words == 50
+    assert filters.model_dump() == {"c4": {}, "gopher_repetition": {"top_ngram_chars": [[2, 0]]},
+                                    "gopher_quality": {"max_mean_word_length": 12}}
+    assert QualityFilters().model_dump() == {"c4": None, "gopher_repetition": None, "gopher_quality": None}
+    own = QualityFilters.model_validate({"c4": None})
+    assert filters.overridden_by(own).model_dump()["c4"] is None
+    assert filters.overridden_by(None) is filters
 
 
 def test_gopher_counts_cjk_words_by_character():
@@ -132,14 +154,14 @@ def test_c4_accepts_cjk_terminal_punctuation():
 
 
 def test_quality_filters_sections_order_and_names():
-    filters = QualityFilters.from_config({"c4": {}, "gopher_repetition": None, "gopher_quality": {"min_words": 5}})
+    filters = QualityFilters.model_validate({"c4": {}, "gopher_repetition": None, "gopher_quality": {"min_words": 5}})
     assert filters.gopher_repetition is None
     assert filters.rule_names()[0] == "c4.lorem_ipsum" and "gopher_quality.stop_words" in filters.rule_names()
     _text, hits = filters.apply("Lorem ipsum dolor sit amet.\n" + PROSE, Counter())
     assert hits[0] == "c4.lorem_ipsum"
-    assert QualityFilters.from_config(None).apply(PROSE, Counter()) == (PROSE, [])
-    with pytest.raises(ValueError, match="unknown section"):
-        QualityFilters.from_config({"gopher": {}})
+    assert QualityFilters().apply(PROSE, Counter()) == (PROSE, [])
+    with pytest.raises(ValidationError, match="gopher\n  Extra inputs are not permitted"):
+        QualityFilters.model_validate({"gopher": {}})
 
 
 def test_c4_counts_cjk_sentences_without_spaces():
@@ -172,9 +194,10 @@ def test_c4_switches_take_booleans_from_the_recipe():
     from tidal.data.filters import QualityFilters
 
     drops: Counter = Counter()
-    text = "Enable JavaScript to view this site.\n" + "\n".join(f"{' '.join(PROSE_WORDS[i : i + 8])}." for i in range(0, 48, 8))
-    off = QualityFilters.from_config({"c4": {"filter_javascript": False, "terminal_punct": False}})
+    text = ("Enable JavaScript to view this site.\n"
+            + "\n".join(f"{' '.join(PROSE_WORDS[i : i + 8])}." for i in range(0, 48, 8)))
+    off = QualityFilters.model_validate({"c4": {"filter_javascript": False, "terminal_punct": False}})
     kept, _ = off.apply(text, drops)
     assert "Enable JavaScript to view this site." in kept and drops["javascript"] == 0
-    with pytest.raises(ValueError, match="c4.filter_javascript' must be true or false"):
-        QualityFilters.from_config({"c4": {"filter_javascript": 0}})
+    with pytest.raises(ValidationError, match="c4.filter_javascript\n  Input should be a valid boolean"):
+        QualityFilters.model_validate({"c4": {"filter_javascript": 0}})

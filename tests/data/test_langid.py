@@ -25,7 +25,8 @@ TEXTS = [
 
 def _random_texts(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    pieces = list("abcdefghijklmnop qrstuvwxyz\n.,;") + ["春", "风", "é", "ж", "ק", "ب", "क", "ि", "😀", "ÀB", "the ", "der "]
+    pieces = (list("abcdefghijklmnop qrstuvwxyz\n.,;")
+              + ["春", "风", "é", "ж", "ק", "ب", "क", "ि", "😀", "ÀB", "the ", "der "])
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 2600))) for _ in range(n)]
 
 

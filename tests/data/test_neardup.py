@@ -87,10 +87,12 @@ def test_star_clusters_never_merge_an_unverified_chain():
 
 def test_config_is_validated():
     with pytest.raises(ValueError, match="jaccard_threshold"):
-        NearDupConfig.from_config({"enabled": True, "jaccard_threshold": 0})
-    with pytest.raises(ValueError, match="unknown key"):
-        NearDupConfig.from_config({"enable": True})
-    assert NearDupConfig.from_config({"enabled": True}).num_perm == 112
+        NearDupConfig.model_validate({"enabled": True, "jaccard_threshold": 0})
+    with pytest.raises(ValueError, match="enable\n  Extra inputs are not permitted"):
+        NearDupConfig.model_validate({"enable": True})
+    with pytest.raises(ValueError, match="exceeds 1024"):
+        NearDupConfig.model_validate({"bands": 200, "rows": 8})
+    assert NearDupConfig.model_validate({"enabled": True}).num_perm == 112
 
 
 def run_near(tmp_path, name, records):

@@ -74,13 +74,15 @@ def test_letter_fraction_counts_cjk_and_marks_ignores_whitespace():
     assert letter_fraction("   ") == 0.0
 
 
-def test_thresholds_from_config_validate():
-    assert FilterThresholds.from_config({}) == FilterThresholds()
-    assert FilterThresholds.from_config({"min_chars": 3}).min_chars == 3
+def test_thresholds_are_validated():
+    assert FilterThresholds.model_validate({}) == FilterThresholds()
+    assert FilterThresholds.model_validate({"min_chars": 3}).min_chars == 3
     with pytest.raises(ValueError, match="min_letter_fraction"):
-        FilterThresholds.from_config({"min_letter_fraction": 1.5})
+        FilterThresholds.model_validate({"min_letter_fraction": 1.5})
     with pytest.raises(ValueError, match="min_chars"):
-        FilterThresholds.from_config({"min_chars": 10, "max_chars": 5})
+        FilterThresholds.model_validate({"min_chars": 10, "max_chars": 5})
+    with pytest.raises(ValueError, match="min_chars"):
+        FilterThresholds.model_validate({"min_chars": True})
 
 
 def test_document_id_is_sha256_of_utf8():

@@ -133,7 +133,8 @@ def test_s3_prefix_reads_like_the_local_folder(tmp_path, monkeypatch):
     try:
         for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                            "AWS_DEFAULT_REGION": "us-east-1", "TIDAL_S3_ENDPOINT_URL": server.endpoint,
-                           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
+                           "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
             monkeypatch.setenv(key, value)
         local = tmp_path / "corpus"
         (local / "part").mkdir(parents=True)
@@ -144,7 +145,8 @@ def test_s3_prefix_reads_like_the_local_folder(tmp_path, monkeypatch):
         client.create_bucket(Bucket="corpora")
         for path in local.rglob("*"):
             if path.is_file():
-                client.put_object(Bucket="corpora", Key=f"web/{path.relative_to(local).as_posix()}", Body=path.read_bytes())
+                client.put_object(Bucket="corpora", Key=f"web/{path.relative_to(local).as_posix()}",
+                                  Body=path.read_bytes())
         client.put_object(Bucket="corpora", Key="web2/other.jsonl", Body=jsonl({"text": "not under web/"}))
         want, _ = records("jsonl", local)
         got, _ = records("jsonl", "s3://corpora/web")

@@ -143,7 +143,8 @@ def test_a_file_appended_to_while_read_fails_naming_it(tmp_path):
 
     with pytest.raises(ValueError, match="changed while fetch read it") as err:
         read_and_change(root, append)
-    assert str(target) in str(err.value) and f"size {size} -> {size + 17}" in str(err.value) and "rerun the step" in str(err.value)
+    assert (str(target) in str(err.value) and f"size {size} -> {size + 17}" in str(err.value)
+            and "rerun the step" in str(err.value))
 
 
 def test_a_file_replaced_or_removed_while_read_fails(tmp_path):

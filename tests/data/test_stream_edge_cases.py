@@ -51,7 +51,7 @@ def document_shards(step_dir: Path, shards: list[list[tuple[str, str | None]]]) 
     return step_dir
 
 
-def run_tokenize(tokenizer_dir: Path, clean_dir: Path, out: Path, seq_len: int = 4, shards: int = 2) -> dict:
+def run_tokenize(tokenizer_dir: Path, clean_dir: Path, out: Path, seq_len: int = 8, shards: int = 2) -> dict:
     out.mkdir(parents=True)
     config = {"source": "syn", "input": "clean-syn", "tokenizer": "tokenizer", "seq_len": seq_len, "shards": shards}
     return tokenize_step.run(StepContext("tokenize-r", "tokenize-syn", "tokenize", config, out,
@@ -107,7 +107,7 @@ def test_null_raw_bytes_are_refused_naming_file_and_record(tmp_path):
     raw = write_raw(tmp_path / "fetch-toy" / "raw.parquet", records, row_group_size=2)
     with pytest.raises((ValueError, RuntimeError), match=r"raw\.parquet: row group 2, record 'z:null': 'raw' is "
                                                          r"NoneType"):
-        clean.clean(raw, tmp_path / "out", clean.CleanConfig.from_config({**CONFIG, "shards": 2}))
+        clean.clean(raw, tmp_path / "out", clean.CleanConfig.model_validate({**CONFIG, "shards": 2}))
     assert not (tmp_path / "out" / "_spill").exists()
 
 
@@ -119,7 +119,7 @@ def test_no_spill_directory_after_success_or_failure(tmp_path):
     records = [(f"s:{i}", " ".join(words[(i * k) % len(words)] for k in range(1, 12)).encode() + b".")
                for i in range(1200)]
     raw = write_raw(tmp_path / "fetch-toy" / "raw.parquet", records)
-    cfg = clean.CleanConfig.from_config({**CONFIG, "shards": 7, "near_dedup": {"enabled": True}})
+    cfg = clean.CleanConfig.model_validate({**CONFIG, "shards": 7, "near_dedup": {"enabled": True}})
     counts = clean.clean(raw, tmp_path / "ok", cfg)
     assert counts["in"] == 1200 and counts["duplicates"] > 0
     assert not (tmp_path / "ok" / "_spill").exists()
@@ -137,7 +137,7 @@ def test_raw_parquet_without_row_groups_gives_empty_shards(tmp_path):
     raw.parent.mkdir()
     raw.write_bytes(buf.getvalue())
     assert pq.read_metadata(raw).num_row_groups == 0
-    counts = clean.clean(raw, tmp_path / "out", clean.CleanConfig.from_config({**CONFIG, "shards": 3}))
+    counts = clean.clean(raw, tmp_path / "out", clean.CleanConfig.model_validate({**CONFIG, "shards": 3}))
     assert (counts["in"], counts["kept"]) == (0, 0)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "counts.json", *(clean.shard_name(k, 3) for k in range(3)), "quarantine.parquet", "removed.parquet"]

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from tests.data.builders import CORPUS_WORDS, write_clean_step
 from tidal.context import StepContext
@@ -158,6 +159,13 @@ def test_unsorted_document_shard_is_refused(steps, tmp_path):
     )
     with pytest.raises(ValueError, match=r"documents-00000-of-00001\.parquet: row 1 id 'a'"):
         run_tokenize({**steps, "clean-syn": bad}, tmp_path / "out")
+
+
+def test_bad_config_is_refused_naming_the_key(steps, tmp_path):
+    with pytest.raises(ValidationError, match="seq_len\n  Input should be greater than or equal to 8"):
+        run_tokenize(steps, tmp_path / "short", seq_len=4)
+    with pytest.raises(ValidationError, match="shards\n  Input should be greater than 0"):
+        run_tokenize(steps, tmp_path / "none", shards=0)
 
 
 def test_dtype_follows_vocab_size():

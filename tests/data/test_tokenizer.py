@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tests.data.builders import CORPUS_WORDS, write_clean_step
 from tidal.context import StepContext
@@ -144,6 +145,17 @@ def test_file_mode_checks_sha256(cleaned, tmp_path):
             {},
             tmp_path / "missing",
         )
+
+
+def test_bad_config_is_refused_before_anything_is_read(tmp_path):
+    bad = [({"mode": "file", "path": "/x.json"}, "mode 'file' needs both `path` and `sha256`"),
+           ({"mode": "gpt2", "encoder_path": "/e.json"}, "mode 'gpt2' needs `encoder_path`"),
+           ({"mode": "bpe"}, "mode\n  Input should be 'train', 'file' or 'gpt2'"),
+           (train_config(special_tokens=[]), "special_tokens\n  List should have at least 1 item"),
+           (train_config(vocab_sise=300), "vocab_sise\n  Extra inputs are not permitted")]
+    for n, (config, rule) in enumerate(bad):
+        with pytest.raises(ValidationError, match=rule):
+            run_step(config, {}, tmp_path / str(n))
 
 
 def test_file_mode_refuses_tokenizer_without_eos(tmp_path):

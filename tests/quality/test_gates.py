@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from tidal.context import StepContext
 from tidal.quality import gates
@@ -89,6 +90,19 @@ def test_nan_value_counts_as_missing(tmp_path):
 
 def test_config_without_threshold_is_refused(tmp_path):
     ctx = make_ctx(tmp_path, stats_rows())
-    bad = StepContext(**{**ctx.__dict__, "config": {k: v for k, v in CONFIG.items() if k != "max_quarantine_rate"}})
-    with pytest.raises(gates.GateConfigError, match="max_quarantine_rate"):
+    bad = StepContext(**{**ctx.__dict__, "config": {k: v for k, v in CONFIG.items() if k != "min_total_tokens"}})
+    with pytest.raises(ValidationError, match="min_total_tokens\n  Field required"):
         gates.run(bad)
+    for weights, rule in (({}, "weights\n  Dictionary should have at least 1 item"),
+                          ({"brown": 0.0}, "weights sum to 0.0; need > 0"),
+                          ({"brown": -1.0}, "weights.brown\n  Input should be greater than or equal to 0")):
+        bad = StepContext(**{**ctx.__dict__, "config": {**CONFIG, "weights": weights}})
+        with pytest.raises(ValidationError, match=rule):
+            gates.run(bad)
+
+
+def test_recipe_defaults_are_the_gate_config_defaults():
+    config = gates.GateConfig.model_validate({"min_total_tokens": 10, "weights": {"a": 3.0, "b": 1.0}})
+    assert (config.stats, config.mixture_tolerance, config.max_quarantine_rate) == ("stats", 0.02, 0.05)
+    assert config.requested == {"a": 0.75, "b": 0.25}
+    assert set(gates.GateSettings.model_fields) < set(gates.GateConfig.model_fields)

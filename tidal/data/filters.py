@@ -22,15 +22,22 @@ Sources of the rules and defaults:
 
 C4 line rules *edit* the text (lines are dropped, each drop counted by reason); the other
 rules only keep or drop whole documents.
+
+Each filter's thresholds are a strict config model, and :class:`QualityFilters` (the three
+sections) is the ``filters`` of the recipe's ``clean`` section, of a source, and of the clean
+step config alike: the recipe validates it, the planner hashes its dump, the step reads it back.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, PlainSerializer, WrapValidator, model_serializer
+from pydantic import Strict as StrictType
+
+from tidal.config import Strict
 from tidal.data.repetition import duplicates, ngram_chars, top_ngram, word_codes
 
 # Han (CJK unified + extensions + compatibility), kana, bopomofo, CJK radicals.
@@ -72,51 +79,27 @@ def is_cjk(text: str) -> bool:
     return bool(chars) and 2 * len(_CJK_RE.findall(text)) >= chars
 
 
-def _check_fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"filter threshold {name!r} must be a number in [0, 1], got {value!r}")
-    return float(value)
+def _as_written(value: Any, handler: Any) -> Any:
+    """Check a threshold as a strict number (no bool, no string) and keep an integer an integer."""
+    checked = handler(value)
+    return value if type(value) is int else checked
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"filter threshold {name!r} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _from_dict(cls, section: str, values: dict[str, Any]):
-    """Build a threshold dataclass from a config dict, refusing unknown keys."""
-    if not isinstance(values, dict):
-        raise ValueError(f"filter section {section!r} must be a mapping, got {values!r}")  # noqa: TRY004
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"filter section {section!r}: unknown key(s) {unknown}; known {sorted(known)}")
-    out = {}
-    for key, value in values.items():
-        default = getattr(cls(), key)
-        if isinstance(default, bool):  # before int: bool is an int subclass
-            if not isinstance(value, bool):
-                raise ValueError(f"filter switch '{section}.{key}' must be true or false, got {value!r}")  # noqa: TRY004
-            out[key] = value
-        elif isinstance(default, float):
-            out[key] = _check_fraction(f"{section}.{key}", value)
-        elif isinstance(default, int):
-            out[key] = _check_count(f"{section}.{key}", value)
-        elif isinstance(default, tuple):
-            if not isinstance(value, (list, tuple)):
-                raise ValueError(f"filter threshold '{section}.{key}' must be a list, got {value!r}")  # noqa: TRY004
-            out[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        else:
-            out[key] = value
-    return cls(**out)
+# Thresholds: a fraction (of words, lines or characters), a length in characters, a count, a
+# switch. A number is kept and dumped as the recipe wrote it: the hashed config holds ``10`` for
+# ``10`` and ``10.0`` for ``10.0`` (different JSON, so different step ids), as it always has.
+_DUMP_AS_WRITTEN = PlainSerializer(lambda value: value, return_type=Any)
+Ratio = Annotated[float, StrictType(), Field(ge=0.0, le=1.0), WrapValidator(_as_written), _DUMP_AS_WRITTEN]
+Length = Annotated[float, StrictType(), Field(ge=0.0), WrapValidator(_as_written), _DUMP_AS_WRITTEN]
+Count = Annotated[int, StrictType(), Field(ge=0)]
+Switch = Annotated[bool, StrictType()]
+NgramLimits = tuple[tuple[Annotated[int, StrictType(), Field(ge=1)], Ratio], ...]
 
 
 # ---------------------------------------------------------------- Gopher quality
 
 
-@dataclass(frozen=True)
-class GopherQuality:
+class GopherQuality(Strict):
     """Gopher document quality rules (Rae et al. 2021, Appendix A.1.1); defaults are the paper's.
 
     A document is removed when (rule names in brackets):
@@ -141,31 +124,15 @@ class GopherQuality:
     Words are :func:`words` (CJK characters count one each).
     """
 
-    min_words: int = 50
-    max_words: int = 100_000
-    min_mean_word_length: float = 3.0
-    max_mean_word_length: float = 10.0
-    max_symbol_word_ratio: float = 0.1
-    max_bullet_lines: float = 0.9
-    max_ellipsis_lines: float = 0.3
-    min_alpha_words: float = 0.8
-    min_stop_words: int = 2
-
-    @classmethod
-    def from_config(cls, values: dict[str, Any]) -> GopherQuality:
-        """Thresholds from a config mapping (missing keys: defaults). Mean word lengths are
-        in characters and may exceed 1, so they are checked here rather than as fractions.
-
-        Raises:
-            ValueError: naming an unknown key or a value out of range.
-        """
-        lengths = {k: values[k] for k in ("min_mean_word_length", "max_mean_word_length") if k in values}
-        rest = {k: v for k, v in values.items() if k not in lengths}
-        base = _from_dict(cls, "gopher_quality", rest)
-        for key, value in lengths.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"filter threshold 'gopher_quality.{key}' must be a number >= 0, got {value!r}")
-        return cls(**{**base.__dict__, **{k: float(v) for k, v in lengths.items()}})
+    min_words: Count = Field(default=50, description="fewest words [too_few_words]")
+    max_words: Count = Field(default=100_000, description="most words [too_many_words]")
+    min_mean_word_length: Length = Field(default=3.0, description="shortest mean word length, characters")
+    max_mean_word_length: Length = Field(default=10.0, description="longest mean word length, characters")
+    max_symbol_word_ratio: Ratio = Field(default=0.1, description="most `#` or ellipses per word")
+    max_bullet_lines: Ratio = Field(default=0.9, description="largest fraction of lines starting with a bullet")
+    max_ellipsis_lines: Ratio = Field(default=0.3, description="largest fraction of lines ending in an ellipsis")
+    min_alpha_words: Ratio = Field(default=0.8, description="smallest fraction of words with a letter")
+    min_stop_words: Count = Field(default=2, description="fewest English stop words (0: rule off)")
 
     def hits(self, text: str, doc_words: list[str]) -> list[str]:
         """Names of the rules ``text`` fails (in the order of the class docstring)."""
@@ -192,9 +159,11 @@ class GopherQuality:
             if ellipsis_end / len(lines) > self.max_ellipsis_lines:
                 out.append("ellipsis_lines")
         counts = Counter(doc_words)  # each distinct word tested once below
-        if n and sum(k for w, k in counts.items() if w.isalpha() or any(map(str.isalpha, w))) / n < self.min_alpha_words:
+        if n and sum(k for w, k in counts.items()
+                     if w.isalpha() or any(map(str.isalpha, w))) / n < self.min_alpha_words:
             out.append("alpha_words")
-        if self.min_stop_words and sum(k for w, k in counts.items() if w.lower() in GOPHER_STOP_WORDS) < self.min_stop_words:
+        if self.min_stop_words and sum(k for w, k in counts.items()
+                                       if w.lower() in GOPHER_STOP_WORDS) < self.min_stop_words:
             out.append("stop_words")
         return out
 
@@ -202,8 +171,7 @@ class GopherQuality:
 # ---------------------------------------------------------------- Gopher repetition
 
 
-@dataclass(frozen=True)
-class GopherRepetition:
+class GopherRepetition(Strict):
     """Gopher repetition rules (Rae et al. 2021, Appendix A.1.2, Table A1); defaults are the paper's.
 
     A document is removed when (rule names in brackets):
@@ -227,28 +195,17 @@ class GopherRepetition:
     repetition (this follows datatrove's ``GopherRepetitionFilter``).
     """
 
-    max_dup_line_fraction: float = 0.30
-    max_dup_paragraph_fraction: float = 0.30
-    max_dup_line_chars: float = 0.20
-    max_dup_paragraph_chars: float = 0.20
-    top_ngram_chars: tuple = ((2, 0.20), (3, 0.18), (4, 0.16))
-    dup_ngram_chars: tuple = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
-
-    @classmethod
-    def from_config(cls, values: dict[str, Any]) -> GopherRepetition:
-        """Thresholds from a config mapping (missing keys: defaults); n-gram lists are
-        ``[[n, fraction], ...]``.
-
-        Raises:
-            ValueError: naming an unknown key or a value out of range.
-        """
-        out = _from_dict(cls, "gopher_repetition", values)
-        for key in ("top_ngram_chars", "dup_ngram_chars"):
-            for item in getattr(out, key):
-                if len(item) != 2 or isinstance(item[0], bool) or not isinstance(item[0], int) or item[0] < 1:
-                    raise ValueError(f"filter threshold 'gopher_repetition.{key}' items must be [n >= 1, fraction]")
-                _check_fraction(f"gopher_repetition.{key}", item[1])
-        return out
+    max_dup_line_fraction: Ratio = Field(default=0.30, description="largest fraction of duplicate lines")
+    max_dup_paragraph_fraction: Ratio = Field(default=0.30, description="largest fraction of duplicate paragraphs")
+    max_dup_line_chars: Ratio = Field(default=0.20, description="largest character fraction in duplicate lines")
+    max_dup_paragraph_chars: Ratio = Field(
+        default=0.20, description="largest character fraction in duplicate paragraphs")
+    top_ngram_chars: NgramLimits = Field(
+        default=((2, 0.20), (3, 0.18), (4, 0.16)),
+        description="[[n, fraction], ...]: most characters the top n-gram may cover")
+    dup_ngram_chars: NgramLimits = Field(
+        default=((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)),
+        description="[[n, fraction], ...]: most characters in duplicated n-grams")
 
     def hits(self, text: str, doc_words: list[str]) -> list[str]:
         """Names of the rules ``text`` fails (in the order of the class docstring)."""
@@ -295,8 +252,7 @@ def _top_ngram_chars(doc_words: list[str], n: int, codes=None, lengths=None) -> 
 # ---------------------------------------------------------------- C4 lines
 
 
-@dataclass(frozen=True)
-class C4Lines:
+class C4Lines(Strict):
     """C4 line and page rules (Raffel et al. 2020, Section 2.2); defaults follow the paper.
 
     Lines are dropped (each counted under ``c4_line.<reason>``) when they:
@@ -318,26 +274,14 @@ class C4Lines:
     anywhere], or when no line is left [``no_lines_left``].
     """
 
-    terminal_punct: bool = True
-    min_words_per_line: int = 3
-    max_word_length: int = 1000
-    filter_javascript: bool = True
-    filter_policy: bool = True
-    filter_lorem_ipsum: bool = True
-    filter_curly_bracket: bool = True
-    min_sentences: int = 5
-
-    @classmethod
-    def from_config(cls, values: dict[str, Any]) -> C4Lines:
-        """Thresholds from a config mapping (missing keys: defaults).
-
-        Raises:
-            ValueError: naming an unknown key or a value of the wrong type.
-        """
-        for key, value in values.items():
-            if key.startswith(("filter_", "terminal")) and not isinstance(value, bool):
-                raise ValueError(f"filter setting 'c4.{key}' must be true or false, got {value!r}")
-        return _from_dict(cls, "c4", values)
+    terminal_punct: Switch = Field(default=True, description="drop lines without terminal punctuation")
+    min_words_per_line: Count = Field(default=3, description="drop lines with fewer words")
+    max_word_length: Count = Field(default=1000, description="drop lines with a longer word (characters)")
+    filter_javascript: Switch = Field(default=True, description="drop lines mentioning javascript")
+    filter_policy: Switch = Field(default=True, description="drop lines with a cookie / terms policy phrase")
+    filter_lorem_ipsum: Switch = Field(default=True, description="drop documents with lorem ipsum")
+    filter_curly_bracket: Switch = Field(default=True, description="drop documents with a curly bracket")
+    min_sentences: Count = Field(default=5, description="drop documents with fewer sentences left")
 
     def apply(self, text: str, line_drops: Counter) -> tuple[str, list[str]]:
         """Drop bad lines, then check the page rules.
@@ -386,40 +330,47 @@ GOPHER_QUALITY_RULES = ("too_few_words", "too_many_words", "mean_word_length", "
 SECTIONS = ("c4", "gopher_repetition", "gopher_quality")
 
 
-@dataclass(frozen=True)
-class QualityFilters:
-    """The enabled quality filters of one source (``None``: that filter is off).
+class QualityFilters(Strict):
+    """The enabled quality filters of one source: the ``filters`` of the recipe's ``clean``
+    section and of a source, and of the clean step config. A section that is ``None`` (or left
+    out) is off; ``{}`` is on with the papers' defaults; keys override single thresholds.
 
     Applied in the order C4 lines (which edits the text), Gopher repetition, Gopher
     quality; every rule of every enabled filter is evaluated so each rule's hit rate is
     known, and the first hit in that order is the reason a document is filtered.
+
+    Hashed form (:meth:`hashed`, which ``model_dump`` returns): each enabled section as the
+    thresholds it sets, e.g. ``{"c4": {}, "gopher_repetition": {"max_dup_line_fraction": 0.5},
+    "gopher_quality": None}``; the defaults are this module's.
     """
 
-    c4: C4Lines | None = None
-    gopher_repetition: GopherRepetition | None = None
-    gopher_quality: GopherQuality | None = None
+    c4: C4Lines | None = Field(default=None, description="C4 line rules (Raffel et al. 2020, 2.2)")
+    gopher_repetition: GopherRepetition | None = Field(
+        default=None, description="Gopher repetition rules (Rae et al. 2021, App. A, Table A1)")
+    gopher_quality: GopherQuality | None = Field(
+        default=None, description="Gopher quality rules (Rae et al. 2021, App. A.1.1)")
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any] | None) -> QualityFilters:
-        """From ``{"c4": {...} | None, "gopher_repetition": ..., "gopher_quality": ...}``;
-        a missing or ``None`` section is off, ``{}`` is on with the defaults.
+    @model_serializer
+    def hashed(self) -> dict[str, dict[str, Any] | None]:
+        """``{section: the thresholds it sets | None}`` for every section, in :data:`SECTIONS` order."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = None if section is None else section.model_dump(mode="json", exclude_unset=True)
+        return out
 
-        Raises:
-            ValueError: naming an unknown section or key, or a bad threshold.
-        """
-        config = config or {}
-        unknown = sorted(set(config) - set(SECTIONS))
-        if unknown:
-            raise ValueError(f"filters: unknown section(s) {unknown}; known {list(SECTIONS)}")
-        build = {"c4": C4Lines, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality}
-        return cls(**{k: build[k].from_config(v) for k, v in config.items() if v is not None})
+    def overridden_by(self, sections: QualityFilters | None) -> QualityFilters:
+        """These filters with each section that ``sections`` sets (a source's own) in place of this one's."""
+        if sections is None:
+            return self
+        return self.model_copy(update={name: getattr(sections, name) for name in sections.model_fields_set})
 
     def rule_names(self) -> list[str]:
         """Every ``section.rule`` name the enabled filters can report, in check order."""
-        names = [f"c4.{r}" for r in C4_RULES] if self.c4 else []
-        if self.gopher_repetition:
+        names = [f"c4.{r}" for r in C4_RULES] if self.c4 is not None else []
+        if self.gopher_repetition is not None:
             names += [f"gopher_repetition.{r}" for r in self.gopher_repetition.rule_names()]
-        if self.gopher_quality:
+        if self.gopher_quality is not None:
             names += [f"gopher_quality.{r}" for r in GOPHER_QUALITY_RULES]
         return names
 

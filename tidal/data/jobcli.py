@@ -22,7 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from pydantic import ValidationError
+
 from tidal.context import StepContext
+from tidal.kinds import kind_spec
 
 
 def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
@@ -30,7 +33,8 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
 
     Raises:
         SystemExit: on a malformed ``--input`` (must be ``NAME=DIR``), a missing or unreadable
-            config, or unknown arguments to a job that is not a Beam job.
+            config, a config the kind's model refuses (one line naming each key and rule, no
+            traceback), or unknown arguments to a job that is not a Beam job.
     """
     spec = getattr(module, "__spec__", None)  # with `python -m`, __name__ is "__main__"
     prog = f"python -m {spec.name if spec is not None else module.__name__}"
@@ -38,9 +42,16 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", required=True, help="step config: a JSON file or inline JSON")
     parser.add_argument("--input", action="append", default=[], help="NAME=DIR of an input step's output")
     parser.add_argument("--out", required=True, type=Path, help="directory to write outputs into")
-    parser.add_argument("--seed", type=int, default=0, help="step seed (normally derived from the recipe)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="step seed, derived from the recipe seed and the step name (`tidal explain STEP` shows "
+                             "the recipe seed); required by kinds that draw random numbers, refused by the others")
     parser.add_argument("--name", default=kind, help="step name (default: the kind)")
     args, pipeline_args = parser.parse_known_args(argv)
+    seeded = kind_spec(kind).seeded
+    if seeded and args.seed is None:
+        parser.error(f"--seed is required: a {kind} step draws random numbers and never defaults its seed")
+    if not seeded and args.seed is not None:
+        parser.error(f"--seed: a {kind} step draws no random numbers and takes no seed")
     if pipeline_args:
         from tidal.kinds import BEAM_KINDS
 
@@ -70,9 +81,24 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         out_dir=args.out, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
     )
     with _pipeline_options(pipeline_args):
-        summary = module.run(ctx)
+        try:
+            summary = module.run(ctx)
+        except ValidationError as err:  # every kind's run() reads its config with its model first
+            parser.error(f"--config: {config_problems(err)}")
     print(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def config_problems(err: ValidationError) -> str:
+    """A config model's refusal on one line: every problem as ``dotted.key: rule (got value)``."""
+    problems = []
+    for item in err.errors():
+        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        rule = "unknown key" if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {got!r})"
+        problems.append(f"{loc}: {rule}{shown}")
+    return f"{len(problems)} problem(s) for {err.title}: " + "; ".join(problems)
 
 
 

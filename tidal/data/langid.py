@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
+
+from tidal.config import Fraction, Strict
 
 # langid reads at most this many characters: the posterior of a naive-Bayes byte n-gram
 # model saturates within a few hundred characters (Brown: 1.0 either way), and langid costs
@@ -136,7 +138,8 @@ def _float32_rows() -> _Float32Rows:
 
 
 def _scores(ident, encoded: bytes) -> np.ndarray:
-    """py3langid's ``LanguageIdentifier._decide`` (py3langid 0.4.0, as locked; ``norm_probs=True``, no ``min_confidence``) on already encoded text:
+    """py3langid's ``LanguageIdentifier._decide`` (py3langid 0.4.0, as locked; ``norm_probs=True``,
+    no ``min_confidence``) on already encoded text:
     the Python DFA walk for short texts, :func:`_feature_counts` from :data:`VECTOR_FROM_BYTES`
     bytes, then the same float32 operations in the same order (feature rows from
     :class:`_Float32Rows`)."""
@@ -176,38 +179,17 @@ def identify(text: str) -> tuple[str, float]:
     return str(ident.nb_classes[best]), round(float(scores[best]), 4)
 
 
-@dataclass(frozen=True)
-class LanguageFilter:
-    """Allowed languages of one source and the minimum confidence.
+class LanguageFilter(Strict):
+    """Allowed languages of one source and the minimum confidence: a source's ``language`` in
+    the recipe and the clean step config's ``language``."""
 
-    Attributes:
-        allowed: ISO 639-1 codes to keep; empty tuple = keep every language (identify only).
-        min_confidence: drop documents whose confidence is below this (default 0.0: none);
-            py3langid gives short classical Chinese poems about 0.5, English prose 0.98+.
-    """
-
-    allowed: tuple[str, ...] = ()
-    min_confidence: float = 0.0
-
-    @classmethod
-    def from_config(cls, values: dict[str, Any] | None) -> LanguageFilter:
-        """From ``{"allowed": [codes] | None, "min_confidence": float}`` (None: no filter).
-
-        Raises:
-            ValueError: for unknown keys, codes that are not strings, or a confidence
-                outside [0, 1].
-        """
-        values = values or {}
-        unknown = sorted(set(values) - {"allowed", "min_confidence"})
-        if unknown:
-            raise ValueError(f"language filter: unknown key(s) {unknown}; known ['allowed', 'min_confidence']")
-        allowed = values.get("allowed") or ()
-        if not all(isinstance(code, str) and code for code in allowed):
-            raise ValueError(f"language filter 'allowed' must be a list of language codes, got {allowed!r}")
-        conf = values.get("min_confidence", 0.0)
-        if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not 0 <= conf <= 1:
-            raise ValueError(f"language filter 'min_confidence' must be in [0, 1], got {conf!r}")
-        return cls(tuple(sorted(allowed)), float(conf))
+    allowed: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, description="ISO 639-1 codes (else ISO 639-3) to keep; null keeps all (identify only)"
+    )
+    min_confidence: Fraction = Field(
+        default=0.0, description="drop documents identified with less confidence; py3langid gives short "
+        "classical Chinese poems about 0.5, English prose 0.98+"
+    )
 
     def check(self, lang: str, confidence: float) -> str | None:
         """The failed rule (``not_allowed`` / ``low_confidence``) or ``None``."""

@@ -12,8 +12,9 @@ This is plain numpy, not Beam: it moves whole sequences by index (a gather of a 
 hundred MB at most for the model sizes this step serves) and needs the global counts
 first; a distributed shuffle would add nothing but non-trivial determinism work.
 
-Config: weights {src: w > 0}, inputs {src: tokenize step name}, shards (output count),
-n_sequences (None: the largest N whose largest-remainder counts fit every source).
+Config (:class:`tidal.data.mix_config.MixConfig`): weights {src: w > 0}, inputs {src: tokenize
+step name}, shards (output count), n_sequences (None: the largest N whose largest-remainder
+counts fit every source), seed (the recipe's; hashed only).
 Outputs: ``tokens-*.npy`` ``[n_sequences, seq_len]``, ``sources.npy`` (``[n_sequences]``
 uint8 index into ``mixture.json["sources"]``), ``mixture.json`` ``{requested (normalized
 weights), realized (count / n_sequences), counts, n_sequences, tokenizer_hash, seq_len,
@@ -32,6 +33,7 @@ import numpy as np
 
 import tidal.data.jobcli
 from tidal.context import StepContext
+from tidal.data.mix_config import MixConfig
 from tidal.data.shards import load_token_sequences, read_json, write_token_shards
 
 STEP_VERSION = 1
@@ -142,21 +144,21 @@ def run(ctx: StepContext) -> dict:
     """Build and write the mixture (see the module docstring).
 
     Raises:
+        pydantic.ValidationError: bad config (:class:`tidal.data.mix_config.MixConfig`).
         MixtureError: weights without input (or the reverse), inputs with different
             tokenizer hash / seq_len / dtype, more than 256 sources, ``n_sequences``
             larger than the sources can give without repetition, or an empty mixture.
     """
-    config = ctx.config
-    inputs = dict(config["inputs"])
-    metas = _check_inputs(ctx, config["weights"], inputs)
-    weights = normalize_weights(config["weights"])
+    cfg = MixConfig.model_validate(ctx.config)
+    inputs = cfg.inputs
+    metas = _check_inputs(ctx, cfg.weights, inputs)
+    weights = normalize_weights(cfg.weights)
     if len(weights) > MAX_SOURCES:
         raise MixtureError(
             f"step {ctx.name}: {len(weights)} sources, at most {MAX_SOURCES} fit sources.npy (uint8)"
         )
     available = {src: int(meta["n_sequences"]) for src, meta in metas.items()}
-    total = config.get("n_sequences")
-    total = largest_feasible_total(weights, available) if total is None else int(total)
+    total = largest_feasible_total(weights, available) if cfg.n_sequences is None else cfg.n_sequences
     if total < 1:
         raise MixtureError(f"step {ctx.name}: empty mixture (available sequences {available})")
     counts = largest_remainder_counts(weights, total)
@@ -170,7 +172,7 @@ def run(ctx: StepContext) -> dict:
         )
     sources = sorted(weights)
     seq_len, tokenizer_hash = metas[sources[0]]["seq_len"], metas[sources[0]]["tokenizer_hash"]
-    picked, interleave = mixture_order(available, counts, ctx.seed)
+    picked, interleave = mixture_order(available, counts, ctx.require_seed())
     blocks, labels = [], []
     for index, src in enumerate(sources):
         data = load_token_sequences(
@@ -180,7 +182,7 @@ def run(ctx: StepContext) -> dict:
         labels.append(np.full(counts[src], index, dtype=np.uint8))
     tokens = np.concatenate(blocks, axis=0)[interleave]
     source_index = np.concatenate(labels)[interleave]
-    write_token_shards(ctx.out_dir, tokens, int(config.get("shards", 1)))
+    write_token_shards(ctx.out_dir, tokens, cfg.shards)
     np.save(Path(ctx.out_dir) / SOURCES_FILE, source_index, allow_pickle=False)
     mixture = {
         "requested": {src: float(w) for src, w in weights.items()},

@@ -33,7 +33,8 @@ Only documents that are in some candidate pair travel to the verification join (
 each with its partners of higher id, are a side input, as is the set of removed ids where
 the clean step applies the result), so the texts of the great majority of documents, which
 have no near-duplicate, stay in their spill files and cross no shuffle; a candidate's text is
-read once and sent to its own id and to each partner's (the ``GroupPairs`` shuffle). The clustering step collects the verified edges on one
+read once and sent to its own id and to each partner's (the ``GroupPairs`` shuffle).
+The clustering step collects the verified edges on one
 worker: edges exist only between near-duplicates, a small fraction of a corpus. At web scale (ids
 of hundreds of millions of candidates) the two side inputs become joins and the clustering a
 distributed connected-components pass (losing the per-edge guarantee of the star rule).
@@ -43,12 +44,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import apache_beam as beam
 import numpy as np
 
+from tidal.data.clean.config import NearDupConfig
 from tidal.data.filters import words
 from tidal.data.minhash import fmix64, shingle_hashes, signatures
 from tidal.data.sources import ref_sort_key
@@ -56,59 +56,6 @@ from tidal.data.spill import read_bands, read_spill, read_texts
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
 PAIR_COUNTS = "pair_counts"
-
-
-@dataclass(frozen=True)
-class NearDupConfig:
-    """Near-duplicate settings (defaults: FineWeb, see the module docstring).
-
-    Attributes:
-        enabled: run near-duplicate detection (exact dedup always runs).
-        shingle_size: words per shingle (characters for CJK text), >= 1.
-        bands: LSH bands, >= 1.
-        rows: MinHash values per band, >= 1 (permutations = bands * rows).
-        jaccard_threshold: verified similarity at or above which two documents are duplicates.
-        seed: seed of the MinHash permutations (datasketch ``MinHash(seed=...)``).
-        max_bucket_size: above this many members a bucket yields a star of pairs, not all pairs.
-    """
-
-    enabled: bool = False
-    shingle_size: int = 5
-    bands: int = 14
-    rows: int = 8
-    jaccard_threshold: float = 0.75
-    seed: int = 1
-    max_bucket_size: int = 64
-
-    @classmethod
-    def from_config(cls, values: dict[str, Any] | None) -> NearDupConfig:
-        """From a config mapping (missing keys: defaults; ``None``: disabled).
-
-        Raises:
-            ValueError: naming an unknown key or a value out of range.
-        """
-        values = dict(values or {})
-        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"near_dedup: unknown key(s) {unknown}; known {sorted(cls.__dataclass_fields__)}")
-        out = cls(**values)
-        if not isinstance(out.enabled, bool):
-            raise ValueError(f"near_dedup 'enabled' must be true or false, got {out.enabled!r}")  # noqa: TRY004
-        for key in ("shingle_size", "bands", "rows", "max_bucket_size"):
-            value = getattr(out, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"near_dedup {key!r} must be an integer >= 1, got {value!r}")
-        if isinstance(out.seed, bool) or not isinstance(out.seed, int) or out.seed < 0:
-            raise ValueError(f"near_dedup 'seed' must be an integer >= 0, got {out.seed!r}")
-        t = out.jaccard_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
-            raise ValueError(f"near_dedup 'jaccard_threshold' must be in (0, 1], got {t!r}")
-        return out
-
-    @property
-    def num_perm(self) -> int:
-        """MinHash permutations: ``bands * rows``."""
-        return self.bands * self.rows
 
 
 def shingles(text: str, size: int) -> frozenset[str]:
@@ -362,7 +309,8 @@ class NearDuplicates(beam.PTransform):
     Input: a dict ``{"bands": (partition, bands file) per batch and partition (the file holds
     :func:`band_entries`' arrays, :func:`tidal.data.spill.write_bands`), "docs": (shard,
     spill file)}``, the documents' ids, refs and texts waiting in the spill files
-    (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the lowest ref. Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
+    (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the lowest ref.
+    Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
     docstring), and ``pair_counts``, dicts ``{"neardup.candidate_pairs": n[,
     "neardup.verified_pairs": m]}`` (also Beam counters of namespace ``tidal.clean``).
 

@@ -17,7 +17,7 @@ Pipeline for one record (:func:`normalize_record`), in this order:
 
 Filters (:func:`filter_reason`) are named rules checked in this order, first match wins:
 ``empty``, ``too_short``, ``too_long``, ``low_letter_fraction``. Thresholds come from the
-step config; defaults are in :class:`FilterThresholds` with their sources.
+step config (:class:`FilterThresholds`, where the defaults are, with their sources).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
+from pydantic import Field, model_validator
+
+from tidal.config import Fraction, PositiveInt, Strict
 
 NORMALIZATION_FORMS = ("NFC", "NFKC")
 FILTER_RULES = ("empty", "too_short", "too_long", "low_letter_fraction")
@@ -76,9 +78,10 @@ class Quarantine:
     detail: str
 
 
-@dataclass(frozen=True)
-class FilterThresholds:
-    """Thresholds of the quality filters; all lengths are in Unicode code points (characters).
+class FilterThresholds(Strict):
+    """Thresholds of the basic filters; all lengths are in Unicode code points (characters). The
+    flat ``min_chars``, ``max_chars``, ``min_letter_fraction`` of the recipe's ``clean`` section
+    and the clean step config (:class:`tidal.data.clean.config.CleanSettings` extends this).
 
     Defaults and their sources:
         min_chars = 20: a character-count stand-in for C4's "at least 5 words per line"
@@ -95,33 +98,17 @@ class FilterThresholds:
             spaces in CJK text does not move it. English prose scores about 0.8.
     """
 
-    min_chars: int = 20
-    max_chars: int = 200_000
-    min_letter_fraction: float = 0.5
+    min_chars: PositiveInt = Field(default=20, description="drop documents shorter than this")
+    max_chars: PositiveInt = Field(default=200_000, description="drop documents longer than this")
+    min_letter_fraction: Fraction = Field(
+        default=0.5, description="drop documents whose fraction of letter characters is below"
+    )
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> FilterThresholds:
-        """Read thresholds from a clean step config, using the defaults for missing keys.
-
-        Raises:
-            ValueError: naming the key when a value has the wrong type or is out of range
-                (negative lengths, ``min_chars > max_chars``, fraction outside [0, 1]).
-        """
-        values = {}
-        for key, default in (("min_chars", cls.min_chars), ("max_chars", cls.max_chars)):
-            value = config.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"clean config {key!r} must be an integer >= 0, got {value!r}")
-            values[key] = value
-        if values["min_chars"] > values["max_chars"]:
-            raise ValueError(
-                f"clean config min_chars={values['min_chars']} exceeds max_chars={values['max_chars']}"
-            )
-        fraction = config.get("min_letter_fraction", cls.min_letter_fraction)
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-            raise ValueError(f"clean config 'min_letter_fraction' must be in [0, 1], got {fraction!r}")
-        values["min_letter_fraction"] = float(fraction)
-        return cls(**values)
+    @model_validator(mode="after")
+    def _bounds(self) -> FilterThresholds:
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) exceeds max_chars ({self.max_chars})")
+        return self
 
 
 def check_form(form: str) -> str:

@@ -44,7 +44,8 @@ again when its reader finished, and raises ``ValueError`` naming the file if the
 changed while fetch read it and the hash may not describe the records; rerun the step. Not
 seen: a same-size rewrite in place within the file system's timestamp granularity (a few
 ms). A caller that stops early (``max_documents``: fetch) closes the reader, which then checks
-the last file it read (``close()`` raises the ``ValueError``). S3 objects are downloaded to a private temporary file first, one
+the last file it read (``close()`` raises the ``ValueError``).
+S3 objects are downloaded to a private temporary file first, one
 version each (ranged parts are fetched with ``If-Match`` on the ETag), so both reads see
 the same bytes.
 """
@@ -187,7 +188,8 @@ def list_files(path: str | Path) -> list[tuple[str, Path]]:
                 continue
             key = (info.st_dev, info.st_ino)
             if key in walking:  # name the link that closes the loop: this entry, or the last one above it
-                via = full if link else next((p for p in reversed(walking.values()) if p != root and p.is_symlink()), None)
+                via = full if link else next((p for p in reversed(walking.values())
+                                              if p != root and p.is_symlink()), None)
                 raise ValueError(f"source path {root}: {f'symlink {via} -> {os.readlink(via)}' if via else 'folder'} "
                                  f"loops back to {walking[key]}, a folder already being walked (as {full}); "
                                  "remove the link or point the source at a folder without the cycle")
@@ -274,7 +276,8 @@ def read_jsonl(path: Path, rel: str, text_field: str, skipped: Counter) -> Itera
             yield ReadRecord(ref, line, "malformed_json", f"{rel} line {number}: {err}")
             continue
         if not isinstance(obj, dict):
-            yield ReadRecord(ref, line, "not_an_object", f"{rel} line {number}: JSON {type(obj).__name__}, not an object")
+            yield ReadRecord(ref, line, "not_an_object",
+                             f"{rel} line {number}: JSON {type(obj).__name__}, not an object")
             continue
         text = obj.get(text_field)
         if not isinstance(text, str):
@@ -316,7 +319,8 @@ def read_parquet(path: Path, rel: str, text_field: str, skipped: Counter) -> Ite
             elif isinstance(value, bytes):
                 yield ReadRecord(ref, value)
             else:
-                raw = json.dumps(record, default=repr, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                raw = json.dumps(record, default=repr, sort_keys=True,
+                                 ensure_ascii=False).encode("utf-8", "surrogatepass")
                 yield ReadRecord(ref, raw, "missing_text_field",
                                  f"{rel} row {row}: {text_field!r} is {type(value).__name__}, not a string")
             row += 1

@@ -223,7 +223,8 @@ def read_gcide(path: Path, members: str, skipped: Counter) -> Iterator[Record]:
     """
     wanted = lambda name: fnmatch.fnmatchcase(name, members) or name.endswith((".dict.dz", ".dict"))
     found = read_members(path, wanted)
-    indexes = sorted((n for n in found if fnmatch.fnmatchcase(n, members)), key=lambda n: ref_sort_key(posixpath.basename(n)))
+    indexes = sorted((n for n in found if fnmatch.fnmatchcase(n, members)),
+                     key=lambda n: ref_sort_key(posixpath.basename(n)))
     if not indexes:
         raise ValueError(f"{path}: no member matches {members!r}")
     for index_name in indexes:
@@ -378,7 +379,8 @@ def read_source(
     """
     if fmt not in READERS:
         raise ValueError(f"unknown source format {fmt!r}; known: {FORMATS}")
-    if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 0):
+    if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int)
+                                      or max_documents < 0):
         raise ValueError(f"max_documents must be an integer >= 0 or null, got {max_documents!r}")
     records = READERS[fmt](Path(path), members or DEFAULT_MEMBERS[fmt], skipped if skipped is not None else Counter())
     return islice(records, max_documents) if max_documents is not None else records

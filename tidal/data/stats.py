@@ -29,7 +29,8 @@ Source ``all``: total_tokens (tokens in the mixture), quarantine_rate (quarantin
 
 Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files.
 
-Config: clean {src: clean step}, tokenize {src: tokenize step}, mix (mix step name or null).
+Config (:class:`StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
+step name or null).
 Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64) and
 ``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order).
 """
@@ -44,8 +45,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import Field
 
 import tidal.data.jobcli
+from tidal.config import Strict
 from tidal.context import StepContext
 from tidal.data.shards import DOCUMENTS_PREFIX, list_shards, read_json
 
@@ -56,6 +59,14 @@ ALL = "all"
 SCHEMA = pa.schema([("source", pa.string()), ("metric", pa.string()), ("value", pa.float64())])
 
 Row = tuple[str, str, float]
+
+
+class StatsConfig(Strict):
+    """The stats step: which committed steps to read (the planner names every source's)."""
+
+    clean: dict[str, str] = Field(default_factory=dict, description="source name -> its clean step")
+    tokenize: dict[str, str] = Field(default_factory=dict, description="source name -> its tokenize step")
+    mix: str | None = Field(default=None, description="the mix step (null: no mixture rows)")
 
 
 def _rate(part: float, whole: float) -> float:
@@ -189,32 +200,34 @@ def collect_rows(ctx: StepContext) -> list[Row]:
     """Every stats row of the configured inputs, sorted by (source, metric), values float.
 
     Raises:
+        pydantic.ValidationError: bad config (:class:`StatsConfig`).
         ValueError: if two rows share (source, metric), e.g. a source named ``all``.
     """
-    config = ctx.config
+    cfg = StatsConfig.model_validate(ctx.config)
     rows: list[Row] = []
     per_source: dict[str, list[Row]] = {}
-    step_dirs = {src: ctx.input_dir(step) for src, step in sorted((config.get("clean") or {}).items())}
+    step_dirs = {src: ctx.input_dir(step) for src, step in sorted(cfg.clean.items())}
     for src, step_dir in step_dirs.items():
         per_source[src] = clean_rows(src, step_dir)
         rows += per_source[src]
     if per_source:
         rows += all_rows(per_source, step_dirs)
     token_rows: list[Row] = []
-    for src, step in sorted((config.get("tokenize") or {}).items()):
+    for src, step in sorted(cfg.tokenize.items()):
         token_rows += tokenize_rows(src, ctx.input_dir(step))
     rows += token_rows
     by_metric: dict[str, list[float]] = {}
     for _, metric, value in token_rows:
         by_metric.setdefault(metric, []).append(value)
-    if token_rows and "unknown_token_rate" in by_metric and len(by_metric["unknown_token_rate"]) == len(by_metric["tokens"]):
-        metas = [read_json(ctx.input_dir(step) / "meta.json") for _, step in sorted(config["tokenize"].items())]
+    if (token_rows and "unknown_token_rate" in by_metric
+            and len(by_metric["unknown_token_rate"]) == len(by_metric["tokens"])):
+        metas = [read_json(ctx.input_dir(step) / "meta.json") for _, step in sorted(cfg.tokenize.items())]
         encoded = sum(m["encoded_tokens"] for m in metas)
         rows += [(ALL, "tokens", sum(by_metric["tokens"])),
                  (ALL, "unknown_token_rate", _rate(sum(m["unknown_tokens"] for m in metas), encoded)),
                  (ALL, "byte_fallback_rate", _rate(sum(m["byte_fallback_tokens"] for m in metas), encoded))]
-    if config.get("mix"):
-        rows += mix_rows(ctx.input_dir(config["mix"]))
+    if cfg.mix:
+        rows += mix_rows(ctx.input_dir(cfg.mix))
     rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)
     keys = [(s, m) for s, m, _ in rows]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})

@@ -73,8 +73,8 @@ def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator
             ids += [doc_id for doc_id, _ in encoded]
             lengths += sizes.tolist()
     ids_path.write_text(json.dumps({"source": str(path), "ids": ids, "lengths": lengths}))
-    return {"index": index, "source": str(path), "tokens": str(tokens_path), "ids": str(ids_path), "documents": len(ids),
-            "stream_tokens": int(sum(lengths)), "failed": failed, **counts}
+    return {"index": index, "source": str(path), "tokens": str(tokens_path), "ids": str(ids_path),
+            "documents": len(ids), "stream_tokens": int(sum(lengths)), "failed": failed, **counts}
 
 
 class _NpyShardWriter:

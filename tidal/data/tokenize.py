@@ -28,8 +28,8 @@ token spill by one worker, then one worker merges the spills in id order and wri
 ``.npy`` shards as it goes, so memory does not grow with the corpus beyond the documents'
 ids and lengths (about 100 bytes a document).
 
-Config: source, input (clean step name), tokenizer (tokenizer step name), seq_len
-(tokens), shards (output ``.npy`` count).
+Config (:class:`tidal.data.tokenize_config.TokenizeConfig`): source, input (clean step name),
+tokenizer (tokenizer step name), seq_len (tokens), shards (output ``.npy`` count).
 Outputs: ``tokens-00000-of-0000N.npy`` ``[n_seq, seq_len]`` (uint16 / uint32, see
 :func:`tidal.data.shards.token_dtype`), ``meta.json``
 ``{tokenizer_hash, seq_len, dtype, n_sequences, n_tokens (= n_sequences * seq_len, the
@@ -65,6 +65,7 @@ from tidal.data.shards import (
     token_dtype,
 )
 from tidal.data.token_spill import encode_shard, merge_spills
+from tidal.data.tokenize_config import TokenizeConfig
 
 STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
@@ -247,20 +248,18 @@ def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out_dir: str, 
 
 
 def run(ctx: StepContext) -> dict:
-    """Encode, pack and write the shards of ``ctx.config["input"]`` (see the module docstring).
+    """Encode, pack and write the shards of the config's ``input`` (see the module docstring).
 
     Raises:
-        KeyError: missing config key or input step; ValueError: bad seq_len / shards or an
-            unsorted document shard; TokenizerFileError: tokenizer file hash mismatch.
+        pydantic.ValidationError: bad config (:class:`TokenizeConfig`); KeyError: missing input
+            step; ValueError: an unsorted document shard; TokenizerFileError: tokenizer file hash mismatch.
     """
-    config = ctx.config
-    seq_len, shards = int(config["seq_len"]), int(config.get("shards", 1))
-    if seq_len < 1 or shards < 1:
-        raise ValueError(f"step {ctx.name}: seq_len ({seq_len}) and shards ({shards}) must be >= 1")
-    tokenizer_dir = ctx.input_dir(config.get("tokenizer", "tokenizer"))
+    cfg = TokenizeConfig.model_validate(ctx.config)
+    seq_len, shards = cfg.seq_len, cfg.shards
+    tokenizer_dir = ctx.input_dir(cfg.tokenizer)
     tokenizer, tok_meta = tokenizer_step.load(tokenizer_dir)
     fallback_ids, unk_id = special_token_ids(tokenizer)
-    paths = [str(p) for p in list_shards(ctx.input_dir(config["input"]), DOCUMENTS_PREFIX, "parquet")]
+    paths = [str(p) for p in list_shards(ctx.input_dir(cfg.input), DOCUMENTS_PREFIX, "parquet")]
     settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
                 "tokenizer_hash": tok_meta["tokenizer_hash"]}
     spill_dir = Path(ctx.out_dir) / SPILL_DIR
@@ -284,7 +283,7 @@ def run(ctx: StepContext) -> dict:
             meta["documents_failed"],
             FAILED_FILE,
         )
-    return summarize(config, ctx.out_dir)
+    return summarize(ctx.config, ctx.out_dir)
 
 
 def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
@@ -292,11 +291,49 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
 
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
+    cfg = TokenizeConfig.model_validate(config)
     meta = json.loads((Path(out_dir) / META_NAME).read_text())
     return {
-        "source": config.get("source", ""),
+        "source": cfg.source,
         **{k: v for k, v in meta.items() if k != "tokenizer_hash"},
     }
+
+
+def expected_outputs(config: dict[str, Any]) -> list[str]:
+    """The files a finished tokenize run writes (docs/contracts.md): ``meta.json``,
+    ``failed_documents.json`` and ``shards`` token shards (part of the kind's commit contract,
+    :func:`tidal.core.commit.check_outputs`)."""
+    shards = int(config.get("shards", 1))
+    return [META_NAME, FAILED_FILE, *(shard_name(TOKENS_PREFIX, k, shards, "npy") for k in range(shards))]
+
+
+def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
+    """Before a commit: the token shards hold ``meta.json``'s ``n_sequences`` rows of ``seq_len``
+    tokens of its ``dtype`` (read from the ``.npy`` headers only), and ``failed_documents.json``
+    lists ``documents_failed`` documents.
+
+    Raises:
+        ValueError: naming the file and both values on a mismatch.
+    """
+    out = Path(out_dir)
+    meta = json.loads((out / META_NAME).read_text())
+    shards = int(config.get("shards", 1))
+    rows = 0
+    for k in range(shards):
+        path = out / shard_name(TOKENS_PREFIX, k, shards, "npy")
+        shard = np.load(path, mmap_mode="r", allow_pickle=False)  # the header only; no data is read
+        shape, dtype = shard.shape, shard.dtype
+        del shard
+        if len(shape) != 2 or shape[1] != meta["seq_len"] or dtype.name != meta["dtype"]:
+            raise ValueError(f"{path}: shape {shape} of {dtype.name} but {META_NAME} says "
+                             f"[*, {meta['seq_len']}] of {meta['dtype']}")
+        rows += shape[0]
+    if rows != meta["n_sequences"]:
+        raise ValueError(f"{out}: token shards hold {rows} sequences but {META_NAME} says {meta['n_sequences']}")
+    failed = len(json.loads((out / FAILED_FILE).read_text()))
+    if failed != meta["documents_failed"]:
+        raise ValueError(f"{out / FAILED_FILE} lists {failed} documents but {META_NAME} says "
+                         f"{meta['documents_failed']}")
 
 
 if __name__ == "__main__":

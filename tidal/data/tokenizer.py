@@ -14,7 +14,7 @@ because DATA.md reports trainers that are not, and it costs little at this corpu
 This step is not a Beam job: ``tokenizers``' BPE trainer needs every word count in one
 process, and the text it reads is capped by ``max_documents_per_source``.
 
-Config (``ctx.config``):
+Config (``ctx.config``, :class:`tidal.data.tokenizer_config.TokenizerConfig`):
     mode: "train" | "file" | "gpt2" (default "train").
     special_tokens: list of special tokens, the first is end-of-text (default
         ``["<|endoftext|>"]``).
@@ -41,10 +41,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import iter_documents
+from tidal.data.tokenizer_config import DEFAULT_SPECIAL_TOKENS, TokenizerConfig
 from tidal.integrity.hashing import sha256_bytes, sha256_file
 
 STEP_VERSION = 1
-DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
 
@@ -185,46 +185,39 @@ def _training_texts(ctx: StepContext, sources: Sequence[str], cap: int | None) -
             yield text
 
 
-def build(ctx: StepContext) -> bytes:
-    """The ``tokenizer.json`` bytes the config asks for (see the module docstring).
+def build(ctx: StepContext, cfg: TokenizerConfig) -> bytes:
+    """The ``tokenizer.json`` bytes ``cfg`` asks for (see the module docstring).
 
     Raises:
-        TokenizerFileError: bad pinned file; ValueError: unknown mode or bad config.
+        TokenizerFileError: bad pinned file.
     """
-    config = ctx.config
-    mode = config.get("mode", "train")
-    special_tokens = list(config.get("special_tokens") or DEFAULT_SPECIAL_TOKENS)
-    if mode == "train":
-        sources = config.get("sources") or sorted(ctx.inputs)
+    if cfg.mode == "train":
         tokenizer = train_tokenizer(
-            _training_texts(ctx, sources, config.get("max_documents_per_source")),
-            vocab_size=int(config["vocab_size"]),
-            min_frequency=int(config.get("min_frequency", 2)),
-            special_tokens=special_tokens,
+            _training_texts(ctx, cfg.sources or sorted(ctx.inputs), cfg.max_documents_per_source),
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            special_tokens=cfg.special_tokens,
         )
         return tokenizer.to_str(pretty=False).encode("utf-8")
-    if mode == "file":
-        if not config.get("path") or not config.get("sha256"):
-            raise ValueError("tokenizer mode 'file' needs `path` and `sha256`")
-        return _checked_bytes(config["path"], config["sha256"], "tokenizer file")
-    if mode == "gpt2":
-        encoder = json.loads(
-            _checked_bytes(config["encoder_path"], config["encoder_sha256"], "encoder.json")
-        )
-        merges_text = _checked_bytes(
-            config["merges_path"], config["merges_sha256"], "vocab.bpe"
-        ).decode("utf-8")
-        tokenizer = gpt2_tokenizer(encoder, parse_gpt2_merges(merges_text), special_tokens)
-        return tokenizer.to_str(pretty=False).encode("utf-8")
-    raise ValueError(f"tokenizer mode {mode!r} is not one of 'train', 'file', 'gpt2'")
+    if cfg.mode == "file":
+        return _checked_bytes(cfg.path, cfg.sha256, "tokenizer file")
+    encoder = json.loads(_checked_bytes(cfg.encoder_path, cfg.encoder_sha256, "encoder.json"))
+    merges_text = _checked_bytes(cfg.merges_path, cfg.merges_sha256, "vocab.bpe").decode("utf-8")
+    tokenizer = gpt2_tokenizer(encoder, parse_gpt2_merges(merges_text), cfg.special_tokens)
+    return tokenizer.to_str(pretty=False).encode("utf-8")
 
 
 def run(ctx: StepContext) -> dict:
     """Write ``tokenizer.json`` and ``tokenizer_meta.json`` into ``ctx.out_dir``; return the meta
-    (minus the special token list) as the summary."""
-    data = build(ctx)
-    special_tokens = list(ctx.config.get("special_tokens") or DEFAULT_SPECIAL_TOKENS)
-    meta = tokenizer_meta(data, special_tokens)
+    (minus the special token list) as the summary.
+
+    Raises:
+        pydantic.ValidationError: for a bad config (:class:`TokenizerConfig`).
+        TokenizerFileError: bad pinned file.
+    """
+    cfg = TokenizerConfig.model_validate(ctx.config)
+    data = build(ctx, cfg)
+    meta = tokenizer_meta(data, cfg.special_tokens)
     (ctx.out_dir / TOKENIZER_FILE).write_bytes(data)
     (ctx.out_dir / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     ctx.log.info(

@@ -20,8 +20,9 @@ metric column               rows (sources)               bound
 A *clean source* is any source other than ``all`` with a ``documents_in`` row. Requested
 weights are the config's ``weights`` normalized to sum to 1 (the mixture's proportions);
 the tolerance is absolute (0.02 means ±2 percentage points). A source with weight 0 is
-checked only if the mixture wrote a row for it. All thresholds come from the
-recipe; this module sets none.
+checked only if the mixture wrote a row for it. All thresholds come from the recipe's
+``gate`` section (:class:`GateSettings`, whose defaults are the only ones); the step config is
+:class:`GateConfig`.
 
 Before GX runs, every (source, metric) cell the suite reads must be present and finite;
 otherwise :class:`StatsIncomplete` is raised, since a between-expectation silently ignores
@@ -40,11 +41,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
+from pydantic import Field, model_validator
 
+from tidal.config import Fraction, PositiveInt, Strict
 from tidal.context import StepContext
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is read: the recipe imports this module's config
 
 STEP_VERSION = 1
 STATS_FILE = "stats.parquet"
@@ -70,53 +75,61 @@ class StatsIncomplete(ValueError):
     """The stats table lacks a row (or has a NaN value) that the gate needs; names file and rows."""
 
 
-class GateConfigError(ValueError):
-    """The gate's config is missing a key or has a value of the wrong kind."""
+class GateSettings(Strict):
+    """Great Expectations thresholds over the stats that must hold before training: the recipe's
+    ``gate`` section (its defaults are the only ones; the planner writes every field)."""
+
+    min_total_tokens: PositiveInt = Field(description="fewest tokens in the mixture")
+    mixture_tolerance: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        default=0.02, description="allowed |realized - requested| mixture weight"
+    )
+    max_quarantine_rate: Fraction = Field(default=0.05, description="over all cleaned sources")
+    max_duplicate_rate: Fraction | None = Field(default=None, description="per source, if set")
 
 
-def _config(raw: dict[str, Any]) -> dict[str, Any]:
-    """Normalize the gate config (flat keys, or nested under ``expectations``)."""
-    cfg = {**raw, **raw.get("expectations", {})}
-    missing = [k for k in ("min_total_tokens", "weights", "mixture_tolerance", "max_quarantine_rate") if k not in cfg]
-    if missing:
-        raise GateConfigError(f"gate config lacks {missing}; it has {sorted(cfg)}")
-    weights = cfg["weights"]
-    if not isinstance(weights, dict) or not weights or any(float(w) < 0 for w in weights.values()):
-        raise GateConfigError(f"gate config 'weights' must be a non-empty {{source: weight >= 0}}, got {weights!r}")
-    total = sum(float(w) for w in weights.values())
-    if total <= 0:
-        raise GateConfigError(f"gate config 'weights' sum to {total}; need > 0")
-    return {
-        "stats": cfg.get("stats", "stats"),
-        "min_total_tokens": float(cfg["min_total_tokens"]),
-        "weights": {src: float(w) / total for src, w in sorted(weights.items())},
-        "mixture_tolerance": float(cfg["mixture_tolerance"]),
-        "max_quarantine_rate": float(cfg["max_quarantine_rate"]),
-        "max_duplicate_rate": None if cfg.get("max_duplicate_rate") is None else float(cfg["max_duplicate_rate"]),
-    }
+class GateConfig(GateSettings):
+    """The gate step: the recipe's thresholds, the stats step to read and the mixture weights."""
+
+    stats: str = Field(default="stats", min_length=1, description="the stats step whose stats.parquet to read")
+    weights: dict[str, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] = Field(
+        min_length=1, description="source -> requested mixture weight (normalized here to sum 1)"
+    )
+
+    @model_validator(mode="after")
+    def _weights_sum(self) -> GateConfig:
+        total = sum(self.weights.values())
+        if total <= 0:
+            raise ValueError(f"weights sum to {total}; need > 0")
+        return self
+
+    @property
+    def requested(self) -> dict[str, float]:
+        """The weights normalized to sum 1, in sorted source order."""
+        total = sum(self.weights.values())
+        return {src: w / total for src, w in sorted(self.weights.items())}
 
 
-def plan_checks(stats: pd.DataFrame, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_checks(stats: pd.DataFrame, cfg: GateConfig) -> list[dict[str, Any]]:
     """The checks the suite will hold: ``[{"source", "metric", "min", "max"}]`` (bounds may be None).
 
     Args:
         stats: the tidy stats table (columns source, metric, value).
-        cfg: the normalized gate config (see module docstring).
+        cfg: the gate config (see module docstring).
     """
     clean_sources = sorted(set(stats.loc[stats["metric"] == "documents_in", "source"]) - {ALL})
     checks = [
-        {"source": ALL, "metric": "total_tokens", "min": cfg["min_total_tokens"], "max": None},
-        {"source": ALL, "metric": "quarantine_rate", "min": None, "max": cfg["max_quarantine_rate"]},
+        {"source": ALL, "metric": "total_tokens", "min": float(cfg.min_total_tokens), "max": None},
+        {"source": ALL, "metric": "quarantine_rate", "min": None, "max": cfg.max_quarantine_rate},
     ]
-    checks += [{"source": s, "metric": "quarantine_rate", "min": None, "max": cfg["max_quarantine_rate"]}
+    checks += [{"source": s, "metric": "quarantine_rate", "min": None, "max": cfg.max_quarantine_rate}
                for s in clean_sources]
-    if cfg["max_duplicate_rate"] is not None:
-        checks += [{"source": s, "metric": "duplicate_rate", "min": None, "max": cfg["max_duplicate_rate"]}
+    if cfg.max_duplicate_rate is not None:
+        checks += [{"source": s, "metric": "duplicate_rate", "min": None, "max": cfg.max_duplicate_rate}
                    for s in clean_sources]
-    tol = cfg["mixture_tolerance"]
+    tol = cfg.mixture_tolerance
     mixed = set(stats.loc[stats["metric"] == "mixture_weight_realized", "source"])
     checks += [{"source": s, "metric": "mixture_weight_realized", "min": w - tol, "max": w + tol}
-               for s, w in cfg["weights"].items() if w > 0 or s in mixed]  # weight 0 may have no row
+               for s, w in cfg.requested.items() if w > 0 or s in mixed]  # weight 0 may have no row
     return checks
 
 
@@ -156,7 +169,8 @@ def _expected_text(check: dict[str, Any]) -> str:
     return f">= {lo:.6g}" if lo is not None else f"<= {hi:.6g}"
 
 
-def validate(wide: pd.DataFrame, checks: list[dict[str, Any]], docs_dir: Path | None, run_name: str) -> list[dict[str, Any]]:
+def validate(wide: pd.DataFrame, checks: list[dict[str, Any]], docs_dir: Path | None,
+             run_name: str) -> list[dict[str, Any]]:
     """Run the checks as a GX suite over ``wide``; build Data Docs into ``docs_dir`` if given.
 
     Returns:
@@ -242,12 +256,14 @@ def run(ctx: StepContext) -> dict[str, Any]:
     Raises:
         GateFailed: some expectation failed (files are still written; ``err.result`` holds them).
         StatsIncomplete: a stats row the suite needs is missing or not finite.
-        GateConfigError: the config lacks a threshold or has malformed weights.
+        pydantic.ValidationError: the config lacks a threshold or has malformed weights (:class:`GateConfig`).
     """
-    cfg = _config(ctx.config)
-    path = ctx.input_dir(cfg["stats"]) / STATS_FILE
+    import pandas as pd
+
+    cfg = GateConfig.model_validate(ctx.config)
+    path = ctx.input_dir(cfg.stats) / STATS_FILE
     if not path.is_file():
-        raise StatsIncomplete(f"{path}: no stats table (input {cfg['stats']!r} has no {STATS_FILE})")
+        raise StatsIncomplete(f"{path}: no stats table (input {cfg.stats!r} has no {STATS_FILE})")
     stats = pd.read_parquet(path)
     checks = plan_checks(stats, cfg)
     wide = pivot_stats(stats, checks, path)

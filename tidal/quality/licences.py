@@ -105,7 +105,8 @@ def source_decision(name: str, source: Any) -> dict[str, Any]:
         return {"licence": source.licence, "licence_uses": [], "permitted_uses": [], "override": override,
                 "rule": "unknown licence",
                 "problems": [(f"source {name!r}: licence {source.licence!r} is unknown (not in the table of "
-                             f"tidal/quality/licences.py; known: {', '.join(sorted(LICENCES))}); add a row with its source")]}
+                             f"tidal/quality/licences.py; known: {', '.join(sorted(LICENCES))}); "
+                             "add a row with its source")]}
     allowed = set(row.uses) | set(override["uses"] if override else ())
     declared = set(source.permitted_uses) if source.permitted_uses is not None else allowed
     problems = [
@@ -115,7 +116,8 @@ def source_decision(name: str, source: Any) -> dict[str, Any]:
         for use in sorted(declared - allowed)
     ]
     widened = sorted(set(override["uses"]) - row.uses) if override else []
-    rule = f"{row.spdx}: {row.source}" + (f"; widened to {widened} by override: {override['reason']}" if widened else "")
+    rule = f"{row.spdx}: {row.source}" + (f"; widened to {widened} by override: {override['reason']}"
+                                          if widened else "")
     return {"licence": row.spdx, "licence_uses": sorted(row.uses), "permitted_uses": sorted(declared & allowed),
             "override": override, "rule": rule, "problems": problems}
 

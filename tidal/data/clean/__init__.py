@@ -1,27 +1,30 @@
 """The ``clean`` step kind (``python -m tidal.data.clean``): ``step`` is the Beam pipeline and the
 kind's ``run`` / ``summarize``; ``fns`` its DoFns and shard writers; ``record`` the per-record
-rules; ``config`` the validated config. The kind's names are re-exported here.
+rules; ``config`` the config models. The kind's names are re-exported here.
+
+The config models are imported eagerly: the recipe composes them, and loading a recipe or
+parsing a DAG file must not import Beam. Every other name (``run``, ``summarize``,
+``STEP_VERSION``, ``clean``, ``shard_name`` ...) is :mod:`tidal.data.clean.step`'s, imported on
+first use (PEP 562 module ``__getattr__``).
 """
 
-from tidal.data.clean.config import CleanConfig
-from tidal.data.clean.step import (
-    COUNTS_FILE,
-    DOCUMENT_SCHEMA,
-    QUARANTINE_FILE,
-    REMOVED_FILE,
-    STEP_VERSION,
-    build_pipeline,
-    check_counts,
-    check_outputs,
-    clean,
-    counts_from_totals,
-    flat_counts,
-    run,
-    shard_name,
-    shard_of,
-    summarize,
-)
+from __future__ import annotations
 
-__all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "STEP_VERSION", "CleanConfig",
-           "build_pipeline", "check_counts", "check_outputs", "clean", "counts_from_totals", "flat_counts", "run",
-           "shard_name", "shard_of", "summarize"]
+import importlib
+from typing import Any
+
+from tidal.data.clean.config import CleanConfig, CleanSettings, NearDupConfig
+
+__all__ = ["CleanConfig", "CleanSettings", "NearDupConfig"]  # and every name of tidal.data.clean.step
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    step = importlib.import_module("tidal.data.clean.step")  # Beam; also sets this package's `step`
+    if name == "step":
+        return step
+    try:
+        return getattr(step, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

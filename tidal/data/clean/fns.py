@@ -69,7 +69,8 @@ REMOVED_FILE = "removed.parquet"
 METRICS_NAMESPACE = "tidal.clean"
 DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
                              ("ref", pa.string()), ("language", pa.string())])
-QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()), ("detail", pa.string())])
+QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()),
+                               ("detail", pa.string())])
 REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
                             ("cluster", pa.string()), ("detail", pa.string())])
 # Count groups of counts.json besides in/kept (outcome key prefix -> counts.json key).

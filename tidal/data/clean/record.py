@@ -88,7 +88,7 @@ def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tupl
         counts[f"special_tokens.{cfg.special_tokens}"] += 1
     if isinstance(text, Quarantine):
         return _quarantine(ref, raw, text.reason, text.detail, counts)
-    rule = filter_reason(text, cfg.thresholds)
+    rule = filter_reason(text, cfg)
     if rule is not None:
         return _filtered(ref, rule, [rule], counts)
     line_drops: Counter = Counter()

@@ -49,7 +49,7 @@ Outputs (in ``out_dir``):
   {lang: kept documents}, "neardup": {"candidate_pairs", "verified_pairs"}}``; every rule of
   the enabled filters is present (0 if unseen).
   The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
-  of the files agree (:func:`check_outputs`).
+  of the files agree (:func:`check_files`; before any commit, :func:`check_outputs`).
 
 Records are cleaned in batches (at most :data:`tidal.data.clean.fns.BATCH_ROWS` records and
 :data:`tidal.data.clean.fns.BATCH_BYTES` raw bytes, streamed from slices of ``raw.parquet``
@@ -116,8 +116,8 @@ from tidal.data.neardup import NearDuplicates
 
 STEP_VERSION = 4
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
-           "check_counts", "check_outputs", "clean", "counts_from_totals", "flat_counts", "run", "shard_name",
-           "shard_of", "summarize"]
+           "check_counts", "check_files", "check_outputs", "clean", "counts_from_totals", "expected_outputs",
+           "flat_counts", "run", "shard_name", "shard_of", "summarize"]
 
 
 def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
@@ -177,7 +177,7 @@ def check_counts(counts: dict[str, Any]) -> None:
         )
 
 
-def check_outputs(out_dir: str | Path, counts: dict[str, Any], shards: int) -> None:
+def check_files(out_dir: str | Path, counts: dict[str, Any], shards: int) -> None:
     """Check that the files hold what ``counts.json`` says: documents rows = kept, removed rows
     = filtered + duplicates (by outcome), quarantine rows = quarantined.
 
@@ -217,7 +217,7 @@ def clean(
 
     Raises:
         FileNotFoundError: if ``raw_path`` does not exist.
-        ValueError: if the counts do not reconcile (:func:`check_counts`, :func:`check_outputs`)
+        ValueError: if the counts do not reconcile (:func:`check_counts`, :func:`check_files`)
             or a Beam counter disagrees with them.
     """
     raw_path, out_dir = Path(raw_path), Path(out_dir)
@@ -239,7 +239,7 @@ def clean(
         log.info("beam counter %s.%s = %s", METRICS_NAMESPACE, name, value)
     counts = json.loads((out_dir / COUNTS_FILE).read_text())
     check_counts(counts)
-    check_outputs(out_dir, counts, cfg.shards)
+    check_files(out_dir, counts, cfg.shards)
     flat = flat_counts(counts)
     wrong = {k: (v, flat.get(k.replace(".", "_", 1))) for k, v in counters.items()
              if "." in k and v and flat.get(k.replace(".", "_", 1)) != v}
@@ -268,7 +268,7 @@ def run(ctx: StepContext) -> dict:
         ValueError: for a bad config or counts that do not reconcile.
         KeyError: if the config's ``input`` is not an input of this step.
     """
-    cfg = CleanConfig.from_config(ctx.config)
+    cfg = CleanConfig.model_validate(ctx.config)
     raw_path = ctx.input_dir(cfg.input) / RAW_FILE
     clean(raw_path, ctx.out_dir, cfg, log=ctx.log)
     summary = summarize(ctx.config, ctx.out_dir)
@@ -284,8 +284,30 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
 
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
-    cfg = CleanConfig.from_config(config)
+    cfg = CleanConfig.model_validate(config)
     counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
     check_counts(counts)
     return {**flat_counts(counts), "shards": cfg.shards}
 
+
+def expected_outputs(config: dict[str, Any]) -> list[str]:
+    """The files a finished clean run writes (docs/contracts.md): ``counts.json``,
+    ``quarantine.parquet``, ``removed.parquet`` and ``shards`` document shards.
+
+    Part of the kind's commit contract (:func:`tidal.core.commit.check_outputs`), checked on
+    every path that commits a clean step (in-process, Beam-provider job).
+    """
+    shards = int(config.get("shards", 1))
+    return [COUNTS_FILE, QUARANTINE_FILE, REMOVED_FILE, *(shard_name(k, shards) for k in range(shards))]
+
+
+def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
+    """Before a commit: ``counts.json`` reconciles (``in = kept + filtered + duplicates +
+    quarantined``) and the files hold the rows it counts (:func:`check_files`).
+
+    Raises:
+        ValueError: naming the file and both numbers on a mismatch.
+    """
+    counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
+    check_counts(counts)
+    check_files(out_dir, counts, int(config.get("shards", 1)))

@@ -1,0 +1,29 @@
+"""The tokenize step's config (:class:`TokenizeConfig`) and the recipe's ``tokenize`` section
+(:class:`TokenizeSettings`), the part of it a recipe sets. Light on purpose (no Beam, no
+``tokenizers``): the recipe imports it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+from pydantic import Strict as StrictType
+
+from tidal.config import PositiveInt, Strict
+
+
+class TokenizeSettings(Strict):
+    """Encoding and packing into fixed-length sequences."""
+
+    seq_len: Annotated[int, StrictType(), Field(ge=8, le=65536)] = Field(
+        default=128, description="tokens per packed sequence"
+    )
+    shards: PositiveInt = Field(default=1, description="token shard count per source")
+
+
+class TokenizeConfig(TokenizeSettings):
+    """One tokenize step: the recipe's settings, the source, its clean step and the tokenizer step."""
+
+    source: str = Field(min_length=1, description="source name, e.g. brown")
+    input: str = Field(min_length=1, description="the clean step whose document shards to encode")
+    tokenizer: str = Field(default="tokenizer", min_length=1, description="the tokenizer step to encode with")
