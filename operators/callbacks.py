@@ -24,24 +24,18 @@ def mlflow_link(pipe: Any, run_key: str) -> tuple[str | None, str | None]:
     """``(parent run id, link)`` of the DAG run's MLflow parent run; ``(None, None)`` if not found.
 
     The link uses ``TIDAL_MLFLOW_UI_URL`` (the MLflow server's browser URL), else the tracking
-    URI when it is http(s); a SQLite store has no UI, so its link is the ``runs:/`` URI.
+    URI when it is http(s); a SQLite store has no UI, so its link is the ``runs:/`` URI
+    (:func:`tidal.tracking.run_link`).
+
+    Raises:
+        tidal.tracking.TrackingUnavailable: MLflow does not answer.
     """
-    import os
+    from tidal.tracking import parent_run, run_link
 
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(pipe.tracking_uri)
-    exp = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
-    if exp is None:
+    run = parent_run(pipe.tracking_uri, pipe.experiment, run_key)
+    if run is None:
         return None, None
-    runs = client.search_runs([exp.experiment_id], f"tags.`tidal.run_key` = '{run_key}'", max_results=1)
-    if not runs:
-        return None, None
-    run_id = runs[0].info.run_id
-    ui = os.environ.get("TIDAL_MLFLOW_UI_URL") or (
-        pipe.tracking_uri if pipe.tracking_uri.startswith(("http://", "https://")) else None)
-    link = f"{ui.rstrip('/')}/#/experiments/{exp.experiment_id}/runs/{run_id}" if ui else f"runs:/{run_id}"
-    return run_id, link
+    return run.run_id, run_link(pipe.tracking_uri, run)
 
 
 def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
@@ -76,8 +70,13 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
         except Exception as err:  # noqa: BLE001 - a broken recipe is itself the failure to record
             log.warning("failure record: recipe %s did not load: %s", recipe_path, err)
     if pipe is not None:
+        from tidal.tracking import TrackingUnavailable
+
         try:
             fields["mlflow_run_id"], fields["mlflow_link"] = mlflow_link(pipe, run_key_of(context))
+        except TrackingUnavailable as err:  # tracking never takes a callback down
+            fields["mlflow_run_id"] = fields["mlflow_link"] = None
+            log.warning("failure record: %s; recorded without MLflow run id and link", err)
         except Exception as err:  # noqa: BLE001 - tracking never takes a callback down
             log.warning("failure record: MLflow lookup failed: %s", err)
     return build_record(exc, **fields), pipe
@@ -86,12 +85,16 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
 def on_failure_callback(context: Any) -> None:
     """Record the failure in ``{storage_root}/failures/``, send metrics and the webhook alert;
     close a GKE training step's live MLflow run as FAILED (:func:`operators.gke.close_failed_live_run`)."""
+    from tidal.tracking import TrackingUnavailable
+
     try:
         from operators.gke import close_failed_live_run
 
         closed = close_failed_live_run(context)
         if closed:
             log.info("live MLflow run %s of the failed step marked FAILED", closed)
+    except TrackingUnavailable as err:
+        log.warning("tidal failure callback: the step's live MLflow run stays open: %s", err)
     except Exception:
         log.exception("tidal failure callback could not close the step's live MLflow run")
     try:

@@ -4,8 +4,8 @@ With ``train.resources.launcher: gke`` the DAG factory puts a task group named l
 in place of the single ``TidalStepOperator``:
 
 * ``{step}.prepare`` (branch; under a second, seconds when MLflow is slow to answer):
-  :func:`tidal.core.remote.prepare`; a committed step goes straight to ``commit`` and no pod starts; otherwise ``spec.json`` is written, the
-  step's MLflow run is opened (:func:`open_live_run`) and the launch runs.
+  :func:`tidal.core.remote.prepare`; a committed step goes straight to ``commit`` and no pod starts;
+  otherwise ``spec.json`` is written, the step's MLflow run is opened (:func:`open_live_run`) and the launch runs.
 * single pod (CPU, GPU node, single-host TPU slice): ``{step}.launch``, a
   ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
 * several pods (multi-host TPU, multislice, multi-node GPU): ``{step}.create`` creates the
@@ -173,7 +173,7 @@ def close_failed_live_run(context: Any) -> str | None:
         tracking store is no server a pod reaches), or the run is no longer RUNNING.
 
     Raises:
-        MLflow errors (the callback logs them and goes on).
+        tidal.tracking.TrackingUnavailable: MLflow does not answer (the callback warns and goes on).
     """
     ti, task = context["ti"], context["task"]
     group, _, leaf = ti.task_id.rpartition(".")
@@ -184,14 +184,9 @@ def close_failed_live_run(context: Any) -> str | None:
     uri = ti.xcom_pull(task_ids=prepare_id, key=XCOM_TRACKING_URI)
     if not run_id or not uri:
         return None
-    from mlflow.tracking import MlflowClient
+    from tidal.tracking import close_run
 
-    client = MlflowClient(uri)
-    if client.get_run(run_id).info.status != "RUNNING":
-        return None
-    client.set_tag(run_id, "tidal.status", "failed")
-    client.set_terminated(run_id, "FAILED")
-    return run_id
+    return run_id if close_run(uri, run_id, "FAILED", tags={"tidal.status": "failed"}) else None
 
 
 class TidalCommitOperator(BaseOperator):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         ``{"recipe", "dag_id", "path", "schedule", "recipe_hash", "storage_root", "steps": [{"name",
         "kind", "step_id", "status"}], "failing_gates": [{"attempt", "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
-        "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}``, or ``{"path", "error"}``
-        when the recipe does not load.
+        "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}`` (:func:`mlflow_run_links` adds
+        ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when the recipe does not load.
     """
     from tidal.core.load import load_pipeline
     from tidal.tracking.failures import group_failures, list_failures
@@ -56,17 +55,18 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / "checkpoint_manifest.json"
         if manifest.is_file():
             data = json.loads(manifest.read_text())
-            checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))), "step": data.get("step"),
-                          "age_s": time.time() - manifest.stat().st_mtime, "root_hash": data.get("root_hash")}
-    ui = os.environ.get("TIDAL_MLFLOW_UI_URL") or (
-        pipe.tracking_uri if pipe.tracking_uri.startswith(("http://", "https://")) else None)
+            checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),
+                          "step": data.get("step"), "age_s": time.time() - manifest.stat().st_mtime,
+                          "root_hash": data.get("root_hash")}
+    from tidal.tracking import experiments_link
+
     return {
         "recipe": pipe.recipe.name, "dag_id": f"tidal_{pipe.recipe.name}", "path": str(recipe_path),
         "schedule": pipe.recipe.schedule, "recipe_hash": pipe.recipe_hash, "storage_root": str(pipe.storage.local_dir),
         "steps": steps, "failing_gates": failing_gates,
         "failures": group_failures(list_failures(pipe.storage.local_dir, pipe.recipe.name))[:20],
         "checkpoint": checkpoint,
-        "mlflow": {"uri": pipe.tracking_uri, "link": f"{ui.rstrip('/')}/#/experiments" if ui else None},
+        "mlflow": {"uri": pipe.tracking_uri, "link": experiments_link(pipe.tracking_uri)},
     }
 
 
@@ -75,27 +75,29 @@ def mlflow_run_links(status: dict[str, Any], run_keys: list[str]) -> dict[str, s
 
     The link opens the MLflow UI (``TIDAL_MLFLOW_UI_URL``, or an http(s) tracking URI); with the
     embedded SQLite store there is no UI and the link is the ``runs:/<id>`` URI. Tracking errors
-    give no links (the page never fails because MLflow is down).
+    give no links (the page never fails because MLflow is down): when tracking is unreachable,
+    ``status["mlflow"]["error"]`` says so and the page shows it.
     """
     if not run_keys or "mlflow" not in status:
         return {}
-    try:
-        from mlflow.tracking import MlflowClient
+    from tidal.tracking import (
+        TrackingUnavailable,
+        experiment_name,
+        parent_runs_with_prefix,
+        run_link,
+    )
 
-        client = MlflowClient(status["mlflow"]["uri"])
-        exp = client.get_experiment_by_name(f"tidal-{status['recipe']}")
-        if exp is None:
-            return {}
-        # MLflow's search grammar has no IN for tags: one LIKE on the DAG id prefix, newest first
-        prefix = status["dag_id"].replace("'", "") + "__%"
-        runs = client.search_runs([exp.experiment_id], f"tags.`tidal.run_key` LIKE '{prefix}'",
-                                  order_by=["attributes.start_time DESC"], max_results=200)
+    uri = status["mlflow"]["uri"]
+    try:
+        runs = parent_runs_with_prefix(uri, experiment_name(status["recipe"]),
+                                       status["dag_id"].replace("'", "") + "__")
+    except TrackingUnavailable as err:
+        status["mlflow"]["error"] = str(err)
+        return {}
     except Exception:  # noqa: BLE001 - tracking never takes the page down
         return {}
-    ui, wanted = status["mlflow"]["link"], set(run_keys)
-    return {r.data.tags["tidal.run_key"]: (f"{ui}/{exp.experiment_id}/runs/{r.info.run_id}" if ui
-                                           else f"runs:/{r.info.run_id}")
-            for r in runs if r.data.tags.get("tidal.run_key") in wanted}
+    wanted = set(run_keys)
+    return {r.run_key: run_link(uri, r) for r in runs if r.run_key in wanted}
 
 
 def _age(seconds: float) -> str:
@@ -114,6 +116,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         runs: dag_id -> latest runs ``[{"run_id", "run_type", "state", "start", "end", "failed_tasks",
             "mlflow_link"}]`` (from the Airflow DB, newest first).
     """
+    from tidal.tracking import safe_uri
+
     e = html.escape
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>tidal on-call</title><style>",
            ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1em}"
@@ -127,7 +131,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
             continue
         dag_id = st["dag_id"]
         out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <code>{e(dag_id)}</code>, schedule "
-                   f"{e(st['schedule'] or 'manual')}, recipe hash <code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
+                   f"{e(st['schedule'] or 'manual')}, recipe hash "
+                   f"<code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
         out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
                    "<th>end</th><th>failed tasks</th><th>MLflow</th></tr>")
         for run in runs.get(dag_id, []):
@@ -148,7 +153,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         if not st["failing_gates"]:
             out.append("<p>none</p>")
         for gate in st["failing_gates"]:
-            out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> (evidence {e(gate['attempt'])})</p><ul>")
+            out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> "
+                       f"(evidence {e(gate['attempt'])})</p><ul>")
             out += [f"<li>{e(str(c.get('column')))} [source={e(str(c.get('source')))}]: expected "
                     f"{e(str(c.get('expected')))}, got {e(str(c.get('observed')))}</li>" for c in gate["failed"]]
             out.append("</ul>")
@@ -170,7 +176,9 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
                    f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
                    if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
         mlflow = st["mlflow"]
-        out.append(f"<p>MLflow: <code>{e(mlflow['uri'])}</code>"
+        out.append(f"<p>MLflow: <code>{e(safe_uri(mlflow['uri']))}</code>"
                    + (f" &middot; <a href='{e(mlflow['link'])}'>experiments</a>" if mlflow["link"] else "") + "</p>")
+        if mlflow.get("error"):
+            out.append(f"<p class='failed tracking'>tracking unreachable: no MLflow links ({e(mlflow['error'])})</p>")
     out.append("</body></html>")
     return "\n".join(out)

@@ -111,5 +111,6 @@ class TidalOncallPlugin(AirflowPlugin):
 
     name = "tidal_oncall"
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": app, "url_prefix": URL_PREFIX, "name": "tidal on-call"}]
-    external_views: ClassVar[list[dict[str, Any]]] = [{"name": "tidal on-call", "href": f"{URL_PREFIX}/", "destination": "nav",
-                       "url_route": "tidal-oncall", "category": "browse"}]
+    external_views: ClassVar[list[dict[str, Any]]] = [{"name": "tidal on-call", "href": f"{URL_PREFIX}/",
+                                                        "destination": "nav", "url_route": "tidal-oncall",
+                                                        "category": "browse"}]

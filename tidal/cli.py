@@ -137,14 +137,27 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
         nothing_committed,
         resolve_target,
     )
+    from tidal.tracking import TrackingUnavailable
 
+    note = None
     try:
         target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
     except TargetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except TrackingUnavailable as err:  # a run key's steps are in MLflow: without it, the recipe's
+        if not args.recipe:
+            print(f"error: {args.target}: no step id under the storage root, and no MLflow run key could be "
+                  f"looked up: {err}", file=sys.stderr)
+            return 1
+        note = f"{err}; run key {args.target} not looked up: showing the steps {args.recipe} plans now"
+        target = resolve_target(args.recipe, storage_root=args.storage_root)
     lineage = build_lineage(target)
+    if note:
+        lineage["tracking_error"] = note
     print(json.dumps(lineage, indent=1, sort_keys=True) if args.json else format_lineage(lineage))
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
     if not any(step["committed"] for step in lineage["steps"]):
         print(f"error: {nothing_committed(target)}", file=sys.stderr)
         return 1
@@ -190,7 +203,13 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
     if out is None:
         print("error: the recipe has no `baseline.file`; pass --out FILE", file=sys.stderr)
         return 2
-    stats_dir, train_dir, source = step_dirs_of_run(pipe, args.from_run)
+    from tidal.tracking import TrackingUnavailable
+
+    try:
+        stats_dir, train_dir, source = step_dirs_of_run(pipe, args.from_run)
+    except TrackingUnavailable as err:  # only --from-run needs MLflow (the run's step ids)
+        print(f"error: baseline from run {args.from_run}: {err}", file=sys.stderr)
+        return 1
     values = read_run_values(stats_dir, train_dir)
     write_baseline(out, pipe.recipe.name, source, values)
     print(f"baseline {out}: {len(values['stats'])} stats, {len(values['loss_curve'])} loss points, "
@@ -267,6 +286,7 @@ USER_ERRORS = frozenset({
     "TrainingFailed", "TokenizerMismatch", "DataContractError", "ConfigError", "MixtureError",
     "TokenizerFileError", "GateConfigError", "SigningKeyError",
     "BaselineError", "BaselineMismatch",
+    "TrackingUnavailable",  # a lookup that needs MLflow (e.g. a run key), and MLflow does not answer
     "BotoCoreError", "ClientError",  # object storage unreachable, no credentials, access denied
 })
 

@@ -279,7 +279,8 @@ def test_prepare_opens_the_live_run_on_a_tracking_server_and_commit_completes_it
         done = client.get_run(run_id)
         assert done.info.status == "FINISHED" and done.data.metrics["final_train_loss"] == 2.5
         children = client.search_runs([live.info.experiment_id],
-                                      filter_string=f"tags.`mlflow.parentRunId` = '{live.data.tags['mlflow.parentRunId']}'")
+                                      filter_string="tags.`mlflow.parentRunId` = "
+                                                    f"'{live.data.tags['mlflow.parentRunId']}'")
         assert [r.info.run_id for r in children] == [run_id]  # completed, not duplicated
 
 

@@ -109,5 +109,6 @@ def test_a_cleared_and_rerun_prepare_leaves_one_running_live_run(tmp_path, tiny_
     client = MlflowClient(mlflow_server)
     parent = client.get_run(second).data.tags["mlflow.parentRunId"]
     running = client.search_runs([client.get_run(second).info.experiment_id],
-                                 filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and attributes.status = 'RUNNING'")
+                                 filter_string=f"tags.`mlflow.parentRunId` = '{parent}' "
+                                               "and attributes.status = 'RUNNING'")
     assert [r.info.run_id for r in running] == [second], f"first live run {first} left RUNNING"

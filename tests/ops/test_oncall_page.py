@@ -46,7 +46,8 @@ def browser(chromium):
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium[0]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,2200"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,2200"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(chromium[1]), options=options)
     driver.set_page_load_timeout(180)

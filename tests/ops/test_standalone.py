@@ -104,7 +104,8 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     assert run["state"] == "success", {k: v["state"] for k, v in tis.items()}
     # only the cleared tasks ran again (upstream_failed tasks had never started: try 0 -> 1)
     rerun = {name for name, ti in tis.items() if ti["try_number"] > tries_before[name]}
-    assert rerun == {"stats", "gate", "train", "report"}, {n: (tries_before[n], ti["try_number"]) for n, ti in tis.items()}
+    assert rerun == {"stats", "gate", "train", "report"}, {n: (tries_before[n], ti["try_number"])
+                                                           for n, ti in tis.items()}
     assert all(tis[name]["try_number"] == 1 for name in [*DATA_STEPS, "mix"])
     for name in ("stats", "gate", "train"):
         out = airflow_server.xcom(CI_DAG, run_id, name)

@@ -136,7 +136,8 @@ def test_unreachable_uri_is_not_retried_again_within_the_hold(tmp_path, monkeypa
     assert first >= 0.2  # slept between its two tries
     started = time.perf_counter()
     for index in range(5):
-        down.log_step(PENDING_PREFIX + "dagrun-a", f"s{index}", f"s{index}-0123456789ab", "fetch", "skip", {}, None, [], {})
+        down.log_step(PENDING_PREFIX + "dagrun-a", f"s{index}", f"s{index}-0123456789ab", "fetch", "skip", {}, None,
+                      [], {})
     assert time.perf_counter() - started < first  # five calls, no retries, no sleeps
     assert len(list(tmp_path.glob("*.json"))) == 6
 

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.layout import MANIFEST_JSON, STEP_JSON, SUCCESS
 from tidal.storage import LocalStorage, open_storage
+from tidal.tracking import STEP_TAG_PREFIX
 
-STEP_TAG_PREFIX = "tidal.step_id."
 #: Files the commit protocol writes; a directory holding none of them is not a step directory.
-STEP_MARKERS = ("step.json", "manifest.json", "_SUCCESS")
+STEP_MARKERS = (STEP_JSON, MANIFEST_JSON, SUCCESS)
 #: Packages shown in a step's environment summary (the rest stay in step.json).
 SUMMARY_PACKAGES = ("tidal", "numpy", "apache-beam", "tokenizers", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
@@ -95,6 +96,8 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
         TargetError: a missing path, a directory that is not a step directory, a file that is
             not a recipe, nothing matched, or a step id / run key came without a storage root.
         tidal.recipe.RecipeError: the recipe file is invalid.
+        tidal.tracking.TrackingUnavailable: the target is no step, so it may be a run key, and
+            MLflow does not answer (``tidal lineage`` then shows ``--recipe``'s steps instead).
     """
     path = Path(target)
     if "://" in target:
@@ -173,25 +176,20 @@ def nothing_committed(target: Target) -> str:
 
 
 def _find_run(run_key: str, pipe: Any, storage: Any) -> dict[str, Any] | None:
-    """The MLflow parent run tagged ``tidal.run_key = run_key`` in any experiment, or None."""
+    """The MLflow parent run tagged ``tidal.run_key = run_key`` in any experiment, or None.
+
+    Raises:
+        tidal.tracking.TrackingUnavailable: MLflow does not answer (its message names the URI).
+    """
     if "'" in run_key:
         return None
-    from tidal.tracking import tracking_uri_for
+    from tidal.tracking import parent_run_in_any_experiment, safe_uri, tracking_uri_for
 
     uri = pipe.tracking_uri if pipe is not None else tracking_uri_for(getattr(storage, "local_dir", storage.root))
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    run = parent_run_in_any_experiment(uri, run_key)
+    if run is None:
         return None
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    if not experiments:
-        return None
-    runs = client.search_runs(experiments, f"tags.`tidal.run_key` = '{run_key}'",
-                              order_by=["attributes.start_time ASC"], max_results=1)
-    if not runs:
-        return None
-    return {"run_id": runs[0].info.run_id, "run_key": run_key, "tracking_uri": uri, "tags": dict(runs[0].data.tags)}
+    return {"run_id": run.run_id, "run_key": run_key, "tracking_uri": safe_uri(uri), "tags": dict(run.tags)}
 
 
 def _read_record(storage: Any, step_id: str) -> dict[str, Any] | None:
@@ -199,7 +197,10 @@ def _read_record(storage: Any, step_id: str) -> dict[str, Any] | None:
     if not storage.is_committed(step_id):
         return None
     reader = getattr(storage, "read_text", None)
-    text = reader(step_id, "step.json") if callable(reader) else (Path(storage.step_dir(step_id)) / "step.json").read_text()
+    if callable(reader):
+        text = reader(step_id, STEP_JSON)
+    else:
+        text = (Path(storage.step_dir(step_id)) / STEP_JSON).read_text()
     return json.loads(text)
 
 

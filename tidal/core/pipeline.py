@@ -16,8 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tidal.core.commit import StepResult, needs_run
 from tidal.core.planner import build_graph
-from tidal.core.runner import StepResult, needs_run, run_step
+from tidal.core.runner import run_step
 from tidal.integrity.hashing import canonical_json, sha256_bytes
 from tidal.recipe import Recipe, load_recipe
 from tidal.steps import StepGraph
@@ -90,11 +91,18 @@ class Pipeline:
             return "run"
         return "blocked"
 
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of this recipe's runs (:func:`tidal.tracking.experiment_name`)."""
+        from tidal.tracking import experiment_name
+
+        return experiment_name(self.recipe.name)
+
     def tracker(self):
         """A :class:`tidal.tracking.Tracker` for this recipe's experiment."""
         from tidal.tracking import Tracker
 
-        return Tracker(self.tracking_uri, experiment=f"tidal-{self.recipe.name}")
+        return Tracker(self.tracking_uri, experiment=self.experiment)
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key`` (created on first use), or None if tracking is down."""

@@ -9,7 +9,6 @@ train steps and a ``fit`` step instead, and its report lists each grid run and t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 
@@ -102,42 +101,32 @@ def _committed_text(storage: Any, step_id: str, name: str) -> str | None:
 
 
 def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:
-    """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty if unreachable)."""
-    report["mlflow_uri"] = pipe.tracking_uri
-    if pipe.tracking_uri.startswith("sqlite:///") and not Path(pipe.tracking_uri.removeprefix("sqlite:///")).exists():
+    """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty when tracking is
+    unreachable: ``report["mlflow_error"]`` then says so, and the rest of the report stands)."""
+    from tidal.tracking import TrackingUnavailable, child_runs, parent_run, safe_uri, store_exists
+
+    uri = pipe.tracking_uri
+    report["mlflow_uri"] = safe_uri(uri)
+    if not store_exists(uri):
         report["mlflow_error"] = "no MLflow store yet (nothing has run with tracking)"
         return {}
     try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(pipe.tracking_uri)
-        experiment = client.get_experiment_by_name(f"tidal-{report['recipe']}")  # a suite's own name
-        if experiment is None:
-            return {}
         # parent runs carry tidal.run_key; nested step runs carry the recipe hash too, but no key
-        query = f"tags.`tidal.recipe_hash` = '{pipe.recipe_hash}' and " + (
-            f"tags.`tidal.run_key` = '{run_key}'" if run_key is not None else "tags.`tidal.run_key` != ''"
-        )
-        parents = client.search_runs(
-            [experiment.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
-        )
-        if not parents:
+        parent = parent_run(uri, pipe.experiment, run_key, recipe_hash=pipe.recipe_hash)
+        if parent is None:
             report["mlflow_error"] = (
                 f"no MLflow run with key {run_key!r} for this recipe" if run_key
                 else "no MLflow run of this exact recipe yet (runs of other versions are not shown)"
             )
             return {}
-        parent = parents[0]
-        report["mlflow_run_id"] = parent.info.run_id
-        report["run_key"] = parent.data.tags.get("tidal.run_key")
-        children = client.search_runs(
-            [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=1000
-        )
-    except Exception as err:  # noqa: BLE001 - tracking never takes the report down
-        report["mlflow_error"] = f"{type(err).__name__}: {err}"
+        report["mlflow_run_id"] = parent.run_id
+        report["run_key"] = parent.run_key
+        children = child_runs(uri, parent)
+    except (TrackingUnavailable, ValueError) as err:  # tracking never takes the report down
+        report["mlflow_error"] = str(err)
         return {}
     order = {s.name: i for i, s in enumerate(pipe.graph)}
-    found = {c.data.tags.get("mlflow.runName", ""): c.data.tags.get("tidal.status", "") for c in children}
+    found = {c.name: c.tags.get("tidal.status", "") for c in children}
     return dict(sorted(((n, st) for n, st in found.items() if n in order), key=lambda kv: order[kv[0]]))
 
 

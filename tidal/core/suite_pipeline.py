@@ -66,11 +66,12 @@ class SuitePipeline(Pipeline):
         data = {"suite": self.suite.model_dump(mode="json"), "base": self.recipe.model_dump(mode="json")}
         return sha256_bytes(canonical_json(data).encode())
 
-    def tracker(self):
-        """A :class:`tidal.tracking.Tracker` for the experiment ``tidal-{suite name}``."""
-        from tidal.tracking import Tracker
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of the suite's runs: the suite's own name, not the base recipe's."""
+        from tidal.tracking import experiment_name
 
-        return Tracker(self.tracking_uri, experiment=f"tidal-{self.suite.name}")
+        return experiment_name(self.suite.name)
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key``, with the suite's fields as params."""

@@ -241,21 +241,21 @@ def step_dirs_of_run(pipe: Any, run_key: str | None) -> tuple[Path, Path, str]:
     Raises:
         BaselineError: the run is unknown, a step it names is not committed, or ``pipe`` is a
             scaling suite.
+        tidal.tracking.TrackingUnavailable: ``run_key`` given and MLflow does not answer (its
+            message names the tracking URI).
     """
     _refuse_suite(pipe)
     ids = {"stats": pipe.graph["stats"].step_id, "train": pipe.graph["train"].step_id}
     source = "current recipe: " + ", ".join(ids.values())
     if run_key is not None:
-        from mlflow.tracking import MlflowClient
+        from tidal.tracking import STEP_TAG_PREFIX, parent_run
 
-        client = MlflowClient(pipe.tracking_uri)
-        exp = client.get_experiment_by_name(f"tidal-{pipe.recipe.name}")
-        runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], f"tags.`tidal.run_key` = '{run_key}'", max_results=1)
-        if not runs:
-            raise BaselineError(f"no MLflow run with key {run_key!r} in experiment tidal-{pipe.recipe.name}")
-        tags = runs[0].data.tags
-        ids = {name: tags.get(f"tidal.step_id.{name}", ids[name]) for name in ids}
+        if "'" in run_key:
+            raise BaselineError(f"no MLflow run with key {run_key!r}: a run key holds no single quote")
+        run = parent_run(pipe.tracking_uri, pipe.experiment, run_key)
+        if run is None:
+            raise BaselineError(f"no MLflow run with key {run_key!r} in experiment {pipe.experiment}")
+        ids = {name: run.tags.get(f"{STEP_TAG_PREFIX}{name}", ids[name]) for name in ids}
         source = f"run {run_key}: " + ", ".join(ids.values())
     dirs = []
     for name, step_id in ids.items():

@@ -23,6 +23,7 @@ params/tags and 1000 metrics.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -111,7 +112,21 @@ def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
 
 
 class TrackingUnavailable(RuntimeError):
-    """MLflow did not answer after all retries (used internally; public methods buffer instead)."""
+    """MLflow did not answer after all retries.
+
+    The Tracker's public methods buffer instead of raising it; the lookups of
+    :mod:`tidal.tracking.runs` raise it, with the message ``tracking is unreachable at <uri>:
+    <reason>`` (user and password removed from the URI), for their callers to degrade on.
+    """
+
+
+_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)[^/@\s'\"]*@")
+
+
+def safe_uri(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URI in it removed (``http://u:p@h:5000`` ->
+    ``http://h:5000``): what may be printed, logged or put on a page."""
+    return _USERINFO.sub(r"\1", str(text))
 
 
 # Circuit breaker: once a tracking URI has failed every retry, later calls in this process
@@ -122,6 +137,69 @@ _unreachable_until: dict[str, float] = {}
 # defaults (7 retries with exponential backoff, 120 s timeout) make one outage cost minutes
 # per call. Env vars set by the user always win.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@contextlib.contextmanager
+def _store_lock(db: Path | None):
+    """A file lock next to a SQLite store (nothing for a server)."""
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def mlflow_client(uri: str):
+    """A new ``mlflow.tracking.MlflowClient`` for ``uri``: the one place in tidal that builds one.
+
+    For a server, MLflow's HTTP client gets :data:`HTTP_DEFAULTS` (short, bounded retries and
+    timeout) unless the environment sets them. A SQLite store is opened, and one call made,
+    under a file lock next to the database: MLflow creates and migrates the store when it first
+    opens it, and two processes doing that at once (parallel Airflow tasks on a fresh storage
+    root) race in alembic ("table _alembic_tmp_... already exists") and can leave a
+    half-migrated store.
+    """
+    from mlflow.tracking import MlflowClient
+
+    db = _sqlite_path(uri)
+    if db is None:
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    with _store_lock(db):
+        client = MlflowClient(tracking_uri=uri)
+        if db is not None:
+            client.search_experiments(max_results=1)
+    return client
+
+
+def retry_call(uri: str, what: str, fn: Callable[[], T], attempts: int = 1, backoff_s: float = 0.5) -> T:
+    """Call ``fn`` (an MLflow call on ``uri``) up to ``attempts`` times with exponential backoff.
+
+    When every try failed, ``uri`` is held as unreachable for :data:`UNREACHABLE_HOLD_S`: calls
+    in this process (the Tracker's and :mod:`tidal.tracking.runs`'s alike) then fail at once.
+
+    Raises:
+        TrackingUnavailable: every try failed (chained to the last error), or ``uri`` is held.
+    """
+    if time.monotonic() < _unreachable_until.get(uri, 0.0):
+        raise TrackingUnavailable(f"mlflow {what} skipped: {safe_uri(uri)} was unreachable moments ago")
+    delay = backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, requests: all mean "not now"
+            last = err
+            log.debug("mlflow %s failed (try %d/%d): %s", what, attempt, attempts, safe_uri(str(err)))
+            if attempt < attempts:
+                time.sleep(delay)
+                delay *= 2
+    _unreachable_until[uri] = time.monotonic() + UNREACHABLE_HOLD_S
+    raise TrackingUnavailable(safe_uri(f"mlflow {what} failed {attempts} times: {last}")) from last
 
 
 class Tracker:
@@ -162,47 +240,16 @@ class Tracker:
 
     def _client(self):
         if self._client_obj is None:
-            from mlflow.tracking import MlflowClient
-
-            db = _sqlite_path(self.uri)
-            if not db:
-                self._client_obj = MlflowClient(tracking_uri=self.uri)
-                return self._client_obj
-            # MLflow creates and migrates a SQLite store when it first opens it; two processes
-            # doing that at once (parallel Airflow tasks on a fresh storage root) race in alembic
-            # ("table _alembic_tmp_... already exists") and can leave a half-migrated store.
-            # Open it, and make one call, under a file lock next to the database.
-            db.parent.mkdir(parents=True, exist_ok=True)
-            with open(db.with_name(db.name + ".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                try:
-                    client = MlflowClient(tracking_uri=self.uri)
-                    client.search_experiments(max_results=1)
-                finally:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
-            self._client_obj = client
+            self._client_obj = mlflow_client(self.uri)
         return self._client_obj
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        """Call ``fn`` up to ``attempts`` times with exponential backoff.
+        """:func:`retry_call` with this tracker's attempts and backoff.
 
         Raises:
             TrackingUnavailable: every try failed; chained to the last error.
         """
-        if time.monotonic() < _unreachable_until.get(self.uri, 0.0):
-            raise TrackingUnavailable(f"mlflow {what} skipped: {self.uri} was unreachable moments ago")
-        delay = self.backoff_s
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, requests: all mean "not now"
-                last = err
-                log.debug("mlflow %s failed (try %d/%d): %s", what, attempt, self.attempts, err)
-                if attempt < self.attempts:
-                    time.sleep(delay)
-                    delay *= 2
-        _unreachable_until[self.uri] = time.monotonic() + UNREACHABLE_HOLD_S
-        raise TrackingUnavailable(f"mlflow {what} failed {self.attempts} times: {last}") from last
+        return retry_call(self.uri, what, fn, self.attempts, self.backoff_s)
 
     def _experiment(self) -> str:
         if self._experiment_id is None:
@@ -352,7 +399,8 @@ class Tracker:
             exp = self._experiment()
             running = self._retry("find open step run", lambda: self._client().search_runs(
                 [exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.`tidal.step_id` = "
-                f"'{step_id}' and attributes.status = 'RUNNING'", max_results=1, order_by=["attributes.start_time DESC"]))
+                f"'{step_id}' and attributes.status = 'RUNNING'", max_results=1,
+                order_by=["attributes.start_time DESC"]))
             if running:
                 return running[0].info.run_id
             tags = {"mlflow.parentRunId": parent, "tidal.step_id": step_id, "tidal.kind": kind,
@@ -413,7 +461,8 @@ class Tracker:
                     self._retry(f"upload {path}", lambda p=path: self._client().log_artifact(run_id, str(p)))
                 else:
                     log.warning("tracking: artifact %s of step %s does not exist; skipped", path, step_name)
-            self._retry("tag parent", lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
+            self._retry("tag parent",
+                        lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
             final = "FAILED" if status == "failed" else "FINISHED"
             self._retry("finish step run", lambda: self._client().set_terminated(run_id, final))
         except TrackingUnavailable:
