@@ -23,7 +23,6 @@ vendor datasheet; 989.5 TFLOP/s for an H200 SXM). Prints the planned memory
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import time
@@ -79,8 +78,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     attention = args.attention
     if attention == "auto":
         attention = "cudnn" if device.platform == "gpu" and args.dtype == "bfloat16" else "xla"
-    cfg = ModelConfig.from_config({"preset": args.preset, "compute_dtype": args.dtype}, args.vocab)
-    cfg = dataclasses.replace(cfg, attention=attention, remat=args.remat)
+    cfg = ModelConfig(preset=args.preset, compute_dtype=args.dtype).shape(args.vocab, attention=attention,
+                                                                          remat=args.remat)
     n_params, fpt = param_count(cfg), flops_per_token(cfg, args.seq_len)
     tokens_per_step = args.batch * args.seq_len
     print(f"jax {jax.__version__} on {len(jax.devices())} x {device.device_kind} ({device.platform}); "

@@ -24,7 +24,8 @@ ratios, a check on best-of-N luck; ``ckpt_vs_tidal`` (and ``cpu_ckpt_vs_tidal``)
 the mid-run saves cost from what tidal's loop costs against the hand loop.
 ``cpu_ratio_*`` compare tokens per CPU second of the process (all threads; tidal's
 ``loop_tokens_per_cpu_second``): on a shared machine they move far less than wall-clock
-ratios, and on a CPU-only host they include the CPU that asynchronous saves take from compute. Targets (issue 4): ``ratio_with_checkpointing >= 0.97``, ``ratio_vs_dd >= 0.5``.
+ratios, and on a CPU-only host they include the CPU that asynchronous saves take from compute.
+Targets (issue 4): ``ratio_with_checkpointing >= 0.97``, ``ratio_vs_dd >= 0.5``.
 
 Prints ``RESULT hand_tokens_per_s=... tidal_tokens_per_s=... tidal_ckpt_tokens_per_s=...
 ratio_vs_hand_loop=... ratio_with_checkpointing=... ckpt_mb_per_s=... dd_mb_per_s=... ratio_vs_dd=...``.
@@ -83,8 +84,8 @@ def hand_loop(spec: dict) -> tuple[float, float]:
     from tidal.train.model import ModelConfig, init_params, next_token_loss
 
     cfg = spec["config"]
-    model_cfg = ModelConfig.from_config(cfg["model"], VOCAB)
-    tx, _ = make_optimizer(OptimizerConfig.from_config(cfg["optimizer"]), cfg["steps"])
+    model_cfg = ModelConfig.model_validate(cfg["model"]).shape(VOCAB)
+    tx, _ = make_optimizer(OptimizerConfig.model_validate(cfg["optimizer"]), cfg["steps"])
     loader = BatchLoader(TokenShards(spec["inputs"]["mix"], tokenizer_hash="b" * 64), cfg["batch_size"], 1)
     params = init_params(model_cfg, jax.random.key(0), SEQ_LEN - 1)
     opt_state = tx.init(params)

@@ -78,10 +78,11 @@ def test_moe_interval_is_checked_against_the_presets_layer_count():
 
 @pytest.mark.parametrize(("n_layers", "every", "moe_blocks"), [(4, 4, [3]), (4, 2, [1, 3]), (3, 1, [0, 1, 2])])
 def test_accepted_moe_intervals_give_the_trainer_moe_blocks(n_layers, every, moe_blocks):
-    from tidal.train.flops import ModelConfig as Shape
+    from tidal.train.config import TrainStepConfig
 
     recipe = parse_recipe(recipe_with(train=moe_model(n_layers, every)))
-    shape = Shape.from_config(recipe.train.model.model_dump(), vocab_size=256)
+    step_config = recipe.train.model_dump(exclude={"resources"}) | {"train_data": "mix", "tokenizer": "tokenizer"}
+    shape = TrainStepConfig.model_validate(step_config).model.shape(vocab_size=256)  # what the trainer reads back
     assert [i for i in range(shape.n_layers) if shape.moe.is_moe_layer(i)] == moe_blocks
 
 
@@ -91,7 +92,8 @@ def test_near_dedup_permutations_are_bounded(bands, rows):
     with pytest.raises(RecipeError) as err:
         parse_recipe(recipe_with(clean=clean), "dedup.yaml")
     text = str(err.value)
-    assert f"clean.near_dedup: bands * rows = {bands} * {rows} = {bands * rows} MinHash permutations exceeds 1024" in text
+    assert (f"clean.near_dedup: bands * rows = {bands} * {rows} = {bands * rows} "
+            "MinHash permutations exceeds 1024") in text
     assert "14 x 8 = 112" in text  # the reason names the usual setting
 
 

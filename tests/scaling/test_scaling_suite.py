@@ -74,7 +74,7 @@ def test_tokens_steps_and_rules_follow_the_trainer_formulas():
     suite, base = load_suite(SUITE)
     context = base.tokenize.seq_len - 1
     for p in plan_grid(suite, base):
-        cfg = ModelConfig.from_config(p.model, base.tokenizer.vocab_size)
+        cfg = ModelConfig.model_validate(p.model).shape(base.tokenizer.vocab_size)
         assert p.flops_per_token == flops_per_token(cfg, context) and p.n_params == param_count(cfg)
         assert p.tokens == p.steps * p.batch_size * context
         assert abs(p.flops / p.budget - 1) < 0.5 * p.batch_size * context * p.flops_per_token / p.budget + 1e-9

@@ -17,7 +17,7 @@ def test_smoke_mode_trains_and_reports(capsys):
 
     result = main(["--smoke"])
     out = capsys.readouterr().out
-    cfg = ModelConfig.from_config({"preset": "tiny"}, 512)
+    cfg = ModelConfig(preset="tiny").shape(512)
     assert result["params"] == param_count(cfg) and result["flops_per_token"] == flops_per_token(cfg, 64)
     assert result["tokens_per_s"] > 0 and result["step_s"] > 0 and result["planned_gib"] > 0
     assert math.isnan(result["mfu"])  # a CPU has no peak bf16 FLOP/s in the table

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tidal.recipe import RecipeError, parse_recipe
-from tidal.train.flops import ModelConfig, param_count
+from tidal.train.flops import ModelConfig, ModelShape, param_count
 from tidal.train.memory import (
     GIB,
     MemoryPlanError,
@@ -20,7 +20,7 @@ from tidal.train.memory import (
 )
 
 # d 32, L 2, 4 query heads of 8, 2 key/value heads (kv width 16), d_ff 64, V 100
-CFG = ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, n_kv_heads=2)
+CFG = ModelShape(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, n_kv_heads=2)
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
 
@@ -48,8 +48,9 @@ def test_terms_match_a_hand_computation():
 
 
 def test_moe_terms_match_a_hand_computation():
-    moe = ModelConfig.from_config({"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64,
-                                   "moe": {"n_experts": 4, "top_k": 2, "capacity_factor": 1.0, "every": 2}}, 100)
+    moe = ModelConfig.model_validate({"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64,
+                                      "moe": {"n_experts": 4, "top_k": 2, "capacity_factor": 1.0, "every": 2}})
+    moe = moe.shape(100)
     plan = plan_memory(moe, batch_size=2, seq_len=16, mesh=MeshShape(), capacity_bytes=10**7)
     n = 2 * 100 * 32 + 2 * (2 * 32 * 32 + 2 * 32 * 16 + 2 * 32) + 3 * 32 * 64 + (4 * 3 * 32 * 64 + 32 * 4) + 32
     assert plan.params_bytes == 4 * n and plan.optimizer_bytes == 8 * n
@@ -84,7 +85,7 @@ def test_1b_preset_on_one_v5e_chip_is_refused_at_validation_with_the_numbers():
         parse_recipe(_recipe({"preset": "1b"}, v5e), "recipes/big.yaml")
     text = str(err.value)
     assert text.startswith("recipes/big.yaml") and "tokenize.seq_len 2049" in text
-    n = param_count(ModelConfig.from_config({"preset": "1b"}, 32_000))
+    n = param_count(ModelConfig(preset="1b").shape(32_000))
     assert f"params {n * 4 / GIB:.2f} GiB" in text and f"optimizer (AdamW) {n * 8 / GIB:.2f} GiB" in text
     assert "16.00 GiB" in text and "fsdp=1" in text
     # 64 chips (fsdp 64) shard the state and the batch, but float32 attention probabilities of

@@ -62,7 +62,8 @@ def test_sigkill_three_times_then_resume_is_bitwise_identical(setup):
         code, lines = run_and_signal(ctx.out_dir, int(at), signal.SIGKILL)
         assert code == -signal.SIGKILL, lines[-20:]
         assert not (ctx.out_dir / "summary.json").exists()
-        resumed_from += [int(m.group(1)) for line in lines if (m := re.match(r"resumed from checkpoint step (\d+)", line))]
+        resumed_from += [int(m.group(1)) for line in lines
+                         if (m := re.match(r"resumed from checkpoint step (\d+)", line))]
     code, lines = run_and_signal(ctx.out_dir, None, signal.SIGKILL)
     assert code == 0, lines[-20:]
     resumed_from += [int(m.group(1)) for line in lines if (m := re.match(r"resumed from checkpoint step (\d+)", line))]

@@ -30,8 +30,8 @@ def test_docstring_table_is_what_param_count_says():
     table = _table()
     assert list(table) == list(presets.PRESETS) == list(RANGES)
     for name, (d, layers, heads, kv, d_ff, total, non_embedding) in table.items():
-        cfg = ModelConfig.from_config({"preset": name}, V)
-        assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff) == (d, layers, heads, kv, d_ff)
+        cfg = ModelConfig(preset=name).shape(V)
+        assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.d_ff) == (d, layers, heads, kv, d_ff)
         assert param_count(cfg) == total and total - 2 * V * d == non_embedding
         low, high = RANGES[name]
         assert low <= total <= high, name
@@ -41,16 +41,17 @@ def test_docstring_table_is_what_param_count_says():
 def test_initialised_shapes_match_param_count(name):
     from tidal.train.model import init_params
 
-    cfg = ModelConfig.from_config({"preset": name}, V)
+    cfg = ModelConfig(preset=name).shape(V)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), seq_len=8))  # no memory used
     assert sum(x.size for x in jax.tree.leaves(shapes)) == param_count(cfg)
 
 
 def test_written_fields_override_the_preset_and_unknown_names_list_the_valid_ones():
-    cfg = ModelConfig.from_config({"preset": "1b", "n_layers": 2, "n_kv_heads": 8}, V)
+    cfg = ModelConfig.model_validate({"preset": "1b", "n_layers": 2, "n_kv_heads": 8}).shape(V)
     assert (cfg.d_model, cfg.n_layers, cfg.n_kv_heads, cfg.d_ff) == (2048, 2, 8, 5632)
-    with pytest.raises(ValueError, match=r"unknown model preset '2b'; valid presets: tiny, small, 125m, 350m, 760m, 1b"):
-        ModelConfig.from_config({"preset": "2b"}, V)
+    valid = "tiny, small, 125m, 350m, 760m, 1b"
+    with pytest.raises(ValueError, match=rf"unknown model preset '2b'; valid presets: {valid}"):
+        ModelConfig.model_validate({"preset": "2b"})
 
 
 def _recipe(model: dict) -> dict:
@@ -73,7 +74,7 @@ def test_recipe_resolves_presets_and_keeps_existing_step_configs():
     gqa = parse_recipe(_recipe({"preset": "tiny", "n_kv_heads": 2, "moe": {"n_experts": 4}}))
     model = gqa.train.model_dump()["model"]
     assert model["n_kv_heads"] == 2 and model["moe"]["n_experts"] == 4 and model["moe"]["top_k"] == 2
-    assert ModelConfig.from_config(model, 100).moe.capacity_factor == 1.25  # the trainer reads it back
+    assert ModelConfig.model_validate(model).moe.capacity_factor == 1.25  # the trainer reads it back
 
 
 @pytest.mark.parametrize("model, message", [

@@ -229,13 +229,15 @@ ckpt = Checkpointer(sys.argv[1], keep=1, host_state=True)
 ckpt.save(1, saved)
 ckpt.wait()
 want = {"params": {"w": P("b", None), "b": P("a")}, "opt_state": {"mu": P("a", "b")}}
-abstract = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)), host, want)
+abstract = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)),
+                        host, want)
 step, got, _ = ckpt.restore_latest(abstract)
 layout = sorted(ckpt.manager.item_metadata(1).tree)
 ckpt.close()
+leaves = lambda tree: jax.tree.leaves(tree)
 print(json.dumps({"step": step, "packed": layout,
-                  "same": all(np.array_equal(np.asarray(g), h) for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(host))),
-                  "shardings": all(g.sharding == a.sharding for g, a in zip(jax.tree.leaves(got), jax.tree.leaves(abstract)))}))
+                  "same": all(np.array_equal(np.asarray(g), h) for g, h in zip(leaves(got), leaves(host))),
+                  "shardings": all(g.sharding == a.sharding for g, a in zip(leaves(got), leaves(abstract)))}))
 """
 
 

@@ -37,7 +37,7 @@ def test_device_memory_on_cpu_is_process_rss():
 
 
 def test_mfu_uses_the_flops_table_and_is_none_without_a_peak():
-    cfg = flops.ModelConfig(vocab_size=4096, d_model=128, n_layers=2, n_heads=4, d_ff=512)
+    cfg = flops.ModelShape(vocab_size=4096, d_model=128, n_layers=2, n_heads=4, d_ff=512)
     assert peak_flops("cpu", 1) is None and model_flops_utilisation(1e5, cfg, 127, None) is None
     peak = peak_flops("NVIDIA H100 80GB HBM3", 8)
     assert peak == 8 * flops.peak_flops_per_s("NVIDIA H100 80GB HBM3")

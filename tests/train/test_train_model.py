@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,6 +12,7 @@ from tidal.train.flops import PEAK_BF16_FLOPS, UnknownDeviceKind, mfu, peak_flop
 from tidal.train.model import (
     CausalSelfAttention,
     ModelConfig,
+    ModelShape,
     Transformer,
     flops_per_token,
     init_params,
@@ -23,7 +22,12 @@ from tidal.train.model import (
     rope,
 )
 
-CFG = ModelConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=4, d_ff=40)
+CFG = ModelShape(vocab_size=50, d_model=16, n_layers=2, n_heads=4, d_ff=40)
+
+
+def replace(model, **changes):
+    """A validated copy of a frozen config model with ``changes`` (``dataclasses.replace`` for pydantic)."""
+    return type(model).model_validate(dict(model) | changes)
 
 
 def test_param_count_matches_initialised_params():
@@ -57,13 +61,13 @@ def test_causal_and_loss_shape():
 
 @pytest.mark.parametrize("model, rule", [
     ({"d_model": 16, "n_layers": 2, "n_heads": 3, "d_ff": 8}, "divisible"),
-    ({"d_model": 16, "n_layers": 2, "n_heads": 16, "d_ff": 8}, "even head dim"),
-    ({"d_model": 16, "n_layers": 0, "n_heads": 2, "d_ff": 8}, "model.n_layers"),
-    ({"d_model": 16, "n_layers": 2, "n_heads": 2}, "missing keys ['d_ff']"),
+    ({"d_model": 16, "n_layers": 2, "n_heads": 16, "d_ff": 8}, "head dim d_model / n_heads = 1 must be even"),
+    ({"d_model": 16, "n_layers": 0, "n_heads": 2, "d_ff": 8}, "n_layers\n  Input should be greater than 0"),
+    ({"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 8, "vocab_size": 50}, "vocab_size\n  Extra inputs"),
 ])
 def test_model_config_errors(model, rule):
-    with pytest.raises(ValueError, match=rule.replace("[", r"\[").replace("]", r"\]")):
-        ModelConfig.from_config(model, vocab_size=50)
+    with pytest.raises(ValueError, match=rule):
+        ModelConfig.model_validate(model).shape(50)
 
 
 # --- grouped-query attention, compute dtype, attention implementations, remat ----------------
@@ -72,7 +76,7 @@ def test_model_config_errors(model, rule):
 class _OriginalAttention(nn.Module):
     """The multi-head attention of tidal before GQA existed (commit 6608e72), verbatim."""
 
-    cfg: ModelConfig
+    cfg: ModelShape
 
     @nn.compact
     def __call__(self, x):
@@ -95,18 +99,18 @@ def _x(shape, seed=0):
 
 
 def test_gqa_with_all_kv_heads_is_the_original_mha_bitwise():
-    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, n_kv_heads=4)
+    cfg = ModelShape(vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, n_kv_heads=4)
     x = _x((2, 9, 32))
     params = CausalSelfAttention(cfg).init(jax.random.key(1), x)
     new = jax.jit(CausalSelfAttention(cfg).apply)(params, x)
     old = jax.jit(_OriginalAttention(cfg).apply)(params, x)
     np.testing.assert_array_equal(np.asarray(new), np.asarray(old))
-    assert cfg == dataclasses.replace(cfg, n_kv_heads=None)  # None means n_heads
+    assert replace(cfg, n_kv_heads=None).kv_heads == cfg.kv_heads == 4  # None means n_heads
 
 
 def test_gqa_equals_mha_with_each_kv_head_repeated_over_its_group():
-    gqa = ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, n_kv_heads=2)
-    mha = dataclasses.replace(gqa, n_kv_heads=4)
+    gqa = ModelShape(vocab_size=50, d_model=32, n_layers=1, n_heads=4, d_ff=64, n_kv_heads=2)
+    mha = replace(gqa, n_kv_heads=4)
     x = _x((2, 7, 32))
     params = CausalSelfAttention(gqa).init(jax.random.key(2), x)["params"]
     assert params["w_k"]["kernel"].shape == (32, 16) and params["w_q"]["kernel"].shape == (32, 32)
@@ -124,7 +128,7 @@ def test_gqa_equals_mha_with_each_kv_head_repeated_over_its_group():
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 def test_gqa_param_count_and_causality(n_kv_heads):
-    cfg = ModelConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=4, d_ff=40, n_kv_heads=n_kv_heads)
+    cfg = ModelShape(vocab_size=50, d_model=16, n_layers=2, n_heads=4, d_ff=40, n_kv_heads=n_kv_heads)
     params = init_params(cfg, jax.random.key(0), seq_len=8)
     assert sum(x.size for x in jax.tree.leaves(params)) == param_count(cfg)
     d, v, L, f, kv = 16, 50, 2, 40, n_kv_heads * 4
@@ -136,29 +140,29 @@ def test_gqa_param_count_and_causality(n_kv_heads):
     assert not np.array_equal(np.asarray(lx[0, 5:]), np.asarray(ly[0, 5:]))
 
 
-def test_gqa_from_config_rules():
-    cfg = ModelConfig.from_config({"d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "d_ff": 8}, 50)
-    assert cfg.n_kv_heads == 2 and cfg.kv_dim == 16
+def test_gqa_config_rules():
+    cfg = ModelConfig.model_validate({"d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "d_ff": 8})
+    assert cfg.n_kv_heads == cfg.kv_heads == 2 and cfg.kv_dim == 16 and cfg.shape(50).kv_dim == 16
     with pytest.raises(ValueError, match="must divide n_heads"):
-        ModelConfig.from_config({"d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 3, "d_ff": 8}, 50)
-    with pytest.raises(ValueError, match="unknown keys"):
-        ModelConfig.from_config({"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 8, "kv_heads": 2}, 50)
+        ModelConfig.model_validate({"d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 3, "d_ff": 8})
+    with pytest.raises(ValueError, match="kv_heads\n  Extra inputs are not permitted"):
+        ModelConfig.model_validate({"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 8, "kv_heads": 2})
 
 
 def test_attention_implementations_remat_and_bf16_agree():
-    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, n_kv_heads=2)
+    cfg = ModelShape(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, n_kv_heads=2)
     params = init_params(cfg, jax.random.key(0), seq_len=12)
     batch = jax.random.randint(jax.random.key(1), (3, 13), 0, 50)
     def loss_and_grads(c):
         return jax.jit(jax.value_and_grad(lambda p: next_token_loss(p, c, batch)))(params)
 
     base, base_grads = loss_and_grads(cfg)
-    for variant in (dataclasses.replace(cfg, attention="xla"), dataclasses.replace(cfg, remat=True)):
+    for variant in (replace(cfg, attention="xla"), replace(cfg, remat=True)):
         loss, grads = loss_and_grads(variant)
         assert abs(float(loss) - float(base)) < 1e-5, variant
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(base_grads), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
-    bf16 = dataclasses.replace(cfg, compute_dtype="bfloat16")
+    bf16 = replace(cfg, compute_dtype="bfloat16")
     logits = jax.jit(Transformer(bf16).apply)({"params": params}, batch[:, :-1])
     assert logits.dtype == jnp.bfloat16
     loss, metrics = jax.jit(lambda p: loss_and_metrics(p, bf16, batch))(params)
@@ -170,7 +174,7 @@ def test_attention_implementations_remat_and_bf16_agree():
 
 
 def test_mfu_on_known_numbers():
-    cfg = ModelConfig.from_config({"preset": "1b"}, 32_000)  # TinyLlama shape
+    cfg = ModelConfig(preset="1b").shape(32_000)  # TinyLlama shape
     d, L, f, kv, v, T = 2048, 22, 5632, 256, 32_000, 2048
     n_matmul = L * (2 * d * d + 2 * d * kv + 3 * d * f) + d * v
     assert n_matmul == 22 * 44_040_192 + 65_536_000 == 1_034_420_224

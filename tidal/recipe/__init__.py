@@ -9,8 +9,10 @@ computed: the planner never puts them into a step config, so they never change a
 The package has one module per concern; import every name from ``tidal.recipe``:
 
 * :mod:`tidal.config`: constrained types, the strict base model, :class:`RecipeError`;
-* :mod:`tidal.recipe.data`: sources and the data-step sections (clean, tokenizer, mixture, gate);
-* :mod:`tidal.recipe.training`: model, optimizer, mesh and training loop;
+* :mod:`tidal.recipe.data`: sources and the data-step sections, composed of the data kinds' own
+  config models (:mod:`tidal.data.clean.config`, :mod:`tidal.data.fetch_config` ...);
+* :mod:`tidal.recipe.training`: the ``train`` section, composed of the trainer's own config models
+  (model, optimizer, mesh, training loop; :mod:`tidal.train.config`) and ``resources``;
 * :mod:`tidal.recipe.operations`: the sections that are never hashed (resources, Beam,
   storage, schedule, baseline);
 * :mod:`tidal.recipe.schema`: the whole :class:`Recipe` and its cross-section rules;
@@ -18,20 +20,16 @@ The package has one module per concern; import every name from ``tidal.recipe``:
 """
 
 from tidal.config import Fraction, PositiveInt, RecipeError, Sha256, Strict
-from tidal.recipe.data import (
-    Archive,
-    CleanConfig,
-    EvaluationConfig,
-    FilterSections,
-    GateConfig,
-    LanguageConfig,
-    LicenceOverride,
-    MixtureConfig,
-    NearDedupConfig,
-    Source,
-    TokenizeConfig,
-    TokenizerConfig,
-)
+from tidal.data.archives import Archive
+from tidal.data.clean.config import CleanSettings, NearDupConfig
+from tidal.data.fetch_config import FetchSettings
+from tidal.data.filters import QualityFilters
+from tidal.data.langid import LanguageFilter
+from tidal.data.mix_config import MixtureSettings
+from tidal.data.tokenize_config import TokenizeSettings
+from tidal.data.tokenizer_config import TokenizerSettings
+from tidal.quality.gates import GateSettings
+from tidal.recipe.data import EvaluationConfig, LicenceOverride, Source
 from tidal.recipe.loader import load_recipe, parse_recipe
 from tidal.recipe.operations import (
     BEAM_JOB_ARGS,
@@ -44,7 +42,14 @@ from tidal.recipe.operations import (
     StorageConfig,
 )
 from tidal.recipe.schema import Recipe
-from tidal.recipe.training import MeshConfig, ModelConfig, MoEConfig, OptimizerConfig, TrainConfig
+from tidal.recipe.training import (
+    MeshConfig,
+    ModelConfig,
+    MoEConfig,
+    OptimizerConfig,
+    TrainConfig,
+    TrainSection,
+)
 
 __all__ = [
     "BEAM_JOB_ARGS",
@@ -54,20 +59,21 @@ __all__ = [
     "Archive",
     "BaselineConfig",
     "BeamConfig",
-    "CleanConfig",
+    "CleanSettings",
     "EvaluationConfig",
-    "FilterSections",
+    "FetchSettings",
     "Fraction",
-    "GateConfig",
-    "LanguageConfig",
+    "GateSettings",
+    "LanguageFilter",
     "LicenceOverride",
     "MeshConfig",
-    "MixtureConfig",
+    "MixtureSettings",
     "MoEConfig",
     "ModelConfig",
-    "NearDedupConfig",
+    "NearDupConfig",
     "OptimizerConfig",
     "PositiveInt",
+    "QualityFilters",
     "Recipe",
     "RecipeError",
     "ResourceConfig",
@@ -75,9 +81,10 @@ __all__ = [
     "Source",
     "StorageConfig",
     "Strict",
-    "TokenizeConfig",
-    "TokenizerConfig",
+    "TokenizeSettings",
+    "TokenizerSettings",
     "TrainConfig",
+    "TrainSection",
     "load_recipe",
     "parse_recipe",
 ]

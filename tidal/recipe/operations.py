@@ -33,7 +33,8 @@ class BeamConfig(Strict):
         description="inprocess: inside the step task ($TIDAL_BEAM_ARGS); provider: the Beam provider's "
         "BeamRunPythonPipelineOperator runs `python -m tidal.data.<kind>` (operators/beam.py)",
     )
-    runner: str = Field(default="FnApiRunner", description=f"Beam runner (launcher: provider): {', '.join(BEAM_RUNNERS)}")
+    runner: str = Field(
+        default="FnApiRunner", description=f"Beam runner (launcher: provider): {', '.join(BEAM_RUNNERS)}")
     pipeline_options: dict[str, str | bool | int | float] = Field(
         default_factory=dict,
         description="Beam pipeline options for the runner (launcher: provider), e.g. project, region, "
@@ -101,7 +102,8 @@ class StorageConfig(Strict):
         "= GCS (HMAC keys); a MinIO URL. $TIDAL_S3_ENDPOINT_URL overrides it")
     region: str | None = Field(default=None, description="bucket region (default: boto3's, e.g. $AWS_DEFAULT_REGION)")
     max_attempts: PositiveInt = Field(default=10, description="botocore adaptive-mode attempts per request")
-    multipart_threshold_mb: PositiveInt = Field(default=64, description="files at least this large upload in parts (MiB)")
+    multipart_threshold_mb: PositiveInt = Field(
+        default=64, description="files at least this large upload in parts (MiB)")
     multipart_chunk_mb: Annotated[int, StrictType(), Field(ge=5)] = Field(
         default=16, description="multipart part size (MiB; S3's minimum part is 5 MiB)")
     max_concurrency: PositiveInt = Field(default=8, description="parallel transfers (parts per file, files per commit)")

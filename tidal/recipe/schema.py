@@ -9,18 +9,15 @@ from pydantic import Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
 from tidal.config import PositiveInt, Strict
+from tidal.data.clean.config import CleanSettings
+from tidal.data.mix_config import MixtureSettings
+from tidal.data.tokenize_config import TokenizeSettings
+from tidal.data.tokenizer_config import TokenizerSettings
+from tidal.quality.gates import GateSettings
 from tidal.quality.licences import Use
-from tidal.recipe.data import (
-    CleanConfig,
-    EvaluationConfig,
-    GateConfig,
-    MixtureConfig,
-    Source,
-    TokenizeConfig,
-    TokenizerConfig,
-)
+from tidal.recipe.data import EvaluationConfig, Source
 from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
-from tidal.recipe.training import TrainConfig
+from tidal.recipe.training import TrainSection
 
 
 class Recipe(Strict):
@@ -35,13 +32,13 @@ class Recipe(Strict):
         min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
         "each (tidal/quality/licences.py; not hashed)"
     )
-    clean: CleanConfig = CleanConfig()
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    tokenize: TokenizeConfig = TokenizeConfig()
-    mixture: MixtureConfig
+    clean: CleanSettings = CleanSettings()
+    tokenizer: TokenizerSettings = TokenizerSettings()
+    tokenize: TokenizeSettings = TokenizeSettings()
+    mixture: MixtureSettings
     evaluation: EvaluationConfig
-    gate: GateConfig
-    train: TrainConfig = TrainConfig()
+    gate: GateSettings
+    train: TrainSection = TrainSection()
     storage_root: str = Field(
         default=".tidal",
         description="where step outputs live, relative to the recipe file's directory (not hashed)",
@@ -78,7 +75,8 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _sources_exist(self) -> Recipe:
-        for field, names in (("mixture.weights", self.mixture.weights), ("evaluation.sources", self.evaluation.sources)):
+        named = (("mixture.weights", self.mixture.weights), ("evaluation.sources", self.evaluation.sources))
+        for field, names in named:
             unknown = sorted(set(names) - set(self.sources))
             if unknown:
                 raise ValueError(f"{field} names unknown sources {unknown}; known: {sorted(self.sources)}")

@@ -66,7 +66,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidal.recipe import Recipe, RecipeError, load_recipe
-from tidal.train.flops import ModelConfig, flops_per_token, param_count
+from tidal.train.flops import ModelShape, flops_per_token, param_count
 
 SUITE_KIND = "scaling_suite"
 FIT_STEP = "fit"
@@ -235,7 +235,7 @@ def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
         lines = [f"{path}: {err.error_count()} problem(s) in the suite:"]
         for item in err.errors():
             loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            msg = "unknown field" if item["type"] == "extra_forbid" or item["type"] == "extra_forbidden" else item["msg"]
+            msg = "unknown field" if item["type"] in ("extra_forbid", "extra_forbidden") else item["msg"]
             lines.append(f"  {loc}: {msg}")
         raise SuiteError("\n".join(lines)) from None
     base_path = (path.parent / suite.base).resolve()
@@ -279,7 +279,8 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
     vocab = base.tokenizer.vocab_size
     d_ref, lr_ref, b_ref = ref.model.d_model, ref.optimizer.lr, ref.batch_size
     tokens_ref = ref.steps * b_ref * context
-    warmup_fraction = rules.warmup_fraction if rules.warmup_fraction is not None else ref.optimizer.warmup_steps / ref.steps
+    warmup_fraction = (rules.warmup_fraction if rules.warmup_fraction is not None
+                       else ref.optimizer.warmup_steps / ref.steps)
     points = []
     for budget in sorted(suite.budgets, key=lambda b: b.flops):
         for name in budget.models:
@@ -287,7 +288,7 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
                 shape = model_shape(name, suite.models)
             except ValueError as err:
                 raise SuiteError(f"{where}: budgets[{budget.flops:g}]: {err}") from None
-            model = ModelConfig(vocab_size=vocab, **shape)
+            model = ModelShape(vocab_size=vocab, **shape)
             fpt = flops_per_token(model, context)
             tokens = budget.flops / fpt
             raw_batch = b_ref * (tokens / tokens_ref) ** rules.batch_token_exponent

@@ -1,161 +1,139 @@
-"""Train step configuration: the validated ``train`` config and the AdamW schedule.
+"""Train step configuration: the one schema of a training run, and the AdamW schedule.
 
-:class:`TrainConfig` (and its :class:`OptimizerConfig`) check a train step's config with
-errors naming the key and the rule; :func:`make_optimizer` builds the optimizer the trainer
-(:mod:`tidal.train.trainer`) and the throughput bench's hand-written loop both use.
+Invariant: a training config is typed once. :class:`TrainConfig` (with :class:`OptimizerConfig`,
+:class:`MeshConfig` and :class:`tidal.train.flops.ModelConfig`) is what a recipe's ``train``
+section says (``tidal.recipe.training`` composes it, adding only ``resources``); the planner
+hashes its ``model_dump``, so that dump must stay byte-identical for existing recipes (unset
+optional fields are left out). :class:`TrainStepConfig` is the step config the planner writes,
+the same fields plus the input step names, and the trainer reads it back with
+``TrainStepConfig.model_validate`` (:func:`parse_step_config` turns a refusal into a
+:class:`ConfigError` naming the dotted field). :func:`make_optimizer` builds the optimizer the
+trainer (:mod:`tidal.train.trainer`) and the throughput bench's hand-written loop both use.
+
+Light on purpose: no JAX or optax at import (recipe validation and DAG parsing import this).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-import jax
-import optax
+from pydantic import Field, ValidationError, model_serializer, model_validator
+from pydantic import Strict as StrictType
 
-from tidal.train import mesh as meshlib
+from tidal.config import Fraction, PositiveInt, Strict
+from tidal.train.flops import ModelConfig
+
+if TYPE_CHECKING:
+    import optax
+
+NonNegativeInt = Annotated[int, StrictType(), Field(ge=0)]
+InputStep = Annotated[str, StrictType(), Field(min_length=1)]
 
 
 class ConfigError(ValueError):
     """The train step's config breaks a rule; the message names the key."""
 
 
-def _positive_int(config: dict, key: str, allow_zero: bool = False) -> int:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-        raise ConfigError(f"train config {key!r} must be a {'non-negative' if allow_zero else 'positive'} "
-                          f"int, got {value!r}")
-    return value
+class OptimizerConfig(Strict):
+    """AdamW with linear warmup then cosine decay (Loshchilov & Hutter 2019), and global-norm
+    gradient clipping."""
+
+    lr: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        default=3e-3, description="peak learning rate, reached after warmup_steps")
+    min_lr_ratio: Fraction = Field(default=0.1, description="final learning rate as a fraction of lr (cosine end)")
+    warmup_steps: NonNegativeInt = Field(default=20, description="steps of linear warmup from 0; below steps")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(
+        default=0.1, description="decoupled weight decay, on matrices only (params with ndim >= 2), not norms")
+    b1: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(default=0.9, description="Adam first-moment decay")
+    b2: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(default=0.95, description="Adam second-moment decay")
+    grad_clip: Annotated[float, Field(gt=0.0)] = Field(default=1.0, description="max global gradient norm")
 
 
-def _number(config: dict, key: str, low: float, high: float, prefix: str = "optimizer.") -> float:
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ConfigError(f"train config '{prefix}{key}' must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
+class MeshConfig(Strict):
+    """Explicit device-mesh axis sizes (:mod:`tidal.train.mesh`); an axis left null is derived:
+    tensor 1, data = TPU slices, fsdp = the remaining devices. Hashed: another mesh changes
+    the order of floating-point reductions, hence the loss bits."""
+
+    data: PositiveInt | None = Field(default=None, description="pure data-parallel replicas")
+    fsdp: PositiveInt | None = Field(default=None, description="devices sharing params/optimizer state (FSDP)")
+    tensor: PositiveInt | None = Field(default=None, description="tensor-parallel devices (heads, d_ff)")
 
 
-def _check_keys(config: dict, required: tuple[str, ...], optional: tuple[str, ...], where: str) -> None:
-    if not isinstance(config, dict):
-        raise ConfigError(f"train config {where}: expected a mapping, got {type(config).__name__}")
-    missing = [k for k in required if k not in config]
-    unknown = sorted(set(config) - set(required) - set(optional))
-    if missing or unknown:
-        raise ConfigError(f"train config {where}: missing keys {missing}, unknown keys {unknown}")
+class TrainConfig(Strict):
+    """A training run: model, optimizer, steps, batch, checkpoint and eval cadence, mesh.
 
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with linear warmup then cosine decay, and global-norm gradient clipping.
-
-    Attributes:
-        lr: peak learning rate (reached after ``warmup_steps``).
-        min_lr_ratio: final learning rate as a fraction of ``lr`` (cosine end value).
-        warmup_steps: steps of linear warmup from 0.
-        weight_decay: decoupled weight decay (Loshchilov & Hutter 2019), applied to matrices
-            only (params with ndim >= 2), not to RMSNorm scales.
-        b1, b2: Adam moment decay rates.
-        grad_clip: max global gradient norm; 0 disables clipping.
+    Intervals are in steps; the last step always checkpoints, evaluates and logs.
     """
 
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    b1: float
-    b2: float
-    grad_clip: float
+    model: ModelConfig = Field(default=ModelConfig(), description="the transformer's shape")
+    optimizer: OptimizerConfig = Field(default=OptimizerConfig(), description="AdamW and its schedule")
+    steps: PositiveInt = Field(default=200, description="optimizer updates to run")
+    batch_size: PositiveInt = Field(default=16, description="sequences per update (all devices)")
+    checkpoint_every: PositiveInt = Field(default=50, description="steps between checkpoints")
+    keep_checkpoints: PositiveInt = Field(default=2, description="newest checkpoints kept on disk")
+    eval_every: PositiveInt = Field(default=50, description="steps between held-out evaluations")
+    eval_batches: PositiveInt = Field(default=4, description="batches of batch_size sequences per eval source")
+    log_every: PositiveInt = Field(default=10, description="steps between metrics lines")
+    checkpoint_permanent_every: PositiveInt | None = Field(
+        default=None, description="also keep every checkpoint whose step is a multiple of this, forever")
+    mesh: MeshConfig | None = Field(default=None, description="device mesh axis sizes; null: derived")
 
-    @classmethod
-    def from_config(cls, config: dict) -> OptimizerConfig:
-        """Parse ``config["optimizer"]``.
-
-        Raises:
-            ConfigError: a missing/unknown key or out-of-range value, naming it.
-        """
-        names = tuple(f.name for f in fields(cls))
-        _check_keys(config, names, (), "'optimizer'")
-        return cls(lr=_number(config, "lr", 0.0, 10.0),
-                   min_lr_ratio=_number(config, "min_lr_ratio", 0.0, 1.0),
-                   warmup_steps=_positive_int(config, "warmup_steps", allow_zero=True),
-                   weight_decay=_number(config, "weight_decay", 0.0, 10.0),
-                   b1=_number(config, "b1", 0.0, 1.0), b2=_number(config, "b2", 0.0, 1.0),
-                   grad_clip=_number(config, "grad_clip", 0.0, math.inf))
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # unset optional fields stay out of the step config, so existing recipes keep their step ids
+        data = handler(self)
+        for key in ("checkpoint_permanent_every", "mesh"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """The train step's config (``ctx.config``); see docs/contracts.md, kind ``train``.
+class TrainStepConfig(TrainConfig):
+    """The train step's config (``spec.json`` ``config``; docs/contracts.md, kind ``train``): a
+    :class:`TrainConfig` plus the input step names the planner adds."""
 
-    Attributes:
-        model: ``{d_model, n_layers, n_heads, d_ff}`` (checked by ``ModelConfig.from_config``).
-        optimizer: see :class:`OptimizerConfig`.
-        steps: optimizer updates to run.
-        batch_size: sequences per update.
-        checkpoint_every, eval_every, log_every: intervals in steps (the last step always
-            checkpoints, evaluates and logs).
-        eval_batches: batches of ``batch_size`` sequences per eval source.
-        keep_checkpoints: newest checkpoints kept on disk.
-        train_data: input step name of the mixture.
-        eval_data: eval source name -> input step name of its tokenized data.
-        tokenizer: input step name of the tokenizer.
-        mesh: explicit mesh axis sizes ``{data, fsdp, tensor}`` (None or missing: derived,
-            see :func:`tidal.train.mesh.mesh_shape`).
-        checkpoint_permanent_every: also keep every checkpoint whose step is a multiple of
-            this, forever (None: only the newest ``keep_checkpoints``).
+    seed: NonNegativeInt | None = Field(
+        default=None, description="the recipe seed (hashed into the step id); the trainer uses the spec's "
+        "derived step seed")
+    train_data: InputStep = Field(description="input step name of the mixture")
+    eval_data: dict[str, InputStep] = Field(
+        default_factory=dict, description="eval source name -> input step name of its tokenized data")
+    tokenizer: InputStep = Field(description="input step name of the tokenizer")
+
+    @model_validator(mode="after")
+    def _warmup_below_steps(self) -> TrainStepConfig:
+        if self.optimizer.warmup_steps >= self.steps:
+            raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be below "
+                             f"steps ({self.steps})")
+        return self
+
+
+def describe_errors(err: ValidationError) -> str:
+    """``dotted.field: rule (got value)`` for every problem of ``err``, ``; ``-separated."""
+    problems = []
+    for item in err.errors():
+        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) or item["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+        problems.append(f"{loc}: {message}{shown}")
+    return "; ".join(problems)
+
+
+def parse_step_config(config: Any, where: str | Path = "spec.json") -> TrainStepConfig:
+    """Validate a step config (``spec.json`` ``config``) with :class:`TrainStepConfig`.
+
+    Raises:
+        ConfigError: ``<where>: train config: <dotted.field>: <rule> (got <value>); ...``.
     """
-
-    model: dict[str, Any]
-    optimizer: OptimizerConfig
-    steps: int
-    batch_size: int
-    checkpoint_every: int
-    eval_every: int
-    eval_batches: int
-    log_every: int
-    keep_checkpoints: int
-    train_data: str
-    eval_data: dict[str, str]
-    tokenizer: str
-    mesh: dict[str, int | None] | None = None
-    checkpoint_permanent_every: int | None = None
-
-    @classmethod
-    def from_config(cls, config: dict) -> TrainConfig:
-        """Parse and check the step config.
-
-        Raises:
-            ConfigError: a missing/unknown key or bad value, naming the key and the rule.
-        """
-        ints = ("steps", "batch_size", "checkpoint_every", "eval_every", "eval_batches", "log_every",
-                "keep_checkpoints")
-        _check_keys(config, ints + ("model", "optimizer", "train_data", "tokenizer"),
-                    ("eval_data", "seed", "mesh", "checkpoint_permanent_every"), "")
-        eval_data = config.get("eval_data") or {}
-        if not isinstance(eval_data, dict) or not all(isinstance(v, str) for v in eval_data.values()):
-            raise ConfigError(f"train config 'eval_data' must map source -> input step name, "
-                              f"got {eval_data!r}")
-        for key in ("train_data", "tokenizer"):
-            if not isinstance(config[key], str):
-                raise ConfigError(f"train config {key!r} must be an input step name, got {config[key]!r}")
-        mesh = config.get("mesh")
-        try:
-            meshlib.check_request(mesh)
-        except meshlib.MeshError as err:
-            raise ConfigError(str(err)) from None
-        permanent = config.get("checkpoint_permanent_every")
-        if permanent is not None:
-            permanent = _positive_int(config, "checkpoint_permanent_every")
-        out = cls(model=dict(config["model"]), optimizer=OptimizerConfig.from_config(config["optimizer"]),
-                  train_data=config["train_data"], eval_data=dict(eval_data), tokenizer=config["tokenizer"],
-                  mesh=None if mesh is None else dict(mesh), checkpoint_permanent_every=permanent,
-                  **{k: _positive_int(config, k) for k in ints})
-        if out.optimizer.warmup_steps >= out.steps:
-            raise ConfigError(f"train config 'optimizer.warmup_steps' ({out.optimizer.warmup_steps}) must be "
-                              f"below 'steps' ({out.steps})")
-        return out
+    try:
+        return TrainStepConfig.model_validate(config)
+    except ValidationError as err:
+        raise ConfigError(f"{where}: train config: {describe_errors(err)}") from None
 
 
 def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
@@ -167,6 +145,9 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.Gradie
     Returns:
         ``(transformation, schedule)``; ``schedule(i)`` is the learning rate of 0-based update i.
     """
+    import jax
+    import optax
+
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=total_steps,
         end_value=cfg.lr * cfg.min_lr_ratio)

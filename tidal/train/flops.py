@@ -1,13 +1,19 @@
-"""Size, training FLOPs and MFU of the trainer's transformer (:mod:`tidal.train.model`), without JAX.
+"""The trainer's model config, and the size, training FLOPs and MFU of its transformer
+(:mod:`tidal.train.model`), without JAX.
 
-Light on purpose: importing this module imports no JAX or flax, so DAG parsing
+:class:`ModelConfig` (with :class:`MoEConfig`) is the one schema of a model: a recipe's
+``train.model`` is validated with it (``tidal.recipe.training`` composes it), the planner hashes
+its dump, and the trainer reads the step config back with it. :class:`ModelShape` adds the
+vocabulary size from the tokenizer; the formulas below take a shape.
+
+Light on purpose: importing this module imports no JAX or flax (only pydantic), so DAG parsing
 (:mod:`tidal.scaling.suite` plans FLOPs per grid point) and recipe validation (the memory
 planner) can use the trainer's own formulas; :mod:`tidal.train.model` re-exports
-:class:`ModelConfig`, :func:`param_count` and :func:`flops_per_token` from here.
+:class:`ModelConfig`, :class:`ModelShape`, :func:`param_count` and :func:`flops_per_token` from here.
 
 Parameter count (exact for :class:`tidal.train.model.Transformer`; checked against the
 initialised parameters by ``tests/train/test_train_model.py`` and ``tests/train/test_moe.py``),
-with ``kv = n_kv_heads * head_dim`` (``kv == d`` without grouped-query attention)::
+with ``kv = kv_heads * head_dim`` (``kv == d`` without grouped-query attention)::
 
     N = V*d                          input embedding
       + L * (2*d*d + 2*d*kv          W_q, W_o [d, d]; W_k, W_v [d, kv]
@@ -25,53 +31,42 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from tidal.train.presets import resolve_preset
+from pydantic import Field, model_serializer, model_validator
+
+from tidal.config import PositiveInt, Strict
+from tidal.train.presets import preset_shape
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+LossWeight = Annotated[float, Field(ge=0.0, le=1e3)]
 
 
-def _int(value: Any, where: str, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"train config '{where}' must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _float(value: Any, where: str, low: float, high: float, low_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
-    if not ok or (low_open and value == low):
-        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ValueError(f"train config '{where}' must be a number in {bound}, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class MoEConfig:
+class MoEConfig(Strict):
     """Mixture-of-experts feed-forward layers (see :mod:`tidal.train.moe` for the routing).
 
-    Attributes:
-        n_experts: E, expert SwiGLUs per MoE layer (each of width ``d_ff``).
-        top_k: experts per token (1: Switch, Fedus et al. 2021; 2: GShard / ST-MoE).
-        capacity_factor: expert buffer size ``C = ceil(capacity_factor * T * top_k / E)`` token
-            slots per sequence of T tokens; assignments past C are dropped and counted.
-            Default 1.25 (ST-MoE, Zoph et al. 2022, §2.1 / Table 5, train capacity factor).
-        aux_loss_weight: weight of the load-balancing loss (Switch eq. 4); default 0.01 (Switch §2.2).
-        router_z_loss_weight: weight of the router z-loss (ST-MoE eq. 5); default 0.001 (ST-MoE §3.1).
-        every: layer ``i`` (0-based) is an MoE layer when ``(i + 1) % every == 0``; 1: all
-            layers; 2: every other layer (Switch, GShard); 4: ST-MoE's spacing.
+    Defaults and their sources: ``capacity_factor`` 1.25 (ST-MoE, Zoph et al. 2022, §2.1 /
+    Table 5, train capacity factor); ``aux_loss_weight`` 0.01 (Switch, Fedus et al. 2021, §2.2);
+    ``router_z_loss_weight`` 0.001 (ST-MoE §3.1). ``every``: 2 is Switch's and GShard's spacing,
+    4 ST-MoE's.
     """
 
-    n_experts: int
-    top_k: int = 2
-    capacity_factor: float = 1.25
-    aux_loss_weight: float = 0.01
-    router_z_loss_weight: float = 0.001
-    every: int = 1
+    n_experts: PositiveInt = Field(description="E, expert SwiGLUs per MoE layer (each of width d_ff)")
+    top_k: PositiveInt = Field(default=2, description="experts per token (1: Switch; 2: GShard/ST-MoE)")
+    capacity_factor: Annotated[float, Field(gt=0.0, le=1e3)] = Field(
+        default=1.25, description="expert slots per sequence = ceil(capacity_factor * T * top_k / E); "
+        "choices past them are dropped and counted")
+    aux_loss_weight: LossWeight = Field(default=0.01, description="weight of the Switch load-balancing loss (eq. 4)")
+    router_z_loss_weight: LossWeight = Field(default=0.001, description="weight of the ST-MoE router z-loss (eq. 5)")
+    every: PositiveInt = Field(
+        default=1, description="block i is MoE when (i + 1) % every == 0; at most the model's n_layers")
 
-    KEYS = ("n_experts", "top_k", "capacity_factor", "aux_loss_weight", "router_z_loss_weight", "every")
+    @model_validator(mode="after")
+    def _top_k(self) -> MoEConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed n_experts ({self.n_experts})")
+        return self
 
     def is_moe_layer(self, layer: int) -> bool:
         """True when 0-based block ``layer`` uses the MoE feed-forward."""
@@ -81,74 +76,67 @@ class MoEConfig:
         """Expert buffer slots C per group (one sequence) of ``tokens_per_group`` tokens."""
         return max(1, math.ceil(self.capacity_factor * tokens_per_group * self.top_k / self.n_experts))
 
-    @classmethod
-    def from_config(cls, moe: dict[str, Any]) -> MoEConfig:
-        """Build from ``config["model"]["moe"]``; only ``n_experts`` is required.
 
-        Raises:
-            ValueError: naming the unknown key or the violated rule (``1 <= top_k <=
-                n_experts``, ``capacity_factor > 0``, weights >= 0, ``every >= 1``).
-        """
-        if not isinstance(moe, dict):
-            raise ValueError(f"train config 'model.moe' must be a mapping, got {moe!r}")  # noqa: TRY004
-        unknown = sorted(set(moe) - set(cls.KEYS))
-        if unknown or "n_experts" not in moe:
-            raise ValueError(f"train config 'model.moe': unknown keys {unknown}, n_experts "
-                             f"{'given' if 'n_experts' in moe else 'missing'}; valid keys {list(cls.KEYS)}")
-        n_experts = _int(moe["n_experts"], "model.moe.n_experts")
-        out = cls(n_experts=n_experts,
-                  top_k=_int(moe.get("top_k", cls.top_k), "model.moe.top_k"),
-                  capacity_factor=_float(moe.get("capacity_factor", cls.capacity_factor),
-                                         "model.moe.capacity_factor", 0.0, 1e3, low_open=True),
-                  aux_loss_weight=_float(moe.get("aux_loss_weight", cls.aux_loss_weight),
-                                         "model.moe.aux_loss_weight", 0.0, 1e3),
-                  router_z_loss_weight=_float(moe.get("router_z_loss_weight", cls.router_z_loss_weight),
-                                              "model.moe.router_z_loss_weight", 0.0, 1e3),
-                  every=_int(moe.get("every", cls.every), "model.moe.every"))
-        if out.top_k > out.n_experts:
-            raise ValueError(f"train config 'model.moe.top_k' ({out.top_k}) must not exceed "
-                             f"n_experts ({out.n_experts})")
-        return out
+class ModelConfig(Strict):
+    """Decoder-only transformer shape, as a recipe's ``train.model`` and a step config write it.
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the transformer.
-
-    Attributes:
-        vocab_size: V, number of token ids (from the tokenizer's ``tokenizer_meta.json``).
-        d_model: d, width of the residual stream.
-        n_layers: L, number of transformer blocks.
-        n_heads: query heads; ``d_model % n_heads == 0`` and the head dim is even (RoPE).
-        d_ff: hidden width of the SwiGLU MLP (of each expert, with MoE).
-        n_kv_heads: key/value heads of grouped-query attention (Ainslie et al. 2023, "GQA");
-            must divide ``n_heads``; None or ``n_heads``: multi-head attention (stored as
-            ``n_heads``); 1: multi-query attention (Shazeer 2019).
-        moe: mixture-of-experts feed-forward layers, or None for dense SwiGLU everywhere.
-        compute_dtype: ``"float32"`` or ``"bfloat16"``: dtype of activations and matmul inputs;
-            parameters, router, softmax and loss stay float32 in both.
-        remat: recompute each block's activations in the backward pass (``flax.linen.remat``,
-            i.e. ``jax.checkpoint``); same values, less memory, about 1/3 more FLOPs. Set in
-            code (benchmarks); not a step-config key.
-        attention: ``"einsum"`` (explicit masked softmax, the default), or
-            ``jax.nn.dot_product_attention`` with ``implementation="xla"`` or ``"cudnn"``
-            (fused flash attention on NVIDIA GPUs). Set in code; not a step-config key.
+    ``preset`` (:mod:`tidal.train.presets`: tiny, small, 125m, 350m, 760m, 1b) fills the shape
+    fields not written beside it, once, when the model is validated; without a preset the
+    defaults below apply. The resolved shape, not the preset's name, is what a step config holds
+    and hashes; optional fields left at their defaults (``n_kv_heads`` = ``n_heads``, no ``moe``,
+    ``compute_dtype: float32``) are left out of it, so recipes that do not use them keep their
+    step ids. The vocabulary size comes from the tokenizer: :meth:`shape` adds it.
     """
 
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    n_kv_heads: int | None = None
-    moe: MoEConfig | None = None
-    compute_dtype: str = "float32"
-    remat: bool = False
-    attention: str = "einsum"
+    preset: str | None = Field(
+        default=None, description="named size (tidal/train/presets.py); fields written beside it win")
+    d_model: PositiveInt = Field(default=128, description="d, width of the residual stream")
+    n_layers: PositiveInt = Field(default=2, description="L, number of transformer blocks")
+    n_heads: PositiveInt = Field(default=4, description="query heads; d_model / n_heads is the (even) head dim")
+    d_ff: PositiveInt = Field(default=512, description="hidden width of the SwiGLU MLP (of each expert, with MoE)")
+    n_kv_heads: PositiveInt | None = Field(
+        default=None, description="key/value heads (grouped-query attention, Ainslie et al. 2023); must divide "
+        "n_heads; 1: multi-query attention; default n_heads")
+    moe: MoEConfig | None = Field(default=None, description="mixture-of-experts feed-forward layers; default dense")
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="activation and matmul-input dtype; parameters, router, softmax and loss "
+        "stay float32")
 
-    def __post_init__(self) -> None:
-        if self.n_kv_heads is None:
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            data = preset_shape(data["preset"]) | dict(data)  # UnknownPreset lists the valid names
+        return data
+
+    @model_validator(mode="after")
+    def _shape_rules(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim d_model / n_heads = {self.head_dim} must be even (RoPE rotates pairs)")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads}): each key/value "
+                             f"head serves a group of query heads")
+        # Block i (0-based) is MoE when (i + 1) % every == 0 (MoEConfig.is_moe_layer), so the MoE blocks are
+        # every-1, 2*every-1, ...: none at all when every > n_layers.
+        if self.moe is not None and self.moe.every > self.n_layers:
+            raise ValueError(
+                f"moe.every ({self.moe.every}) exceeds n_layers ({self.n_layers}): block i is MoE when "
+                f"(i + 1) % every == 0, so no block would be MoE; use every <= n_layers (1: every block, "
+                f"{self.n_layers}: only the last) or drop `moe` for a dense model")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data.pop("preset", None)
+        if data.get("n_kv_heads") in (None, self.n_heads):
+            data.pop("n_kv_heads", None)
+        for key, default in (("moe", None), ("compute_dtype", "float32")):
+            if data.get(key) == default:
+                data.pop(key, None)
+        return data
 
     @property
     def head_dim(self) -> int:
@@ -156,64 +144,46 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` without grouped-query attention."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
     def kv_dim(self) -> int:
-        """Width of the key (and of the value) projection: ``n_kv_heads * head_dim``."""
-        return self.n_kv_heads * self.head_dim
+        """Width of the key (and of the value) projection: ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
 
     @property
     def n_moe_layers(self) -> int:
         """Number of blocks whose feed-forward is a mixture of experts."""
         return 0 if self.moe is None else sum(self.moe.is_moe_layer(i) for i in range(self.n_layers))
 
-    KEYS = ("d_model", "n_layers", "n_heads", "d_ff")
-    OPTIONAL_KEYS = ("preset", "n_kv_heads", "moe", "compute_dtype")
-
-    @classmethod
-    def from_config(cls, model: dict[str, Any], vocab_size: int) -> ModelConfig:
-        """Build from the recipe's ``config["model"]``.
-
-        ``model`` holds ``{d_model, n_layers, n_heads, d_ff}`` and optionally ``n_kv_heads``,
-        ``moe`` (a :class:`MoEConfig` mapping), ``compute_dtype``, and ``preset`` (a name in
-        :data:`tidal.train.presets.PRESETS` that supplies the four shape keys; keys written
-        next to it win).
+    def shape(self, vocab_size: int, **options: Any) -> ModelShape:
+        """This model with the tokenizer's vocabulary size (and code-only ``options``: ``remat``,
+        ``attention``): what the network, the size and FLOPs formulas and the memory plan take.
 
         Raises:
-            ValueError: naming the missing/unknown key, the unknown preset (listing the valid
-                ones) or the violated rule (positive ints, ``d_model`` divisible by ``n_heads``,
-                even head dim for RoPE, ``n_kv_heads`` dividing ``n_heads``, MoE rules).
+            pydantic.ValidationError: ``vocab_size`` not a positive int, or a bad option.
         """
-        if not isinstance(model, dict):
-            raise ValueError(f"train config 'model' must be a mapping, got {model!r}")  # noqa: TRY004
-        model = resolve_preset(model)
-        missing = [k for k in cls.KEYS if k not in model]
-        unknown = sorted(set(model) - set(cls.KEYS) - set(cls.OPTIONAL_KEYS))
-        if missing or unknown:
-            raise ValueError(f"train config 'model': missing keys {missing}, unknown keys {unknown}; "
-                             f"expected {list(cls.KEYS)} (or a preset) and optionally "
-                             f"{list(cls.OPTIONAL_KEYS[1:])}")
-        values = {k: model[k] for k in cls.KEYS} | {"vocab_size": vocab_size}
-        for key, value in values.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"train config 'model.{key}' must be a positive int, got {value!r}")
-        n_kv = model.get("n_kv_heads")
-        if n_kv is not None:
-            _int(n_kv, "model.n_kv_heads")
-        dtype = model.get("compute_dtype", "float32")
-        if dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"train config 'model.compute_dtype' must be one of {COMPUTE_DTYPES}, got {dtype!r}")
-        moe = model.get("moe")
-        cfg = cls(**values, n_kv_heads=n_kv, compute_dtype=dtype,
-                  moe=None if moe is None else MoEConfig.from_config(moe))
-        if cfg.d_model % cfg.n_heads or cfg.head_dim % 2:
-            raise ValueError(f"train config 'model': d_model={cfg.d_model} must be divisible by "
-                             f"n_heads={cfg.n_heads} with an even head dim (RoPE rotates pairs)")
-        if cfg.n_heads % cfg.n_kv_heads:
-            raise ValueError(f"train config 'model.n_kv_heads' ({cfg.n_kv_heads}) must divide "
-                             f"n_heads ({cfg.n_heads}): each key/value head serves a group of query heads")
-        return cfg
+        fields = {name: getattr(self, name) for name in ModelConfig.model_fields if name != "preset"}
+        return ModelShape(**fields, vocab_size=vocab_size, **options)
 
 
-def param_count(cfg: ModelConfig) -> int:
+class ModelShape(ModelConfig):
+    """A :class:`ModelConfig` plus what a config does not say: the vocabulary size V (from the
+    tokenizer's ``tokenizer_meta.json``) and two options set in code by benchmarks, never in a
+    recipe or step config. Built by :meth:`ModelConfig.shape`."""
+
+    vocab_size: PositiveInt = Field(description="V, number of token ids (from the tokenizer)")
+    remat: bool = Field(
+        default=False, description="recompute each block's activations in the backward pass (flax.linen.remat): "
+        "same values, less memory, about 1/3 more FLOPs")
+    attention: Literal["einsum", "xla", "cudnn"] = Field(
+        default="einsum", description="einsum: explicit masked softmax; xla or cudnn: jax.nn.dot_product_attention "
+        "with that implementation (cudnn: fused flash attention on NVIDIA GPUs)")
+
+
+def param_count(cfg: ModelShape) -> int:
     """Number of parameters N of :class:`tidal.train.model.Transformer` (formula in the module docstring)."""
     d, v, f = cfg.d_model, cfg.vocab_size, cfg.d_ff
     n_moe = cfg.n_moe_layers
@@ -224,7 +194,7 @@ def param_count(cfg: ModelConfig) -> int:
     return v * d + cfg.n_layers * per_layer + ffn + d + d * v
 
 
-def active_matmul_params(cfg: ModelConfig) -> int:
+def active_matmul_params(cfg: ModelShape) -> int:
     """Matmul weights one token passes through: ``N_matmul`` of :func:`flops_per_token`.
 
     Every block's attention projections, the dense SwiGLUs, per MoE layer the router and
@@ -239,7 +209,7 @@ def active_matmul_params(cfg: ModelConfig) -> int:
     return n
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+def flops_per_token(cfg: ModelShape, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward) for context length ``seq_len`` tokens.
 
     ``6 * N_matmul + 12 * L * d * T``: 2 FLOPs per multiply-add per matmul parameter in the
@@ -319,7 +289,7 @@ def peak_flops_per_s(device_kind: str) -> float:
                             f"known: {sorted(PEAK_BF16_FLOPS)} (tidal/train/flops.py)")
 
 
-def mfu(tokens_per_s: float, cfg: ModelConfig, seq_len: int, peak_flops_per_s: float) -> float:
+def mfu(tokens_per_s: float, cfg: ModelShape, seq_len: int, peak_flops_per_s: float) -> float:
     """Model FLOPs utilisation: ``tokens_per_s * flops_per_token(cfg, seq_len) / peak_flops_per_s``.
 
     Args:

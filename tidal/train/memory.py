@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.train.flops import ModelConfig, param_count
+from tidal.train.flops import ModelShape, param_count
 
 GIB = 2**30
 GB = 10**9
@@ -124,7 +124,7 @@ class MemoryPlan:
                 f"tensor={m.tensor}")
 
 
-def activation_elements_per_token_layer(cfg: ModelConfig, layer: int, seq_len: int, tensor: int = 1,
+def activation_elements_per_token_layer(cfg: ModelShape, layer: int, seq_len: int, tensor: int = 1,
                                         flash: bool = False) -> float:
     """Activation elements one token keeps for the backward pass in block ``layer``.
 
@@ -141,7 +141,7 @@ def activation_elements_per_token_layer(cfg: ModelConfig, layer: int, seq_len: i
     return 4 * d + (2 * d + 2 * cfg.kv_dim + ffn + attn_probs) / tensor
 
 
-def plan_memory(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh: MeshShape, capacity_bytes: int,
+def plan_memory(cfg: ModelShape, *, batch_size: int, seq_len: int, mesh: MeshShape, capacity_bytes: int,
                 device: str = "device", param_dtype: str = "float32", compute_dtype: str | None = None,
                 remat: bool | None = None, flash: bool | None = None,
                 usable_fraction: float = USABLE_FRACTION) -> MemoryPlan:
@@ -189,7 +189,7 @@ def plan_memory(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh: MeshSh
                       seq_len=seq_len, remat=remat)
 
 
-def check_fits(cfg: ModelConfig, **kwargs: Any) -> MemoryPlan:
+def check_fits(cfg: ModelShape, **kwargs: Any) -> MemoryPlan:
     """:func:`plan_memory` with the same arguments, refusing a plan that does not fit.
 
     Raises:
@@ -288,7 +288,7 @@ def check_recipe(recipe: Any) -> MemoryPlan | None:
     if requested is not None and hasattr(requested, "model_dump"):
         requested = requested.model_dump()
     mesh = default_mesh(n_devices, n_slices, requested)
-    cfg = ModelConfig.from_config(recipe.train.model.model_dump(), recipe.tokenizer.vocab_size)
+    cfg = recipe.train.model.shape(recipe.tokenizer.vocab_size)
     try:
         return check_fits(cfg, batch_size=recipe.train.batch_size, seq_len=recipe.tokenize.seq_len - 1,
                           mesh=mesh, capacity_bytes=capacity, device=label)

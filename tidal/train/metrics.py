@@ -180,9 +180,9 @@ class LiveMetrics:
 
     def _mlflow(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient
+            from tidal.tracking import mlflow_client
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self._client = mlflow_client(self.uri)
         return self._client
 
     def _ensure_run(self) -> str:
@@ -226,11 +226,14 @@ class LiveMetrics:
             while not self._send_once():
                 pass
         except Exception as err:  # noqa: BLE001 - any MLflow/HTTP/DB error means "not now"
+            from tidal.tracking import safe_uri
+
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 self.outages += 1
                 log.warning("live tracking: MLflow at %s unreachable (%s); %d metric rows buffered, "
-                            "training goes on", self.uri, str(err).splitlines()[0][:200], self.pending())
+                            "training goes on", safe_uri(self.uri), safe_uri(str(err).splitlines()[0][:200]),
+                            self.pending())
             return False
         if self._down_since is not None:
             log.warning("live tracking: MLflow reachable again after %.1f s; buffered metrics delivered",

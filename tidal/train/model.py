@@ -15,7 +15,8 @@ or, with ``compute_dtype: bfloat16``, bfloat16 (attention softmax, router and lo
 With the defaults (``n_kv_heads == n_heads``, no MoE, float32) the computation is the original
 one op for op, so existing step ids and checkpoints stay valid.
 
-Its shape (:class:`ModelConfig`), parameter count and FLOPs formulas live in the JAX-free
+Its config (:class:`ModelConfig`; with the vocabulary size, :class:`ModelShape`), parameter count
+and FLOPs formulas live in the JAX-free
 :mod:`tidal.train.flops` (formula in its docstring) and are re-exported here.
 """
 
@@ -29,7 +30,13 @@ import jax.numpy as jnp
 import optax
 from flax.traverse_util import flatten_dict
 
-from tidal.train.flops import ModelConfig, MoEConfig, flops_per_token, param_count  # noqa: F401 (re-exported)
+from tidal.train.flops import (  # noqa: F401 (re-exported)
+    ModelConfig,
+    ModelShape,
+    MoEConfig,
+    flops_per_token,
+    param_count,
+)
 from tidal.train.moe import MoEFeedForward
 
 ROPE_BASE = 10_000.0
@@ -55,7 +62,7 @@ def rope(x: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _compute_dtype(cfg: ModelConfig) -> Any:
+def _compute_dtype(cfg: ModelShape) -> Any:
     """flax ``dtype`` argument: None (float32, the original modules exactly) or bfloat16."""
     return None if cfg.compute_dtype == "float32" else jnp.dtype(cfg.compute_dtype)
 
@@ -69,16 +76,16 @@ class CausalSelfAttention(nn.Module):
     """Causal self-attention with RoPE, multi-head or grouped-query: ``[B, T, d] -> [B, T, d]``.
 
     Parameters ``w_q [d, d]``, ``w_k [d, kv]``, ``w_v [d, kv]``, ``w_o [d, d]`` with
-    ``kv = n_kv_heads * head_dim``. With ``n_kv_heads < n_heads`` each key/value head serves
+    ``kv = kv_heads * head_dim``. With ``n_kv_heads < n_heads`` each key/value head serves
     ``n_heads / n_kv_heads`` consecutive query heads (Ainslie et al. 2023, "GQA").
     """
 
-    cfg: ModelConfig
+    cfg: ModelShape
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
-        h, kvh, dh = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        h, kvh, dh = self.cfg.n_heads, self.cfg.kv_heads, self.cfg.head_dim
         dtype = _compute_dtype(self.cfg)
         q = rope(_dense(d, "w_q", dtype)(x).reshape(b, t, h, dh))
         k = rope(_dense(kvh * dh, "w_k", dtype)(x).reshape(b, t, kvh, dh))
@@ -99,7 +106,7 @@ class CausalSelfAttention(nn.Module):
 class SwiGLU(nn.Module):
     """Gated MLP ``W_down(silu(W_gate x) * W_up x)`` (Shazeer 2020): ``[B, T, d] -> [B, T, d]``."""
 
-    cfg: ModelConfig
+    cfg: ModelShape
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -112,7 +119,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """One pre-norm transformer block: ``[B, T, d] -> [B, T, d]``; ``use_moe`` picks the FFN."""
 
-    cfg: ModelConfig
+    cfg: ModelShape
     use_moe: bool = False
 
     @nn.compact
@@ -132,7 +139,7 @@ class Transformer(nn.Module):
     Logits are float32, or bfloat16 under ``compute_dtype: bfloat16`` (the loss casts them).
     """
 
-    cfg: ModelConfig
+    cfg: ModelShape
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -148,12 +155,12 @@ class Transformer(nn.Module):
         return _dense(self.cfg.vocab_size, "lm_head", dtype)(x)
 
 
-def init_params(cfg: ModelConfig, key: jax.Array, seq_len: int) -> Any:
+def init_params(cfg: ModelShape, key: jax.Array, seq_len: int) -> Any:
     """Initial parameter pytree for :class:`Transformer` (shapes do not depend on ``seq_len``)."""
     return Transformer(cfg).init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
 
 
-def loss_and_metrics(params: Any, cfg: ModelConfig, batch: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+def loss_and_metrics(params: Any, cfg: ModelShape, batch: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Training loss and its parts, for logging.
 
     ``loss = ce + aux_loss_weight * moe_aux + router_z_loss_weight * router_z`` with MoE, else
@@ -190,7 +197,7 @@ def loss_and_metrics(params: Any, cfg: ModelConfig, batch: jax.Array) -> tuple[j
     return loss, {"ce": ce, "moe_aux": aux, "router_z": z, "dropped_fraction": dropped}
 
 
-def next_token_loss(params: Any, cfg: ModelConfig, batch: jax.Array) -> jax.Array:
+def next_token_loss(params: Any, cfg: ModelShape, batch: jax.Array) -> jax.Array:
     """The training loss: mean next-token cross-entropy in nats per token, plus the MoE terms.
 
     Equal to ``loss_and_metrics(params, cfg, batch)[0]``; without MoE it is the plain

@@ -37,7 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tidal.train.flops import ModelConfig
+from tidal.train.flops import ModelShape
 
 INIT_STD = 0.02
 
@@ -106,7 +106,7 @@ class MoEFeedForward(nn.Module):
     ``aux_loss``, ``z_loss`` and ``dropped_fraction`` (scalars) into the ``"moe"`` collection.
     """
 
-    cfg: ModelConfig
+    cfg: ModelShape
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -4,6 +4,7 @@ Invariant: a preset is only a default for the shape fields. Resolution is
 ``defaults < preset < fields written in the recipe``, so ``{preset: 1b, n_layers: 4}`` is the 1b
 shape with 4 layers, and the resolved shape (never the preset's name) is what enters a step's
 config and hash: editing a row here changes the ids of the steps that use it, as it should.
+The resolution happens once, when :class:`tidal.train.flops.ModelConfig` is validated.
 This module is plain data and imports nothing heavy (DAG parsing and recipe validation use it).
 
 Shapes are Llama-like (RoPE, RMSNorm, SwiGLU, untied embeddings; Touvron et al. 2023). Parameter
@@ -33,8 +34,6 @@ key/value groups, intermediate size 5632). ``tiny`` and ``small`` are CPU sizes 
 
 from __future__ import annotations
 
-from typing import Any
-
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256},
     "small": {"d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 768},
@@ -59,22 +58,3 @@ def preset_shape(name: str) -> dict[str, int]:
         raise UnknownPreset(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
     return dict(PRESETS[name])
 
-
-def resolve_preset(model: dict[str, Any]) -> dict[str, Any]:
-    """``model`` with its ``preset`` key replaced by the preset's fields; written fields win.
-
-    Args:
-        model: a recipe's / step config's ``model`` mapping, with or without ``preset``.
-
-    Returns:
-        A new dict without ``preset``: ``{**preset_shape(preset), **other fields}``; ``model``
-        itself (copied) when it names no preset or ``preset`` is None.
-
-    Raises:
-        UnknownPreset: the named preset does not exist.
-    """
-    model = dict(model)
-    name = model.pop("preset", None)
-    if name is None:
-        return model
-    return preset_shape(name) | model

@@ -19,7 +19,7 @@ from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar
 from tidal.train.metrics import device_memory
 from tidal.train.model import flops_per_token, param_count
-from tidal.train.trainer import build
+from tidal.train.trainer import SPEC, build
 
 PROFILE = "profile.json"
 
@@ -41,7 +41,7 @@ def profile(step_dir: str | Path, spec: dict[str, Any], n_steps: int) -> dict[st
     """
     if n_steps < 2:
         raise ConfigError(f"--profile needs at least 2 steps (the first one compiles), got {n_steps}")
-    run = build(spec)
+    run = build(spec, where=Path(step_dir) / SPEC)
     state = run.fresh_state()
     times = []
     for i in range(n_steps):

@@ -1,4 +1,8 @@
-"""The training loop: sharded jitted step, eval, metrics, checkpoints (config: :mod:`tidal.train.config`).
+"""The training loop: sharded jitted step, then hooks for eval, metrics, checkpoints, preemption.
+
+Config: :mod:`tidal.train.config` (read once, with ``TrainStepConfig.model_validate``); hooks:
+:mod:`tidal.train.hooks`. :func:`train` is "fetch batch, step, run the hooks"; what a step
+logs, evaluates, saves or stops on is a hook registered with an interval by :func:`training_hooks`.
 
 Invariant: the run is a pure function of ``spec.json`` (config, input bytes, seed). Parameters
 are initialised from the step seed, batch ``i`` is ``BatchLoader.batch(i)``, and a resumed run
@@ -30,9 +34,8 @@ import logging
 import math
 import os
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +45,11 @@ import optax
 
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
 from tidal.train import distributed
+from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train import model as modellib
 from tidal.train.checkpoints import Checkpointer, tree_sha256
-from tidal.train.config import ConfigError, TrainConfig, make_optimizer
+from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
 from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.loader import (
     BatchLoader,
@@ -55,8 +59,8 @@ from tidal.train.loader import (
     token_byte_lengths,
 )
 from tidal.train.metrics import LiveMetrics, device_memory, model_flops_utilisation, peak_flops
-from tidal.train.model import ModelConfig, flops_per_token, init_params, param_count
-from tidal.train.preemption import EXIT_PREEMPTED, Preempted, SigtermFlag
+from tidal.train.model import ModelShape, flops_per_token, init_params, param_count
+from tidal.train.preemption import Preempted, SigtermFlag
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -73,7 +77,7 @@ class Inputs:
     token_bytes: np.ndarray | None = None
 
 
-def open_inputs(cfg: TrainConfig, inputs: dict[str, str]) -> Inputs:
+def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     """Open the tokenizer, train and eval directories named by ``cfg`` among ``inputs``.
 
     Raises:
@@ -114,23 +118,14 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
     return kept
 
 
-def _eta(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _no_print(*args: Any, **kwargs: Any) -> None:
-    """Progress lines come from process 0 only."""
-
-
 @dataclass
 class Run:
     """Everything built from a spec before the first step (shared by training and profiling)."""
 
-    cfg: TrainConfig
+    cfg: TrainStepConfig
     data: Inputs
     seed: int
-    model_cfg: ModelConfig
+    model_cfg: ModelShape
     seq_len: int
     loader: BatchLoader
     eval_sets: dict[str, list[np.ndarray]]
@@ -167,24 +162,46 @@ class Run:
         return model_flops_utilisation(tokens_per_s, self.model_cfg, self.context, self.peak)
 
 
-def build(spec: dict[str, Any]) -> Run:
+def step_seed(spec: dict[str, Any], where: str | Path = SPEC) -> int:
+    """The step seed of ``spec``: derived by the runner from the recipe seed and the step name,
+    written by :func:`tidal.train.write_spec`. Never defaulted: a missing seed would silently
+    give every run the same parameters and batch order.
+
+    Raises:
+        ConfigError: ``seed`` missing or not a non-negative int; names ``where`` and the field.
+    """
+    if spec.get("seed") is None:
+        raise ConfigError(f"{where}: missing field 'seed' (the step seed, written by tidal.train.write_spec "
+                          f"from the step context); the trainer does not default it")
+    seed = spec["seed"]
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"{where}: field 'seed' must be a non-negative int, got {seed!r}")
+    return seed
+
+
+def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     """Parse the spec, open the inputs, make the mesh and jit the step functions.
+
+    Args:
+        spec: the step spec (``spec.json``): ``config``, ``inputs``, ``seed``.
+        where: the spec's file, named by error messages.
 
     Raises:
         ConfigError, DataContractError: bad config or inputs, before any training.
     """
     distributed.start_once()
-    cfg = TrainConfig.from_config(spec["config"])
+    seed = step_seed(spec, where)  # split once below: parameter init (_seed32 purpose 0), batch order
+    cfg = parse_step_config(spec["config"], where)
     data = open_inputs(cfg, spec.get("inputs", {}))
-    seed = int(spec.get("seed", 0))
     vocab = int(data.tokenizer_meta["vocab_size"])
     try:
-        model_cfg = ModelConfig.from_config(cfg.model, vocab)
-        sizes = meshlib.mesh_shape(jax.device_count(), cfg.mesh, meshlib.slice_count())
+        model_cfg = cfg.model.shape(vocab)
+        requested = None if cfg.mesh is None else cfg.mesh.model_dump()
+        sizes = meshlib.mesh_shape(jax.device_count(), requested, meshlib.slice_count())
         mesh = meshlib.make_mesh(sizes)
         meshlib.check_batch(cfg.batch_size, mesh)
-    except ValueError as err:  # ModelConfig rules, MeshError
-        raise ConfigError(str(err)) from None
+    except ValueError as err:  # a vocabulary size pydantic refuses, MeshError
+        raise ConfigError(f"{where}: {err}") from None
     seq_len = data.train.seq_len
     context = seq_len - 1
     loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
@@ -198,7 +215,7 @@ def build(spec: dict[str, Any]) -> Run:
 
     key = jax.random.key(_seed32(seed, 0))
     abstract = jax.eval_shape(init, key)
-    heads = (model_cfg.n_heads, getattr(model_cfg, "n_kv_heads", None) or model_cfg.n_heads)
+    heads = (model_cfg.n_heads, model_cfg.kv_heads)
     shardings = meshlib.state_shardings(abstract, mesh, heads)
     replicated = meshlib.replicated(mesh)
     with_parts = getattr(modellib, "loss_and_metrics", None)
@@ -270,36 +287,34 @@ def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
             "tidal.mesh": meshlib.describe(run.mesh), "tidal.param_count": str(param_count(run.model_cfg))}
 
 
-def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None = None,
-          log: logging.Logger | None = None) -> dict[str, Any] | None:
-    """Train (or resume training) as ``spec`` says, writing into ``step_dir``.
+@dataclass
+class Session:
+    """What a training process holds around the loop: where it writes and what it resumed from."""
 
-    Args:
-        step_dir: output directory (holds ``spec.json``, checkpoints, metrics, summary).
-        spec: ``{"config", "inputs": {name: dir}, "seed", ...}`` as written by ``tidal.train.run``.
-        stop_after: testing aid that simulates preemption: return None right after completing
-            this step (after its checkpoint, if one is due), without writing a summary.
+    run: Run
+    step_dir: Path
+    log: logging.Logger
+    primary: bool
+    fingerprint: dict[str, Any]
+    live: LiveMetrics | None
+    ckpt: Checkpointer
+    start: int = 0
+    state: Any = None
+    manifest: dict[str, Any] | None = None
+    changed: list[str] = field(default_factory=list)
 
-    Returns:
-        The summary (also written to ``summary.json`` by process 0): ``steps``,
-        ``tokens_seen`` (predicted token positions, ``steps * B * (S - 1)``),
-        ``final_train_loss`` (nats/token), ``eval_loss`` (mean over sources),
-        ``eval_loss/<src>``, ``eval_bpb/<src>`` (bits/byte), ``param_count``,
-        ``flops_per_token``, ``checkpoint_step``, ``checkpoint_root_hash``, ``params_sha256``
-        (:func:`tree_sha256` of the final parameters: equal across identical runs),
-        ``environment_fingerprint`` (JSON), ``mesh`` and, when steps ran in this process,
-        ``tokens_per_second``/``step_time_s`` after the first (compiling) step, ``mfu`` (when
-        the device's peak is known) and ``peak_memory_bytes``.
+    @property
+    def metrics_path(self) -> Path:
+        return self.step_dir / METRICS
+
+
+def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger) -> Session:
+    """Start live metrics, open the checkpoints and restore the newest verified one (or init).
 
     Raises:
-        ConfigError, DataContractError: bad config or inputs, before any training.
-        CheckpointMismatch: the newest verified checkpoint belongs to another model shape.
-        Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
+        CheckpointMismatch: the newest verified checkpoint belongs to another model shape
+            (the checkpointer and live metrics are closed first).
     """
-    step_dir = Path(step_dir)
-    log = log or logging.getLogger("tidal.train")
-    run = build(spec)
-    cfg = run.cfg
     primary = distributed.is_primary()
     fingerprint = environment_fingerprint()
     live = LiveMetrics.from_env(step_dir, spec) if primary else None
@@ -313,9 +328,9 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
 
     # the CPU step never donates its input state (see build), so a save may read it from the
     # background thread while the next steps run
-    ckpt = Checkpointer(step_dir, cfg.keep_checkpoints, log, permanent_every=cfg.checkpoint_permanent_every,
-                        primary=primary, on_manifest=on_manifest,
-                        host_state=jax.default_backend() == "cpu")
+    ckpt = Checkpointer(step_dir, run.cfg.keep_checkpoints, log, permanent_every=run.cfg.checkpoint_permanent_every,
+                        primary=primary, on_manifest=on_manifest, host_state=jax.default_backend() == "cpu")
+    session = Session(run, step_dir, log, primary, fingerprint, live, ckpt)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
     try:
@@ -325,121 +340,155 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         if live is not None:
             live.close(status="FAILED")
         raise
-    start, manifest, changed = 0, None, []
-    if restored is not None:
-        start, state, manifest = restored
-        print(f"resumed from checkpoint step {start} ({ckpt.path(start)})", flush=True)
-        before = manifest.get("fingerprint")
-        changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
-        if changed:
-            log.warning("resuming under a different environment fingerprint than checkpoint %d was saved "
-                        "with: %s", start, "; ".join(changed))
-            if live is not None:
-                live.set_tags({"tidal.fingerprint_changed": "; ".join(changed)})
-    else:
-        state = run.fresh_state()
-    metrics_path = step_dir / METRICS
-    if primary:
-        _truncate_metrics(metrics_path, start)
-    n_params = param_count(run.model_cfg)
-    print(f"training {n_params:,} params, {cfg.steps} steps of {cfg.batch_size}x{run.seq_len} tokens "
-          f"from step {start} on mesh {meshlib.describe(run.mesh)}", flush=True)
-    last_eval: dict[str, float] = {}
-    # step timing excludes compilation (the first step), evals and checkpoint saves
-    mark_time, mark_step, first_step_s = time.perf_counter(), start, None
-    timed_s, timed_steps = 0.0, 0
-    peak_memory, loop_start, loop_end, loop_cpu = 0.0, None, None, (0.0, 0.0)
-    metrics_file = open(metrics_path, "a") if primary else None  # noqa: SIM115 - closed in finally
-    status = "FAILED"
+    if restored is None:
+        session.state = run.fresh_state()
+        return session
+    session.start, session.state, session.manifest = restored
+    print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
+    before = session.manifest.get("fingerprint")
+    session.changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
+    if session.changed:
+        log.warning("resuming under a different environment fingerprint than checkpoint %d was saved "
+                    "with: %s", session.start, "; ".join(session.changed))
+        if live is not None:
+            live.set_tags({"tidal.fingerprint_changed": "; ".join(session.changed)})
+    return session
+
+
+@dataclass
+class Meters:
+    """The hooks whose measurements the summary reads."""
+
+    throughput: hooklib.Throughput
+    memory: hooklib.DeviceMemory
+    evaluation: hooklib.Evaluation
+
+
+def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
+                   stop_after: int | None = None) -> tuple[hooklib.Hooks, Meters]:
+    """The trainer's hooks in their order (see :mod:`tidal.train.hooks` for the rules).
+
+    Logging steps (every ``log_every`` and every eval step) fill one metrics line: stats on the
+    host, throughput and MFU, memory, then the eval results on eval steps; process 0 writes it,
+    sends it to MLflow and prints it. Then the checkpoint (every ``checkpoint_every``), the end
+    of the timed loop (last step), the timing mark reset (eval and checkpoint steps), SIGTERM,
+    and ``--stop-after``.
+    """
+    run, cfg, ckpt = session.run, session.run.cfg, session.ckpt
+    logged = (cfg.log_every, cfg.eval_every)
+    meters = Meters(hooklib.Throughput(run.tokens_per_step, session.start, run.mfu, block=jax.block_until_ready),
+                    hooklib.DeviceMemory(device_memory), hooklib.Evaluation(lambda params: evaluate(run, params)))
+
+    def save(step: int, state: Any) -> None:
+        ckpt.save(step, state, session.fingerprint)
+
+    hooks = hooklib.Hooks(cfg.steps)
+    hooks.add(meters.throughput.first_step, every=1)
+    hooks.add(hooklib.host_stats(host_scalar), every=logged)
+    hooks.add(meters.throughput.measure, every=logged)
+    hooks.add(meters.memory, every=logged, name="device_memory")
+    hooks.add(meters.evaluation, every=cfg.eval_every, name="evaluate")
+    if metrics_file is not None:
+        hooks.add(hooklib.write_line(metrics_file, lambda r: json.dumps(r, sort_keys=True)), every=logged)
+    if session.live is not None:
+        live = session.live
+        hooks.add(lambda info: live.log(info.step, info.record), every=logged, name="live_metrics")
+    if session.primary:
+        hooks.add(hooklib.progress(cfg.steps), every=logged)
+    hooks.add(hooklib.checkpoint(save), every=cfg.checkpoint_every)
+    hooks.add(meters.throughput.end_loop, every=cfg.steps)  # the last step only
+    hooks.add(meters.throughput.exclude, every=(cfg.eval_every, cfg.checkpoint_every))
+    hooks.add(hooklib.preemption(term.agreed, save, ckpt.wait), every=1)
+    if stop_after is not None:
+        hooks.add(hooklib.stop_after(stop_after, ckpt.wait), every=1)
+    return hooks, meters
+
+
+def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None = None,
+          log: logging.Logger | None = None) -> dict[str, Any] | None:
+    """Train (or resume training) as ``spec`` says, writing into ``step_dir``.
+
+    Args:
+        step_dir: output directory (holds ``spec.json``, checkpoints, metrics, summary).
+        spec: ``{"config", "inputs": {name: dir}, "seed", ...}`` as written by ``tidal.train.run``.
+        stop_after: testing aid that simulates preemption: return None right after completing
+            this step (after its checkpoint, if one is due), without writing a summary.
+
+    Returns:
+        The summary (also written to ``summary.json`` by process 0), see :func:`summarise`.
+
+    Raises:
+        ConfigError, DataContractError: bad config or inputs, before any training.
+        CheckpointMismatch: the newest verified checkpoint belongs to another model shape.
+        Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
+    """
+    step_dir = Path(step_dir)
+    log = log or logging.getLogger("tidal.train")
+    run = build(spec, where=step_dir / SPEC)
+    session = open_session(step_dir, spec, run, log)
+    if session.primary:
+        _truncate_metrics(session.metrics_path, session.start)
+    print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
+          f"{run.seq_len} tokens from step {session.start} on mesh {meshlib.describe(run.mesh)}", flush=True)
+    metrics_file = open(session.metrics_path, "a") if session.primary else None  # noqa: SIM115 - closed below
+    term = SigtermFlag()
+    hooks, meters = training_hooks(session, term, metrics_file, stop_after)
+    status, state = "FAILED", session.state
     try:
-        with SigtermFlag() as term:
-            for i in range(start, cfg.steps):
+        with term:
+            for i in range(session.start, run.cfg.steps):
                 state, stats = run.step(state, run.batch(i), np.int32(i))
-                done = i + 1
-                if first_step_s is None:
-                    jax.block_until_ready(stats["loss"])
-                    now = time.perf_counter()
-                    first_step_s, mark_time, mark_step = now - mark_time, now, done
-                    loop_start, loop_cpu = now, (time.process_time(), 0.0)
-                is_last = done == cfg.steps
-                eval_now = done % cfg.eval_every == 0 or is_last
-                log_now = done % cfg.log_every == 0 or eval_now
-                if log_now:
-                    record = {k: host_scalar(v) for k, v in stats.items()}
-                    now = time.perf_counter()
-                    if done > mark_step:
-                        step_s = (now - mark_time) / (done - mark_step)
-                        timed_s, timed_steps = timed_s + now - mark_time, timed_steps + done - mark_step
-                    else:  # the first step of this process: its time is mostly compilation
-                        step_s = first_step_s
-                    mark_time, mark_step = now, done
-                    memory = device_memory()
-                    peak_memory = max(peak_memory, memory["peak_memory_bytes"])
-                    record |= {"step": done, "tokens_per_second": run.tokens_per_step / step_s,
-                               "step_time_s": step_s, "memory_bytes": memory["memory_bytes"],
-                               "peak_memory_bytes": memory["peak_memory_bytes"]}
-                    mfu = run.mfu(record["tokens_per_second"])
-                    if mfu is not None:
-                        record["mfu"] = mfu
-                    if eval_now:
-                        last_eval = evaluate(run, state["params"])
-                        record.update(last_eval)
-                    if metrics_file is not None:
-                        metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
-                        metrics_file.flush()
-                    if live is not None:
-                        live.log(done, record)
-                    evals = " ".join(f"{k} {v:.4f}" for k, v in last_eval.items()) if eval_now else ""
-                    util = f" mfu {mfu:.1%}" if mfu is not None else ""
-                    print_progress = print if primary else _no_print
-                    print_progress(f"step {done}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-                          f"{record['tokens_per_second']:,.0f} tok/s {step_s * 1e3:.1f} ms/step{util} "
-                          f"eta {_eta(step_s * (cfg.steps - done))} {evals}".rstrip(), flush=True)
-                save_now = done % cfg.checkpoint_every == 0 or is_last
-                if save_now:
-                    ckpt.save(done, state, fingerprint)
-                if is_last:  # the final background write is waited for below, not counted
-                    loop_end, loop_cpu = time.perf_counter(), (loop_cpu[0], time.process_time())
-                if eval_now or save_now:  # step times exclude eval and saving
-                    mark_time, mark_step = time.perf_counter(), done
-                if not is_last and term.agreed(log_now or save_now):
-                    if not save_now:
-                        ckpt.save(done, state, fingerprint)
-                    ckpt.wait()
-                    status = "KILLED"
-                    print(f"SIGTERM: checkpoint of step {done} saved; exiting with code {EXIT_PREEMPTED}",
-                          flush=True)
-                    raise Preempted(done)
-                if stop_after is not None and done == stop_after:
-                    ckpt.wait()
-                    status = "KILLED"
-                    print(f"stopped after step {done} (--stop-after)", flush=True)
-                    return None
-            manifest = ckpt.wait() or manifest
+                hooks.run(i + 1, state, stats)
+            session.manifest = session.ckpt.wait() or session.manifest
         status = "FINISHED"
+    except Preempted:
+        status = "KILLED"
+        raise
+    except hooklib.StopTraining:
+        status = "KILLED"
+        return None
     finally:
         if metrics_file is not None:
             metrics_file.close()
         try:
-            ckpt.close()
+            session.ckpt.close()
         finally:
-            if live is not None:
+            if session.live is not None:
                 # a stopped run is resumed later and keeps logging into the same MLflow run
-                live.close(status=status, end_run=status != "KILLED")
-    if start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
-        last_eval = evaluate(run, state["params"])
-    final = [r for r in _read_metrics(metrics_path) if r["step"] == cfg.steps] if primary else []
+                session.live.close(status=status, end_run=status != "KILLED")
+    session.state = state
+    return summarise(session, meters)
+
+
+def summarise(session: Session, meters: Meters) -> dict[str, Any]:
+    """The run's summary; process 0 writes it to ``summary.json``.
+
+    Keys: ``steps``, ``tokens_seen`` (predicted token positions, ``steps * B * (S - 1)``),
+    ``final_train_loss`` (nats/token), ``eval_loss`` (mean over sources), ``eval_loss/<src>``,
+    ``eval_bpb/<src>`` (bits/byte), ``param_count``, ``flops_per_token``, ``checkpoint_step``,
+    ``checkpoint_root_hash``, ``params_sha256`` (:func:`tree_sha256` of the final parameters:
+    equal across identical runs), ``environment_fingerprint`` (JSON), ``mesh`` and, when steps
+    ran in this process, ``tokens_per_second``/``step_time_s`` after the first (compiling) step,
+    ``mfu`` (when the device's peak is known), ``peak_memory_bytes``, the loop's wall and CPU
+    throughput and the checkpoint save times.
+    """
+    run, cfg, ckpt, manifest = session.run, session.run.cfg, session.ckpt, session.manifest
+    last_eval = meters.evaluation.last
+    if session.start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
+        last_eval = evaluate(run, session.state["params"])
+    final = ([r for r in _read_metrics(session.metrics_path) if r["step"] == cfg.steps]
+             if session.primary else [])
     summary: dict[str, Any] = {
         "steps": cfg.steps, "tokens_seen": cfg.steps * run.tokens_per_step,
-        "param_count": n_params, "flops_per_token": flops_per_token(run.model_cfg, run.context),
+        "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
         "seq_len": run.seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
-        "params_sha256": tree_sha256(host_tree(state["params"])),
-        "environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
+        "params_sha256": tree_sha256(host_tree(session.state["params"])),
+        "environment_fingerprint": json.dumps(session.fingerprint, sort_keys=True),
         "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
-    if changed:
-        summary["fingerprint_changed"] = "; ".join(changed)
+    if session.changed:
+        summary["fingerprint_changed"] = "; ".join(session.changed)
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
@@ -449,32 +498,18 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         if bpbs:
             summary["eval_bpb"] = sum(bpbs) / len(bpbs)
         summary.update(last_eval)
-    if timed_steps:
-        summary["tokens_per_second"] = run.tokens_per_step * timed_steps / timed_s
-        summary["step_time_s"] = timed_s / timed_steps
-        mfu = run.mfu(summary["tokens_per_second"])
-        if mfu is not None:
-            summary["mfu"] = mfu
-    if peak_memory:
-        summary["peak_memory_bytes"] = peak_memory
-    if loop_start is not None and loop_end is not None and loop_end > loop_start:
-        # every step after the first, wall clock, including evals, logging and checkpoint saves
-        # (up to the last step's save call; its background write is not training time)
-        summary["loop_tokens_per_second"] = run.tokens_per_step * (cfg.steps - start - 1) / (loop_end - loop_start)
-        # the same steps per CPU second of this process (all threads): insensitive to other load
-        summary["loop_tokens_per_cpu_second"] = (run.tokens_per_step * (cfg.steps - start - 1)
-                                                 / max(loop_cpu[1] - loop_cpu[0], 1e-9))
+    summary |= meters.throughput.summary(steps_after_first=cfg.steps - session.start - 1)
+    if meters.memory.peak:
+        summary["peak_memory_bytes"] = meters.memory.peak
     if ckpt.save_seconds:
         summary["checkpoint_saves"] = len(ckpt.save_seconds)
         summary["checkpoint_blocking_s_mean"] = statistics.fmean(b for _, b, _ in ckpt.save_seconds)
         summary["checkpoint_write_s_mean"] = statistics.fmean(w for _, _, w in ckpt.save_seconds)
         summary["checkpoint_bytes"] = manifest.get("total_bytes", 0)
-    if first_step_s is not None:
-        summary["compile_and_first_step_s"] = first_step_s
-    if primary:
-        tmp = step_dir / (SUMMARY + ".tmp")
+    if session.primary:
+        tmp = session.step_dir / (SUMMARY + ".tmp")
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, step_dir / SUMMARY)
+        os.replace(tmp, session.step_dir / SUMMARY)
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
     return summary
 
