@@ -112,14 +112,15 @@ def main() -> None:
               f"{total_s:.1f} s")
         print(f"cpu: {os.cpu_count()} cores, SHA extensions (sha_ni): {'yes' if ' sha_ni' in cpu_flags else 'no'}; "
               f"{hashlib.sha256().name} via OpenSSL {__import__('ssl').OPENSSL_VERSION}")
-        print(f"verify (tidal.audit.verify.verify_step, {DEFAULT_WORKERS} threads): {verify_s:.3f} s  {gb / verify_s:.2f} GB/s")
+        print(f"verify (tidal.audit.verify.verify_step, {DEFAULT_WORKERS} threads): {verify_s:.3f} s  "
+              f"{gb / verify_s:.2f} GB/s")
         print(f"verify, 1 thread:                   {verify1_s:.3f} s  {gb / verify1_s:.2f} GB/s")
         print(f"manifest build (commit's hashing):  {manifest_s:.3f} s  {gb / manifest_s:.2f} GB/s")
         print(f"sha256sum (coreutils, baseline):     {sum_s:.3f} s  {gb / sum_s:.2f} GB/s")
         print(f"hashlib sha256, 256 MiB in memory:   {mem_s:.3f} s  {0.268435456 / mem_s:.2f} GB/s")
         hash_share = (mem_s / 0.268435456) / (verify1_s / gb)  # pure SHA-256 time / verify time, per GB
-        print(f"BLAKE3: not installed; pure SHA-256 is {100 * hash_share:.0f} % of 1-thread verify's time per GB, so a hash "
-              f"N times faster would save at most {100 * hash_share:.0f} % x (1 - 1/N)")
+        print(f"BLAKE3: not installed; pure SHA-256 is {100 * hash_share:.0f} % of 1-thread verify's time per GB, "
+              f"so a hash N times faster would save at most {100 * hash_share:.0f} % x (1 - 1/N)")
         print(f"RESULT verify_s_per_GB={verify_s / gb:.3f} ratio_vs_sha256sum={verify_s / sum_s:.3f} "
               f"verify_1thread_s_per_GB={verify1_s / gb:.3f} sha256sum_s_per_GB={sum_s / gb:.3f} "
               f"hashlib_GB_per_s={0.268435456 / mem_s:.2f} threads={DEFAULT_WORKERS}")

@@ -49,7 +49,8 @@ def slack_payload(record: dict[str, Any]) -> dict[str, Any]:
     lines += [f"• {expectation_text(c)}" for c in record.get("failed_expectations", [])[:10]]
     if record.get("mlflow_link"):
         lines.append(f"<{record['mlflow_link']}|MLflow run>")
-    return {"text": headline(record), "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}}]}
+    return {"text": headline(record),
+            "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}}]}
 
 
 def pagerduty_payload(record: dict[str, Any], routing_key: str) -> dict[str, Any]:

@@ -51,7 +51,8 @@ def task_log_tail(dag_id: str, run_id: str, task_id: str, try_number: int | None
         except json.JSONDecodeError:
             out.append(raw[:1000])
             continue
-        text = f"{event.get('timestamp', '')} {event.get('level', '')} {event.get('logger', '')}: {event.get('event', '')}"
+        text = (f"{event.get('timestamp', '')} {event.get('level', '')} {event.get('logger', '')}: "
+                f"{event.get('event', '')}")
         for detail in event.get("error_detail") or []:
             text += f" [{detail.get('exc_type')}: {str(detail.get('exc_value'))[:500]}]"
         out.append(text[:1500])

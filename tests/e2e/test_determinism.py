@@ -36,14 +36,16 @@ def test_two_runs_give_identical_outputs(tmp_path, monkeypatch):
         one, two = (json.loads((p.storage.step_dir(step.step_id) / "step.json").read_text()) for p in (first, second))
         if step.kind not in ("gate", "train"):
             assert one["manifest_root_hash"] == two["manifest_root_hash"], step.name
-    gate = [json.loads((p.storage.step_dir(first.graph["gate"].step_id) / "gate_result.json").read_text()) for p in (first, second)]
+    gate = [json.loads((p.storage.step_dir(first.graph["gate"].step_id) / "gate_result.json").read_text())
+            for p in (first, second)]
     assert gate[0] == gate[1] and gate[0]["success"]
     train_id = first.graph["train"].step_id
     summaries = [json.loads((p.storage.step_dir(train_id) / "summary.json").read_text()) for p in (first, second)]
     assert summaries[0]["params_sha256"] == summaries[1]["params_sha256"]
     assert summaries[0]["final_train_loss"] == summaries[1]["final_train_loss"]
     curves = [
-        [(r["step"], r["loss"]) for r in map(json.loads, (p.storage.step_dir(train_id) / "metrics.jsonl").read_text().splitlines())]
+        [(r["step"], r["loss"])
+         for r in map(json.loads, (p.storage.step_dir(train_id) / "metrics.jsonl").read_text().splitlines())]
         for p in (first, second)
     ]
     assert curves[0] == curves[1] and len(curves[0]) == 6

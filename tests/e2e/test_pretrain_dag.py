@@ -94,7 +94,8 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
         assert tags["tidal.step_id"] == step.step_id and tags["tidal.status"] == "run"
         assert parent.data.tags[f"tidal.step_id.{step.name}"] == step.step_id
 
-    tokenizer_meta = json.loads((pipe.storage.step_dir(pipe.graph["tokenizer"].step_id) / "tokenizer_meta.json").read_text())
+    tokenizer_meta = json.loads((pipe.storage.step_dir(pipe.graph["tokenizer"].step_id)
+                                 / "tokenizer_meta.json").read_text())
     assert children["tokenizer"].data.tags["tidal.tokenizer_hash"] == tokenizer_meta["tokenizer_hash"]
     for src in ("brown", "gcide", "songci", "udhr"):
         assert len(children[f"fetch-{src}"].data.tags["tidal.archive_sha256"]) == 64

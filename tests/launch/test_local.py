@@ -38,7 +38,8 @@ def test_trainer_dies_when_its_launcher_is_killed():
         [sys.executable, "-c",
          ("import subprocess, sys\n"
           "from tidal.launch.local import _die_with_parent\n"
-          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=_die_with_parent)\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+          "preexec_fn=_die_with_parent)\n"
           "print(child.pid, flush=True)\n"
           "child.wait()\n")],
         stdout=subprocess.PIPE, text=True,

@@ -20,7 +20,8 @@ TOKEN = {"MLFLOW_TRACKING_TOKEN": ["tidal-mlflow-auth", "token"]}
 def test_a_json_object_maps_env_names_to_secret_keys():
     assert pod_secret_env(json.dumps(TOKEN)) == {"MLFLOW_TRACKING_TOKEN": ("tidal-mlflow-auth", "token")}
     assert pod_secret_env(None) == pod_secret_env("") == pod_secret_env("  ") == {}
-    two = {"MLFLOW_TRACKING_USERNAME": ["mlflow.auth", "user"], "MLFLOW_TRACKING_PASSWORD": ["mlflow.auth", "pass.word"]}
+    two = {"MLFLOW_TRACKING_USERNAME": ["mlflow.auth", "user"],
+           "MLFLOW_TRACKING_PASSWORD": ["mlflow.auth", "pass.word"]}
     assert pod_secret_env(json.dumps(two)) == {k: tuple(v) for k, v in two.items()}
 
 

@@ -130,7 +130,8 @@ class FaultProxy:
                 with plan.lock:
                     plan.requests += 1
                     number = plan.requests
-                    drop = (self.command == "PUT" and length >= plan.drop_min_bytes and plan.dropped < plan.drop_uploads)
+                    drop = (self.command == "PUT" and length >= plan.drop_min_bytes
+                            and plan.dropped < plan.drop_uploads)
                     if drop:
                         plan.dropped += 1
                 if drop:  # read half the body, then hang up without answering
@@ -155,7 +156,8 @@ class FaultProxy:
                     return
                 with plan.lock:
                     plan.log.append((self.command, self.path))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "content-length")}
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("transfer-encoding", "content-length")}
                 headers["Content-Length"] = str(len(body))
                 upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
                 try:

@@ -52,7 +52,8 @@ def test_errors_past_the_retry_budget_leave_nothing_committed(bucket, proxy):
         run_step(step, storage)
     proxy.plan.every = 0
     assert not storage.is_committed(step.step_id)
-    rerun = open_storage(f"s3://{bucket}/x")  # the task's retry: a new worker (adaptive mode's slowed rate is per client)
+    # the task's retry: a new worker (adaptive mode's slowed rate is per client)
+    rerun = open_storage(f"s3://{bucket}/x")
     assert run_step(step, rerun).status == "run"
     assert_complete(rerun, step.step_id)
 

@@ -75,7 +75,8 @@ _OWN_ENV = {"PYTHONUNBUFFERED", "HOME", "XDG_CACHE_HOME", URI_ENV, RUN_ID_ENV}
 # an MLflow tracking server: http(s), a host, no user info (credentials go by secret_env), no
 # quotes or spaces (the value may be templated into a YAML body)
 _SERVER_URI = re.compile(r"https?://[^\s'\"@/?#]+(/[^\s'\"@?#]*)?", re.IGNORECASE)  # fullmatch: no query, fragment
-SECRET_NAME_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
+SECRET_NAME_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)",
+                                 re.IGNORECASE)
 
 
 class SpecError(ValueError):

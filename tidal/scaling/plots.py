@@ -15,7 +15,8 @@ import numpy as np
 
 
 def _finite(q: dict[str, Any] | None) -> bool:
-    return bool(q) and all(isinstance(q.get(k), (int, float)) and np.isfinite(q[k]) for k in ("estimate", "lo95", "hi95"))
+    return bool(q) and all(isinstance(q.get(k), (int, float)) and np.isfinite(q[k])
+                           for k in ("estimate", "lo95", "hi95"))
 
 
 def _save(fig, path: Path) -> str:
@@ -110,7 +111,8 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
     fig, ax = plt.subplots(figsize=(7, 5))
     a2 = fits.get("approach2", {})
     grid = np.geomspace(float(budgets.min()), hi_c, 100)
-    for key, law, label, color in (("n_opt", a2.get("n_law"), "N*(C)", "C0"), ("d_opt", a2.get("d_law"), "D*(C)", "C2")):
+    for key, law, label, color in (("n_opt", a2.get("n_law"), "N*(C)", "C0"),
+                                   ("d_opt", a2.get("d_law"), "D*(C)", "C2")):
         if law:
             ax.plot(grid, law["k"] * grid ** law["a"], color=color, label=f"{label} ∝ C^{law['a']:.3f}")
             pts = [r for r in used]
@@ -126,6 +128,7 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
     else:
         ax.set(xscale="log", yscale="log")
         ax.legend(fontsize=8)
-    ax.set(xlabel="compute C (FLOPs)", ylabel="parameters / tokens", title="compute-optimal N*, D* with forecasts (95 %)")
+    ax.set(xlabel="compute C (FLOPs)", ylabel="parameters / tokens",
+           title="compute-optimal N*, D* with forecasts (95 %)")
     names.append(_save(fig, out_dir / "forecast.png"))
     return names
