@@ -34,6 +34,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
     """
     from tidal.core.load import load_pipeline
     from tidal.tracking.failures import group_failures, list_failures
+    from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
 
     try:
         pipe = load_pipeline(recipe_path)
@@ -52,7 +53,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
                                       "failed": [r for r in result.get("results", []) if not r.get("success")]})
     checkpoint = None
     if "train" in pipe.graph.by_name:
-        manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / "checkpoint_manifest.json"
+        manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / CHECKPOINT_MANIFEST
         if manifest.is_file():
             data = json.loads(manifest.read_text())
             checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),

@@ -186,11 +186,12 @@ def _emit_checkpoint_metrics(pipe: Any) -> None:
     import time
 
     from tidal.tracking import statsd as m
+    from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
 
     client = m.StatsdClient.from_env()
     if not client.enabled or "train" not in pipe.graph.by_name:
         return
-    manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / "checkpoint_manifest.json"
+    manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / CHECKPOINT_MANIFEST
     if manifest.is_file():
         written = manifest.stat().st_mtime
         client.gauge(m.CHECKPOINT_TIME, written, tags={"recipe": pipe.recipe.name})

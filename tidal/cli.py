@@ -49,6 +49,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
     print(json.dumps(step.hash_input, indent=2, sort_keys=True))
+    from tidal.core.commit import step_seed
+
+    seed = step_seed(step)
+    if seed is not None:  # what a standalone job of this step needs: python -m tidal.data.mix --seed N
+        print(f"step seed: {seed} (derived from the recipe seed {step.config['seed']} and the name {step.name})")
     return 0
 
 

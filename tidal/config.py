@@ -4,9 +4,9 @@ beside its code and the recipe compose them."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic import Strict as StrictType
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
@@ -22,5 +22,45 @@ class RecipeError(ValueError):
 class Strict(BaseModel):
     """Base for every config model: unknown fields are errors, models are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: an infinite or NaN float is refused at load; it has no canonical JSON
+    # form, so it could never be hashed into a step id.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+
+SHOWN_INPUT_CHARS = 80  # an error echoes at most this much of the value it refused
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_INPUT_CHARS else f"{text[:SHOWN_INPUT_CHARS]}... ({len(text):,} characters)"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def problems(err: ValidationError, *, unknown: str = "unknown field", yaml_hints: bool = False) -> list[str]:
+    """Every problem of a config model's refusal as ``dotted.field: rule (got value)``: the one
+    formatter of recipes, suites, step configs and training specs.
+
+    Args:
+        unknown: the rule shown for a field the model does not have.
+        yaml_hints: add a hint when YAML read a number as text (``1e12`` is a string in YAML 1.1).
+
+    The refused value is shown as its ``repr``, cut to :data:`SHOWN_INPUT_CHARS` characters (an
+    error line never echoes megabytes of a user's input); mappings and missing fields show none.
+    """
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        got = item.get("input")
+        rule = unknown if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
+        if yaml_hints and isinstance(got, str) and _looks_numeric(got):
+            rule += f" (YAML read {_shown(got)} as text: write plain digits, or a float like 1.0e+12)"
+        shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {_shown(got)})"
+        lines.append(f"{loc}: {rule}{shown}")
+    return lines

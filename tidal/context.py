@@ -21,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 
+class MissingInput(KeyError):
+    """A step asked for an input it was not given (a standalone job without its ``--input``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass(frozen=True)
 class StepContext:
     """Everything one step run may read.
@@ -64,11 +71,11 @@ class StepContext:
         """The committed output directory of input step ``name``.
 
         Raises:
-            KeyError: naming the missing input and the inputs this step has.
+            MissingInput: naming the missing input and the inputs this step has.
         """
         try:
             return self.inputs[name]
         except KeyError:
-            raise KeyError(
+            raise MissingInput(
                 f"step {self.name!r} has no input {name!r}; its inputs are {sorted(self.inputs)}"
             ) from None

@@ -18,7 +18,14 @@ NOISY_LOGGERS = (
 )
 
 
+# urllib3 logs one WARNING per HTTP retry (MLflow's client retries twice, tidal.tracking.HTTP_DEFAULTS):
+# during a tracking outage that is two lines per call before tidal's own one-line message.
+RETRY_LOGGERS = ("urllib3.connectionpool",)
+
+
 def quiet_libraries(level: int = logging.WARNING) -> None:
-    """Set the noisy library loggers to ``level`` (idempotent; cheap)."""
+    """Set the noisy library loggers to ``level`` and urllib3's retry notices to ERROR (idempotent; cheap)."""
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(level)
+    for name in RETRY_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.ERROR))

@@ -91,3 +91,13 @@ def test_tokenize_outputs_are_checked_against_meta(tmp_path):
     np.save(tmp_path / names[3], np.zeros((2, 9), np.uint16))
     with pytest.raises(ValueError, match=r"shape \(2, 9\)"):
         tokenize.check_outputs(config, tmp_path)
+
+
+def test_refused_provider_outputs_are_kept_as_a_failed_attempt(provider_job):
+    pipe, prepared, work, step = provider_job
+    shard = work / clean.shard_name(0, int(step.config.get("shards", 1)))
+    pq.write_table(pq.read_table(shard).slice(1), shard)
+    with pytest.raises(ValueError):
+        commit(pipe, "clean-brown", prepared=prepared, runner="FnApiRunner")
+    kept = pipe.storage.failed_attempts(step.step_id)
+    assert len(kept) == 1 and (kept[0] / clean.COUNTS_FILE).is_file() and not work.exists()

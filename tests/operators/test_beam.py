@@ -292,3 +292,18 @@ def test_jobcli_requires_the_seed_of_a_seeded_kind_and_refuses_it_elsewhere(tmp_
     assert "--seed: a clean step draws no random numbers" in capsys.readouterr().err
     main(module, "mix", ["--config={}", f"--out={tmp_path}/o", "--seed=3"])
     assert module.seen[-1][0].seed == 3
+
+
+def test_jobcli_names_a_missing_input_in_one_line(tmp_path, capsys):
+    from tidal.data.jobcli import main
+
+    module = fake_job(tmp_path)
+    module.run = lambda ctx: ctx.input_dir("fetch-brown")
+    with pytest.raises(SystemExit) as exit_info:
+        main(module, "clean", ["--config={}", f"--out={tmp_path}/o"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "usage: python -m tidal.data.clean" in err
+    assert "step 'clean' has no input 'fetch-brown'; its inputs are [] (give each as --input NAME=DIR)" in err
+    with pytest.raises(SystemExit):
+        main(module, "mix", ["--config={}", f"--out={tmp_path}/o", "--seed=-5"])
+    assert "a step seed is an integer >= 0, got -5" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def proxy(s3_env, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def test_kinds(monkeypatch):
-    """The real small step kinds used here (tests/fixture_kind.py and tests/storage/kinds.py)."""
+    """The real small step kinds used here (tests/fixture_kind.py and tests/storage/blob_kind.py)."""
     monkeypatch.setitem(KINDS, "fixture", KindSpec("tests.fixture_kind", 1))
     monkeypatch.setitem(KINDS, "blob", KindSpec("tests.storage.blob_kind", 1))
     monkeypatch.setitem(KINDS, "concat", KindSpec("tests.storage.concat_kind", 1))

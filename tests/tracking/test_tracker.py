@@ -159,3 +159,11 @@ def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path):
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
     assert {r.info.run_id for r in client.search_runs([exp.experiment_id])} == set(run_ids)
+
+
+def test_safe_uri_drops_credentials_query_strings_and_fragments():
+    from tidal.tracking.tracker import safe_uri
+
+    text = "MLflow at http://user:secret@host:5000/api?token=secret#frag and s3://b/p?X-Amz-Signature=secret."
+    assert safe_uri(text) == "MLflow at http://host:5000/api and s3://b/p"
+    assert "secret" not in safe_uri("sqlite:////tmp/x.db?mode=ro") and safe_uri("http://h:1/") == "http://h:1/"

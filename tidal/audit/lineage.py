@@ -29,6 +29,7 @@ from typing import Any
 from tidal.layout import MANIFEST_JSON, STEP_JSON, SUCCESS
 from tidal.storage import LocalStorage, open_storage
 from tidal.tracking import STEP_TAG_PREFIX
+from tidal.train import CHECKPOINT_MANIFEST
 
 #: Files the commit protocol writes; a directory holding none of them is not a step directory.
 STEP_MARKERS = (STEP_JSON, MANIFEST_JSON, SUCCESS)
@@ -221,8 +222,8 @@ def _workload_environment(storage: Any, step_id: str) -> dict[str, Any] | None:
     """The fingerprint the trainer recorded with its latest checkpoint (``checkpoint_manifest.json``)."""
     reader = getattr(storage, "read_text", None)
     try:
-        text = (reader(step_id, "checkpoint_manifest.json") if callable(reader)
-                else (Path(storage.step_dir(step_id)) / "checkpoint_manifest.json").read_text())
+        text = (reader(step_id, CHECKPOINT_MANIFEST) if callable(reader)
+                else (Path(storage.step_dir(step_id)) / CHECKPOINT_MANIFEST).read_text())
         fingerprint = json.loads(text).get("fingerprint")
     except (OSError, ValueError, AttributeError):
         return None

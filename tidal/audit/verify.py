@@ -37,11 +37,12 @@ from typing import Any, Protocol
 
 from tidal.integrity.hashing import CHUNK_BYTES, MANIFEST_NAME, canonical_json, sha256_bytes
 from tidal.integrity.signing import SIGNATURE_JSON, SIGNED_FILES, SigningKey, check_signature
+from tidal.layout import COMMIT_FILES as LAYOUT_COMMIT_FILES
 from tidal.layout import STEP_JSON, SUCCESS
 from tidal.steps import ID_HASH_CHARS
 
 #: Files the commit protocol writes next to the outputs; everything else must be in the manifest.
-COMMIT_FILES = frozenset({MANIFEST_NAME, STEP_JSON, SUCCESS, SIGNATURE_JSON})
+COMMIT_FILES = frozenset(LAYOUT_COMMIT_FILES)
 #: Files hashed at once by default: one per core, at most 8 (bench/verify_throughput.py).
 DEFAULT_WORKERS = min(8, os.cpu_count() or 1)
 

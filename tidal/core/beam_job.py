@@ -1,8 +1,9 @@
 """The commit protocol around a Beam data step that runs as a job command (``beam.launcher: provider``).
 
 Invariant: the job is exactly the standalone face of the step kind (:mod:`tidal.data.jobcli`),
-``python -m tidal.data.<kind> --config FILE --input NAME=DIR ... --out SCRATCH --seed N
---name STEP [--runner=R --pipeline_option=V ...]``, run by the Beam provider's
+``python -m tidal.data.<kind> --config FILE --input NAME=DIR ... --out SCRATCH
+--name STEP [--runner=R --pipeline_option=V ...]`` (clean and tokenize draw no random numbers:
+no ``--seed``), run by the Beam provider's
 ``BeamRunPythonPipelineOperator`` (operators/beam.py); the commit protocol stays with the
 caller, in two halves that each take milliseconds on the Airflow worker:
 
@@ -27,6 +28,7 @@ as in-process, whatever runner ran the job; a failed or killed job leaves only s
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from datetime import UTC, datetime
@@ -43,6 +45,8 @@ from tidal.core.commit import (
     skip_result,
 )
 from tidal.kinds import BEAM_KINDS, kind_spec
+
+log = logging.getLogger("tidal.runner")
 
 JOB_SUFFIX = ".job"
 CONFIG_FILE = "config.json"
@@ -90,13 +94,6 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
             "inputs": {n: str(p) for n, p in ctx.inputs.items()}, "seed": ctx.seed}
 
 
-def job_arguments(prepared: dict[str, Any], name: str) -> list[str]:
-    """The job's own command-line arguments (after ``python -m tidal.data.<kind>``)."""
-    seed = [] if prepared.get("seed") is None else [f"--seed={prepared['seed']}"]
-    return [f"--config={prepared['config']}", *(f"--input={n}={d}" for n, d in prepared["inputs"].items()),
-            f"--out={prepared['out']}", *seed, f"--name={name}"]
-
-
 def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
            workload: str | None = None, run_key: str | None = None) -> StepResult:
     """Commit Beam step ``name`` after its job finished; a committed step is a no-op skip.
@@ -122,7 +119,7 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
         if work_dir is None:
             raise JobIncomplete(f"step {step.step_id} is not committed and its prepare reported "
                                 f"{prepared.get('status')!r}; rerun the step's prepare task")
-        config = make_context(step, storage, work_dir).config
+        config = json.loads(json.dumps(dict(step.config)))  # the job's config; no input is read to commit
         seconds = (datetime.now(UTC) - datetime.fromisoformat(prepared["started_at"])).total_seconds()
         try:
             result = commit_step(step, storage, work_dir,
@@ -131,6 +128,12 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
                                  provenance={"launcher": "beam-provider", "runner": runner, "workload": workload})
         except OutputsIncomplete as err:
             raise JobIncomplete(f"{err}; rerun the step's task group") from None
+        except ValueError:  # the kind's checks refused the outputs: keep them for inspection
+            if work_dir.exists():
+                log.error("step %s: the %s job's outputs were refused; kept at %s (never counts as committed)",
+                          step.step_id, runner, storage.keep_failed(work_dir, step.step_id))
+            shutil.rmtree(job_dir(work_dir), ignore_errors=True)
+            raise
     if work_dir is not None:
         shutil.rmtree(job_dir(work_dir), ignore_errors=True)
     if run_key is not None:
@@ -138,4 +141,4 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     return result
 
 
-__all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "job_arguments", "job_dir", "prepare"]
+__all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "job_dir", "prepare"]

@@ -255,8 +255,9 @@ def commit_step(
         lease.ensure_held()  # fence: a worker that lost its lease must not publish
     if spec.resumable:
         storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
-    else:
-        storage.commit_scratch(work_dir, step.step_id)  # local: atomic rename; object store: upload, marker last
+    elif not storage.commit_scratch(work_dir, step.step_id):  # local: atomic rename; object store: marker last
+        log.info("%s was committed by another attempt first (same content address): skip", step.step_id)
+        return skip_result(step, storage, seconds)
     storage.clear_attempts(step.step_id)
     log.info("committed %s in %.1f s (manifest %s)", step.step_id, seconds, manifest["root_hash"][:12])
     return StepResult(step.name, step.step_id, step.kind, "run", seconds, storage.step_dir(step.step_id), summary)

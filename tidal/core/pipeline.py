@@ -20,9 +20,11 @@ from tidal.core.commit import StepResult, needs_run
 from tidal.core.planner import build_graph
 from tidal.core.runner import run_step
 from tidal.integrity.hashing import canonical_json, sha256_bytes
+from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
 from tidal.recipe import Recipe, load_recipe
 from tidal.steps import StepGraph
 from tidal.storage import Storage, open_storage
+from tidal.train import CHECKPOINT_MANIFEST
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class Pipeline:
         for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256"):
             if isinstance(result.summary.get(key), str):
                 tags[f"tidal.{key}"] = result.summary[key]
-        step_json = result.out_dir / "step.json"
+        step_json = result.out_dir / STEP_JSON
         if step_json.is_file():
             tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
         artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
@@ -203,13 +205,13 @@ class Pipeline:
 
 
 _ARTIFACTS = {
-    "clean": ("counts.json", "step.json"),
-    "tokenizer": ("tokenizer_meta.json", "step.json"),
+    "clean": ("counts.json", STEP_JSON),
+    "tokenizer": ("tokenizer_meta.json", STEP_JSON),
     "tokenize": ("meta.json",),
     "mix": ("mixture.json",),
-    "stats": ("stats.json", "step.json"),
+    "stats": ("stats.json", STEP_JSON),
     "gate": ("gate_result.json", "data_docs"),
-    "train": ("summary.json", "checkpoint_manifest.json", "step.json", "manifest.json"),
+    "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
 

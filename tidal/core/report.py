@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tidal.layout import STEP_JSON, SUMMARY_JSON
+
 
 def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) -> dict[str, Any]:
     """Summarize the DAG run ``run_key`` of ``pipe`` (a :class:`tidal.core.pipeline.Pipeline`).
@@ -39,7 +41,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         report.update(kind="scaling_suite", base=pipe.recipe.name, grid=_grid_runs(pipe), fit=_fit_result(pipe))
     elif storage.is_committed(graph["train"].step_id):
         train_id = graph["train"].step_id
-        summary = json.loads(storage.read_text(train_id, "step.json"))["summary"]
+        summary = json.loads(storage.read_text(train_id, STEP_JSON))["summary"]
         for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
             report[key] = summary.get(key)
         report["checkpoints"] = storage.step_uri(train_id).rstrip("/") + "/checkpoints"
@@ -69,7 +71,7 @@ def _grid_runs(pipe: Any) -> list[dict[str, Any]]:
             continue
         run: dict[str, Any] = {"name": step.name, "step_id": step.step_id,
                                "committed": pipe.storage.is_committed(step.step_id)}
-        text = _committed_text(pipe.storage, step.step_id, "summary.json")
+        text = _committed_text(pipe.storage, step.step_id, SUMMARY_JSON)
         if text is not None:
             summary = json.loads(text)
             run.update({k: summary.get(k) for k in ("tokens_seen", "final_train_loss", "eval_loss", "steps")})
@@ -84,7 +86,7 @@ def _fit_result(pipe: Any) -> dict[str, Any]:
 
     step = pipe.graph[FIT_STEP]
     fit: dict[str, Any] = {"step_id": step.step_id, "committed": pipe.storage.is_committed(step.step_id)}
-    text = _committed_text(pipe.storage, step.step_id, "step.json")
+    text = _committed_text(pipe.storage, step.step_id, STEP_JSON)
     if text is not None:
         fit["summary"] = json.loads(text).get("summary") or {}
     return fit

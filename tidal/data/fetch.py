@@ -47,7 +47,7 @@ from tidal.data.fetch_config import FetchConfig
 from tidal.data.jobcli import main
 from tidal.data.readers import ReadRecord, read_path, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
-from tidal.data.spill import attempt_tmp
+from tidal.layout import temporary_name
 
 STEP_VERSION = 2
 RAW_FILE = "raw.parquet"
@@ -80,7 +80,7 @@ def write_parquet_chunks(chunks: Iterable[pa.Table], schema: pa.Schema, path: st
     sees a partial file);
     no chunk gives a file of no row group. Returns ``path``."""
     path = Path(path)
-    tmp = attempt_tmp(path)
+    tmp = temporary_name(path)
     options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
     with pq.ParquetWriter(tmp, schema, **options) as writer:
         for chunk in chunks:

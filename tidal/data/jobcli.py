@@ -24,8 +24,17 @@ from types import ModuleType
 
 from pydantic import ValidationError
 
-from tidal.context import StepContext
+from tidal.config import problems
+from tidal.context import MissingInput, StepContext
 from tidal.kinds import kind_spec
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a step seed is an integer >= 0 (:func:`tidal.steps.derive_seed` gives 63 bits)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a step seed is an integer >= 0, got {value}")
+    return value
 
 
 def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
@@ -36,15 +45,14 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
             config, a config the kind's model refuses (one line naming each key and rule, no
             traceback), or unknown arguments to a job that is not a Beam job.
     """
-    spec = getattr(module, "__spec__", None)  # with `python -m`, __name__ is "__main__"
-    prog = f"python -m {spec.name if spec is not None else module.__name__}"
+    prog = f"python -m {kind_spec(kind).module}"  # the command a user types (not tidal.data.clean.step)
     parser = argparse.ArgumentParser(prog=prog, description=module.__doc__, allow_abbrev=False)
     parser.add_argument("--config", required=True, help="step config: a JSON file or inline JSON")
     parser.add_argument("--input", action="append", default=[], help="NAME=DIR of an input step's output")
     parser.add_argument("--out", required=True, type=Path, help="directory to write outputs into")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="step seed, derived from the recipe seed and the step name (`tidal explain STEP` shows "
-                             "the recipe seed); required by kinds that draw random numbers, refused by the others")
+    parser.add_argument("--seed", type=_seed, default=None,
+                        help="step seed, derived from the recipe seed and the step name (`tidal explain STEP` prints "
+                             "it as 'step seed'); required by kinds that draw random numbers, refused by the others")
     parser.add_argument("--name", default=kind, help="step name (default: the kind)")
     args, pipeline_args = parser.parse_known_args(argv)
     seeded = kind_spec(kind).seeded
@@ -85,21 +93,17 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
             summary = module.run(ctx)
         except ValidationError as err:  # every kind's run() reads its config with its model first
             parser.error(f"--config: {config_problems(err)}")
+        except MissingInput as err:
+            parser.error(f"{err} (give each as --input NAME=DIR)")
     print(json.dumps(summary, indent=1, sort_keys=True))
     return summary
 
 
 def config_problems(err: ValidationError) -> str:
-    """A config model's refusal on one line: every problem as ``dotted.key: rule (got value)``."""
-    problems = []
-    for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        rule = "unknown key" if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
-        got = item.get("input")
-        shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {got!r})"
-        problems.append(f"{loc}: {rule}{shown}")
-    return f"{len(problems)} problem(s) for {err.title}: " + "; ".join(problems)
-
+    """A config model's refusal on one line: every problem as ``dotted.key: rule (got value)``
+    (:func:`tidal.config.problems`)."""
+    found = problems(err, unknown="unknown key")
+    return f"{len(found)} problem(s) for {err.title}: " + "; ".join(found)
 
 
 @contextlib.contextmanager

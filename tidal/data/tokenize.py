@@ -318,6 +318,8 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     out = Path(out_dir)
     meta = json.loads((out / META_NAME).read_text())
     shards = int(config.get("shards", 1))
+    if "seq_len" in config and meta["seq_len"] != config["seq_len"]:
+        raise ValueError(f"{out / META_NAME}: seq_len {meta['seq_len']} but the step's config says {config['seq_len']}")
     rows = 0
     for k in range(shards):
         path = out / shard_name(TOKENS_PREFIX, k, shards, "npy")

@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidal.layout import SUMMARY_JSON, atomic_write_text
+
 STATS_FILE = "stats.parquet"
 METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
+SUMMARY_FILE = SUMMARY_JSON
 
 
 class BaselineError(ValueError):
@@ -103,9 +105,7 @@ def write_baseline(path: Path, recipe_name: str, source: str, values: dict[str, 
     """Write a baseline file (see the module doc) atomically; returns ``path``."""
     payload = {"recipe": recipe_name, "source": source, **values}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return path
 
 

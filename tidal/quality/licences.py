@@ -79,10 +79,6 @@ LICENCES: dict[str, LicenceTerms] = {t.spdx: t for t in (
 )}
 
 
-class LicenceGateError(ValueError):
-    """A recipe's sources do not permit its intended use (or name an unknown licence)."""
-
-
 def terms(spdx: str) -> LicenceTerms | None:
     """The table row of ``spdx``, or None for an unknown licence."""
     return LICENCES.get(spdx)
@@ -144,17 +140,6 @@ def gate_problems(sources: Mapping[str, Any], intended_use: Iterable[str]) -> li
                 problems.append(f"source {name!r} ({decision['licence']}) does not permit intended use "
                                 f"{use!r} ({why})")
     return problems
-
-
-def check_licences(sources: Mapping[str, Any], intended_use: Iterable[str]) -> None:
-    """Raise when any source does not permit the intended use.
-
-    Raises:
-        LicenceGateError: one line per problem, each naming the source, licence, use and rule.
-    """
-    problems = gate_problems(sources, intended_use)
-    if problems:
-        raise LicenceGateError("licence gate: " + "; ".join(problems))
 
 
 def licence_tags(sources: Mapping[str, Any], intended_use: Iterable[str]) -> dict[str, str]:

@@ -9,31 +9,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tidal.config import RecipeError
+from tidal.config import RecipeError, problems
 from tidal.recipe.schema import Recipe
 
 
 def _format_errors(path: str, err: ValidationError) -> str:
-    lines = [f"{path}: {err.error_count()} problem(s) in the recipe:"]
-    for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        got = item.get("input")
-        shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {got!r})"
-        message = item["msg"].removeprefix("Value error, ")
-        if isinstance(got, str) and _looks_numeric(got):
-            message += f" (YAML read {got!r} as text: write plain digits, or a float like 1.0e+12)"
-        if item["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; see `tidal recipe-schema`)"
-        lines.append(f"  {loc}: {message}{shown}")
-    return "\n".join(lines)
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text.replace("_", ""))
-    except ValueError:
-        return False
-    return True
+    lines = problems(err, unknown="unknown field (check the spelling; see `tidal recipe-schema`)", yaml_hints=True)
+    return "\n".join([f"{path}: {err.error_count()} problem(s) in the recipe:", *(f"  {line}" for line in lines)])
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -3,7 +3,7 @@
 The model shape (presets, GQA, MoE), optimizer, device mesh and training loop are typed once,
 beside the trainer's code (:mod:`tidal.train.flops`, :mod:`tidal.train.config`), and used here
 as they are: a recipe's ``train`` section is a :class:`tidal.train.config.TrainConfig` plus
-``resources`` (tidal/recipe/operations.py), which says where training runs and is never hashed.
+``resources`` (tidal/launch/config.py), which says where training runs and is never hashed.
 Everything else is hashed into the train step's id.
 """
 

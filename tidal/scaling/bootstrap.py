@@ -107,7 +107,7 @@ def _one_blas_thread():
     return threadpool_limits(1)
 
 
-def fit_suite(runs: Runs, *, n_boot: int = 200, seed: int = 0) -> SuiteFit:
+def fit_suite(runs: Runs, *, seed: int, n_boot: int = 200) -> SuiteFit:
     """Approach 2, approach 3 and the frontier on ``runs``, plus ``n_boot`` stratified bootstrap
     replicates (seeded by ``seed``) of all of them.
 

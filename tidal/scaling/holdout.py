@@ -12,7 +12,7 @@ from tidal.scaling.predict import forecast, predict_runs3
 from tidal.scaling.runs import Runs, ScalingFitError
 
 
-def holdout_largest(runs: Runs, *, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
+def holdout_largest(runs: Runs, *, seed: int, n_boot: int = 200) -> dict[str, Any]:
     """Leave-the-largest-budget-out validation: fit without it, predict it.
 
     Predicted quantities for the held-out budget C_max:

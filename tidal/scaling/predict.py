@@ -50,7 +50,7 @@ def forecast_params(point: dict[str, float], boot: np.ndarray, c_per_nd: float,
     return out
 
 
-def predict_runs3(fit: SuiteFit, n, d, *, level: float = 0.95, seed: int = 0) -> dict[str, np.ndarray]:
+def predict_runs3(fit: SuiteFit, n, d, *, seed: int, level: float = 0.95) -> dict[str, np.ndarray]:
     """Approach-3 predictions of the loss of runs at ``(n, d)`` with intervals.
 
     Returns ``{"estimate", "lo", "hi"}`` (bootstrap interval of the mean law) and

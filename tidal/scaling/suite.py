@@ -60,11 +60,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tidal.config import problems
 from tidal.recipe import Recipe, RecipeError, load_recipe
 from tidal.train.flops import ModelShape, flops_per_token, param_count
 
@@ -232,12 +233,9 @@ def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
     try:
         suite = Suite.model_validate(data)
     except ValidationError as err:
-        lines = [f"{path}: {err.error_count()} problem(s) in the suite:"]
-        for item in err.errors():
-            loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            msg = "unknown field" if item["type"] in ("extra_forbid", "extra_forbidden") else item["msg"]
-            lines.append(f"  {loc}: {msg}")
-        raise SuiteError("\n".join(lines)) from None
+        lines = problems(err, yaml_hints=True)
+        raise SuiteError("\n".join([f"{path}: {err.error_count()} problem(s) in the suite:",
+                                    *(f"  {line}" for line in lines)])) from None
     base_path = (path.parent / suite.base).resolve()
     try:
         base = load_recipe(base_path)
@@ -310,9 +308,3 @@ def plan_grid(suite: Suite, base: Recipe, where: str = "<suite>") -> list[GridPo
                 flops_per_token=fpt, tokens=steps * batch * context, flops=float(steps * batch * context * fpt),
                 batch_size=batch, steps=steps, warmup_steps=warmup, lr=float(f"{lr:.6g}")))
     return points
-
-
-def suite_summary(suite: Suite, base: Recipe) -> dict[str, Any]:
-    """Plain-data view of the grid (for ``tidal plan`` and tests)."""
-    return {"suite": suite.name, "base": base.name,
-            "points": [p.__dict__ for p in plan_grid(suite, base)]}

@@ -18,7 +18,7 @@ EPOCH = {"E": 1.82, "A": 482.0, "B": 2085.4, "alpha": 0.3478, "beta": 0.3658}
 
 
 def synthetic_runs(law: dict[str, float], *, budgets=None, sizes_per_budget: int = 12, spread: float = 8.0,
-                   noise: float = 0.02, seed: int = 0) -> Runs:
+                   noise: float = 0.02, seed: int) -> Runs:
     """An isoFLOP grid around the law's own optimum, losses with multiplicative noise.
 
     Args:

@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, Self
 
+from tidal.layout import temporary_name
+
 LEASES = ".leases"
 log = logging.getLogger("tidal.lease")
 _HELD: set[str] = set()  # owners of the leases this process holds right now
@@ -332,7 +334,7 @@ class LocalLeaseStore:
                     return None
             except FileNotFoundError:
                 return None
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp = temporary_name(path)
             tmp.write_bytes(body)
             os.replace(tmp, path)
             return hashlib.sha256(body).hexdigest()

@@ -37,16 +37,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tidal.layout import atomic_write_text
+
 CATALOG_DIR = "failures"
 FINGERPRINT_CHARS = 16
 LOG_TAIL_LINES = 40
 
 
+PROJECT_PACKAGES = ("tidal", "operators", "dags", "plugins")  # our code, wherever it is checked out
+
+
 def normalise_file(filename: str) -> str:
-    """``filename`` as hashed: the part after ``site-packages/``, else its last two components."""
+    """``filename`` as hashed: the part after ``site-packages/``; in our own packages the path from
+    the package down (``/srv/x/tidal/quality/gates.py`` -> ``tidal/quality/gates.py``, whatever the
+    checkout and however deep the module); else its last two components."""
     path = filename.replace("\\", "/")
     if "site-packages/" in path:
         return path.rsplit("site-packages/", 1)[1]
+    for package in PROJECT_PACKAGES:
+        if f"/{package}/" in f"/{path}":
+            return package + "/" + f"/{path}".rsplit(f"/{package}/", 1)[1]
     return "/".join(path.split("/")[-2:])
 
 
@@ -101,9 +111,7 @@ def record_failure(storage_root: Path, record: dict[str, Any]) -> Path:
     group.mkdir(parents=True, exist_ok=True)
     stamp = record["time"].replace(":", "").replace("-", "").replace("+0000", "Z")
     path = group / f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}.json"
-    tmp = group / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(record, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(record, sort_keys=True, default=str) + "\n")
     return path
 
 

@@ -32,8 +32,10 @@ from tidal.tracking.tracker import (
     RUN_KEY_TAG,
     UNREACHABLE_HOLD_S,
     TrackingUnavailable,
+    earliest_run,
     mlflow_client,
     retry_call,
+    run_key_filter,
     safe_uri,
 )
 
@@ -127,9 +129,7 @@ def _quoted(value: str, what: str) -> str:
     return f"'{value}'"
 
 
-def _key_filter(run_key: str) -> str:
-    """The search filter of the parent run tagged ``tidal.run_key = run_key``."""
-    return f"tags.`{RUN_KEY_TAG}` = {_quoted(run_key, 'run_key')}"
+_key_filter = run_key_filter
 
 
 def _experiment_id(client: Any, experiment: str) -> str | None:
@@ -138,8 +138,9 @@ def _experiment_id(client: Any, experiment: str) -> str | None:
 
 
 def _earliest(runs: list[Any]) -> TrackedRun | None:
-    """The parent the Tracker keeps when two processes raced to create one."""
-    return _tracked(min(runs, key=lambda r: (r.info.start_time, r.info.run_id))) if runs else None
+    """The parent the Tracker keeps when two processes raced to create one (:func:`earliest_run`)."""
+    found = earliest_run(runs)
+    return None if found is None else _tracked(found)
 
 
 def parent_run(uri: str, experiment: str, run_key: str | None = None, *,

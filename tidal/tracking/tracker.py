@@ -123,10 +123,47 @@ class TrackingUnavailable(RuntimeError):
 _USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)[^/@\s'\"]*@")
 
 
+_QUERY = re.compile(r"([A-Za-z][\w+.-]*://[^\s'\"?#]*)[?#][^\s'\"]*")
+
+
+def run_key_filter(run_key: str) -> str:
+    """The MLflow search filter of the parent run tagged ``tidal.run_key = run_key``.
+
+    Raises:
+        ValueError: ``run_key`` holds a single quote (it would end the filter's string).
+    """
+    if "'" in run_key:
+        raise ValueError(f"run_key may not contain a single quote: {run_key!r}")
+    return f"tags.`{RUN_KEY_TAG}` = '{run_key}'"
+
+
+def earliest_run(runs: list[Any]) -> Any | None:
+    """The parent run that wins when two processes raced to create one: the earliest start,
+    then the lowest run id (so every process picks the same)."""
+    return min(runs, key=lambda r: (r.info.start_time, r.info.run_id)) if runs else None
+
+
+def get_or_create_experiment(client: Any, uri: str, name: str) -> str:
+    """The id of experiment ``name``, created on first use with its artifacts beside the store
+    (:func:`artifact_location_for`; MLflow's default is ``./mlruns`` of the working directory).
+    Another process creating it at the same moment is not an error: its id is returned."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location_for(uri))
+    except Exception:  # another process created it first
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 def safe_uri(text: str) -> str:
-    """``text`` with the ``user:password@`` of every URI in it removed (``http://u:p@h:5000`` ->
-    ``http://h:5000``): what may be printed, logged or put on a page."""
-    return _USERINFO.sub(r"\1", str(text))
+    """``text`` with the ``user:password@``, query string and fragment of every URI in it removed
+    (``http://u:p@h:5000/?token=t`` -> ``http://h:5000/``): what may be printed, logged or put on a
+    page (a token may ride in either)."""
+    return _QUERY.sub(r"\1", _USERINFO.sub(r"\1", str(text)))
 
 
 # Circuit breaker: once a tracking URI has failed every retry, later calls in this process
@@ -253,20 +290,8 @@ class Tracker:
 
     def _experiment(self) -> str:
         if self._experiment_id is None:
-            def get_or_create() -> str:
-                client = self._client()
-                found = client.get_experiment_by_name(self.experiment)
-                if found is not None:
-                    return found.experiment_id
-                try:
-                    return client.create_experiment(self.experiment,
-                                                    artifact_location=artifact_location_for(self.uri))
-                except Exception:  # another process created it first
-                    found = client.get_experiment_by_name(self.experiment)
-                    if found is None:
-                        raise
-                    return found.experiment_id
-            self._experiment_id = self._retry("get/create experiment", get_or_create)
+            self._experiment_id = self._retry(
+                "get/create experiment", lambda: get_or_create_experiment(self._client(), self.uri, self.experiment))
         return self._experiment_id
 
     def _buffer(self, op: str, args: dict[str, Any], err: Exception) -> Path | None:
@@ -284,16 +309,12 @@ class Tracker:
         return path
 
     def _find_parent(self, run_key: str) -> str | None:
-        if "'" in run_key:
-            raise ValueError(f"run_key may not contain a single quote: {run_key!r}")
+        where = run_key_filter(run_key)
         exp = self._experiment()
         runs = self._retry("search parent run", lambda: self._client().search_runs(
-            [exp], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-            order_by=["attributes.start_time ASC"], max_results=10))
-        if not runs:
-            return None
-        # Two processes racing may both create a parent: the earliest (then lowest id) wins.
-        return min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+            [exp], filter_string=where, order_by=["attributes.start_time ASC"], max_results=10))
+        found = earliest_run(runs)  # two processes racing may both create a parent
+        return None if found is None else found.info.run_id
 
     def _resolve(self, parent_run_id: str) -> str:
         """A real run id for ``parent_run_id``, looking up a ``pending:<run_key>`` placeholder.

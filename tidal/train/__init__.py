@@ -12,13 +12,15 @@ from typing import Any
 
 from tidal.context import StepContext
 from tidal.launch.local import TrainingFailed, run_entrypoint
+from tidal.layout import SPEC_JSON as SPEC_NAME
+from tidal.layout import SUMMARY_JSON as SUMMARY_NAME
+from tidal.layout import atomic_write_text
 
 STEP_VERSION = 1
 RESUMABLE = True
-SPEC_NAME = "spec.json"
-SUMMARY_NAME = "summary.json"
+CHECKPOINT_MANIFEST = "checkpoint_manifest.json"  # tidal.train.checkpoints.LATEST_MANIFEST (no JAX import here)
 
-__all__ = ["RESUMABLE", "STEP_VERSION", "TrainingFailed", "run", "write_spec"]
+__all__ = ["RESUMABLE", "STEP_VERSION", "TrainingFailed", "expected_outputs", "run", "write_spec"]
 
 
 def write_spec(ctx: StepContext) -> dict[str, Any]:
@@ -30,10 +32,16 @@ def write_spec(ctx: StepContext) -> dict[str, Any]:
             "inputs": {name: str(path) for name, path in sorted(ctx.inputs.items())},
             "input_ids": dict(sorted(ctx.input_ids.items())), "seed": ctx.seed}
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ctx.out_dir / (SPEC_NAME + ".tmp")
-    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
-    tmp.replace(ctx.out_dir / SPEC_NAME)
+    atomic_write_text(ctx.out_dir / SPEC_NAME, json.dumps(spec, indent=1, sort_keys=True) + "\n")
     return spec
+
+
+def expected_outputs(config: dict[str, Any]) -> list[str]:
+    """The files a finished training run writes, whichever launcher ran it (part of the kind's
+    commit contract, :func:`tidal.core.commit.check_outputs`): ``spec.json`` (what ran),
+    ``summary.json`` (what it returned), ``metrics.jsonl`` and ``checkpoint_manifest.json``
+    (the content hashes of the last checkpoint)."""
+    return [SPEC_NAME, SUMMARY_NAME, "metrics.jsonl", CHECKPOINT_MANIFEST]
 
 
 def run(ctx: StepContext) -> dict[str, Any]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,10 +60,12 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from tidal.integrity.hashing import build_manifest, verify_manifest
+from tidal.layout import atomic_write_text
+from tidal.train import CHECKPOINT_MANIFEST
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST_DIR = "checkpoint_manifests"
-LATEST_MANIFEST = "checkpoint_manifest.json"
+LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
 
 
 # largest host_state saved packed: the packing copy costs host memory and memcpy time, and
@@ -78,9 +79,7 @@ class CheckpointMismatch(ValueError):
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _path_key(path: Any) -> str:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field, ValidationError, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import Fraction, PositiveInt, Strict
+from tidal.config import Fraction, PositiveInt, Strict, problems
+from tidal.layout import SPEC_JSON
 from tidal.train.flops import ModelConfig
 
 if TYPE_CHECKING:
@@ -111,20 +112,12 @@ class TrainStepConfig(TrainConfig):
 
 
 def describe_errors(err: ValidationError) -> str:
-    """``dotted.field: rule (got value)`` for every problem of ``err``, ``; ``-separated."""
-    problems = []
-    for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        got = item.get("input")
-        shown = "" if isinstance(got, dict) or item["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
-        problems.append(f"{loc}: {message}{shown}")
-    return "; ".join(problems)
+    """``dotted.field: rule (got value)`` for every problem of ``err``, ``; ``-separated
+    (:func:`tidal.config.problems`)."""
+    return "; ".join(problems(err))
 
 
-def parse_step_config(config: Any, where: str | Path = "spec.json") -> TrainStepConfig:
+def parse_step_config(config: Any, where: str | Path = SPEC_JSON) -> TrainStepConfig:
     """Validate a step config (``spec.json`` ``config``) with :class:`TrainStepConfig`.
 
     Raises:

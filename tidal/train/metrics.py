@@ -28,6 +28,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from tidal.layout import atomic_write_text
+
 log = logging.getLogger("tidal.train")
 
 RUN_ID_ENV = "TIDAL_MLFLOW_RUN_ID"
@@ -187,15 +189,14 @@ class LiveMetrics:
 
     def _ensure_run(self) -> str:
         if self.run_id is None:
+            from tidal.tracking.tracker import get_or_create_experiment
+
             client = self._mlflow()
-            found = client.get_experiment_by_name(self.experiment)
-            exp = found.experiment_id if found is not None else client.create_experiment(self.experiment)
+            exp = get_or_create_experiment(client, self.uri, self.experiment)
             self.run_id = client.create_run(exp, tags=self.create_tags, run_name=self.run_name).info.run_id
             self.owns_run = True
             if self.run_file is not None:
-                tmp = self.run_file.with_name(self.run_file.name + ".tmp")
-                tmp.write_text(json.dumps({"run_id": self.run_id, "uri": self.uri}) + "\n")
-                os.replace(tmp, self.run_file)
+                atomic_write_text(self.run_file, json.dumps({"run_id": self.run_id, "uri": self.uri}) + "\n")
         return self.run_id
 
     def _send_once(self) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 
 from tidal.integrity.fingerprint import environment_fingerprint
+from tidal.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train.config import ConfigError
@@ -63,7 +63,5 @@ def profile(step_dir: str | Path, spec: dict[str, Any], n_steps: int) -> dict[st
     if distributed.is_primary():
         path = Path(step_dir) / PROFILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(PROFILE + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     return out

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,9 @@ import numpy as np
 import optax
 
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
+from tidal.layout import SPEC_JSON as SPEC
+from tidal.layout import SUMMARY_JSON as SUMMARY
+from tidal.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
@@ -63,8 +65,6 @@ from tidal.train.model import ModelShape, flops_per_token, init_params, param_co
 from tidal.train.preemption import Preempted, SigtermFlag
 
 METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-SPEC = "spec.json"
 
 
 @dataclass
@@ -112,9 +112,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
 def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
     """Keep only metric records with ``step <= last_step`` (steps about to be re-done go)."""
     kept = [r for r in _read_metrics(path) if r["step"] <= last_step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
     return kept
 
 
@@ -507,9 +505,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         summary["checkpoint_write_s_mean"] = statistics.fmean(w for _, _, w in ckpt.save_seconds)
         summary["checkpoint_bytes"] = manifest.get("total_bytes", 0)
     if session.primary:
-        tmp = session.step_dir / (SUMMARY + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, session.step_dir / SUMMARY)
+        atomic_write_text(session.step_dir / SUMMARY, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
     return summary
 
