@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -223,3 +224,34 @@ def hostname_mlflow_server(tmp: Path) -> Iterator[str]:
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def start_mlflow_server(port: int, store: Path) -> subprocess.Popen:
+    """``mlflow server`` (SQLite store and artifacts under ``store``) on 127.0.0.1:``port`` in its own
+    process group, returned once ``/health`` answers; stop it with :func:`kill_mlflow_server`.
+
+    Raises:
+        RuntimeError: it did not answer within 180 s (or exited first).
+    """
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+                             f"sqlite:///{store / 'mlflow.db'}", "--default-artifact-root", str(store / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    kill_mlflow_server(proc)
+    raise RuntimeError(f"mlflow server on port {port} did not come up (exit code {proc.returncode})")
+
+
+def kill_mlflow_server(proc: subprocess.Popen) -> None:
+    """Kill the server and its uvicorn worker at once (its process group), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -18,15 +18,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests.conftest import TINY
-from tests.storage.servers import free_port
+from tests.storage.servers import free_port, start_mlflow_server
 from tidal.tracking import (
     PENDING_PREFIX,
     Tracker,
@@ -44,24 +42,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 DAG_ID, RUN_ID = "tidal_tiny", "manual__outage"
 RUN_KEY = f"{DAG_ID}__{RUN_ID}"
 PASSWORD = "s3cret"
-
-
-def start_mlflow_server(port: int, store: Path) -> subprocess.Popen:
-    """``mlflow server`` on 127.0.0.1:port in its own process group, once /health answers."""
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-                             f"sqlite:///{store / 'mlflow.db'}", "--default-artifact-root", str(store / "artifacts"),
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            assert proc.poll() is None, "mlflow server exited before answering"
-            time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError("mlflow server did not come up")
 
 
 def commit_stand_in_fetch(pipe) -> str:

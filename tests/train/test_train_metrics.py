@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, make_ctx  # noqa: F401
 
 import tidal.train
+from tests.storage.servers import free_port, kill_mlflow_server, start_mlflow_server
 from tidal.launch.local import entrypoint_command, run_entrypoint
 from tidal.train import flops
 from tidal.train.metrics import device_memory, model_flops_utilisation, peak_flops
@@ -61,34 +57,6 @@ def test_profile_mode_writes_profile_json_and_commits_nothing(tmp_path):
 
 # -- tracking outage ---------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, store: Path) -> subprocess.Popen:
-    mlflow = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-                             "--default-artifact-root", str(store / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError("mlflow server did not come up")
-
-
-def kill_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker, at once
-    proc.wait()
-
-
 @pytest.mark.slow
 def test_training_goes_on_through_a_tracking_outage_and_every_metric_arrives(tmp_path):
     from mlflow.tracking import MlflowClient
@@ -100,7 +68,7 @@ def test_training_goes_on_through_a_tracking_outage_and_every_metric_arrives(tmp
     tidal.train.write_spec(ctx)
     port, store = free_port(), tmp_path / "store"
     store.mkdir()
-    server = start_server(port, store)
+    server = start_mlflow_server(port, store)
     uri = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": uri,
            "TIDAL_MLFLOW_EXPERIMENT": "outage", "TIDAL_TRACKING_FLUSH_TIMEOUT_S": "300"}
@@ -124,19 +92,19 @@ def test_training_goes_on_through_a_tracking_outage_and_every_metric_arrives(tmp
                 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert run_file.exists() and progress[-1] >= 50, lines[-20:]
-        kill_server(server)
+        kill_mlflow_server(server)
         assert progress[-1] < steps  # the server died while training was running
         time.sleep(2.0)  # training goes on meanwhile
-        server = start_server(port, store)
+        server = start_mlflow_server(port, store)
         assert trainer.wait(timeout=600) == 0, lines[-30:]
     finally:
         if trainer.poll() is None:
             trainer.kill()
         reader.join()
-        kill_server(server) if server.poll() is None else None
+        kill_mlflow_server(server) if server.poll() is None else None
     text = "\n".join(lines)
     assert "unreachable" in text and "reachable again" in text, text[-3000:]
-    server = start_server(port, store)  # read back through the server
+    server = start_mlflow_server(port, store)  # read back through the server
     try:
         client = MlflowClient(uri)
         run_id = json.loads(run_file.read_text())["run_id"]
@@ -148,7 +116,7 @@ def test_training_goes_on_through_a_tracking_outage_and_every_metric_arrives(tmp
         assert run.data.tags["tidal.checkpoint_root_hash"] == summary["checkpoint_root_hash"]
         assert run.info.status == "FINISHED"
     finally:
-        kill_server(server)
+        kill_mlflow_server(server)
 
 
 def test_rows_unsent_at_the_end_go_to_pending_and_replay(tmp_path):
