@@ -37,11 +37,10 @@ def write_spec(ctx: StepContext) -> dict[str, Any]:
 
 
 def expected_outputs(config: dict[str, Any]) -> list[str]:
-    """The files a finished training run writes, whichever launcher ran it (part of the kind's
-    commit contract, :func:`tidal.core.commit.check_outputs`): ``spec.json`` (what ran),
-    ``summary.json`` (what it returned), ``metrics.jsonl`` and ``checkpoint_manifest.json``
-    (the content hashes of the last checkpoint)."""
-    return [SPEC_NAME, SUMMARY_NAME, "metrics.jsonl", CHECKPOINT_MANIFEST]
+    """The files every finished training run writes, whichever launcher ran it (part of the kind's
+    commit contract, :func:`tidal.core.commit.check_outputs`): ``spec.json`` (what ran) and
+    ``summary.json`` (what it returned; written after the last checkpoint is final)."""
+    return [SPEC_NAME, SUMMARY_NAME]
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
