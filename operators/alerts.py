@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.request
 from typing import Any
 
@@ -89,7 +88,10 @@ def post_json(url: str, payload: dict[str, Any], timeout_s: float = 5.0) -> int:
 
 def send_alert(record: dict[str, Any], env: dict[str, str] | None = None) -> int | None:
     """Post ``record`` to the configured webhook; returns the HTTP status, None if off or failed."""
-    env = dict(os.environ) if env is None else env
+    if env is None:
+        from tidal.settings import current
+
+        env = current().child_env()
     url = env.get("TIDAL_ALERT_WEBHOOK_URL")
     if not url:
         return None

@@ -29,7 +29,6 @@ keep the provider operator's arguments (templated) and build the real operator o
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -270,7 +269,8 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
     """
     import yaml
 
-    from tidal.launch.pods import POD_SECRET_ENV_VAR, is_single_pod, pod_secret_env, workload
+    from tidal.launch.pods import is_single_pod, pod_secret_env, workload
+    from tidal.settings import current as current_settings
 
     resources = recipe.train.resources
     name = f"tidal-{step.step_id}"
@@ -281,7 +281,7 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
         live_env = {env: f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="{key}") or "" }}}}'
                     for env, key in ((URI_ENV, XCOM_TRACKING_URI), (RUN_ID_ENV, XCOM_RUN_ID))}
         manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env=live_env,
-                            secret_env=pod_secret_env(os.environ.get(POD_SECRET_ENV_VAR)))
+                            secret_env=pod_secret_env(current_settings().pod_secret_env))
         single = is_single_pod(resources)
         launch_id = f"{prefix}launch" if single else f"{prefix}create"
         prepare = TidalPrepareOperator(task_id="prepare", recipe_path=recipe_path, step_name=step.name,

@@ -30,7 +30,9 @@ def export_signing_key(conn_id: str = SIGNING_CONN_ID) -> bool:
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    if os.environ.get("TIDAL_SIGNING_KEY"):
+    from tidal.settings import current
+
+    if current().signing_key is not None:
         return False
     try:
         conn = Connection.get(conn_id)

@@ -29,10 +29,11 @@ def check_fault(step_name: str) -> None:
     Raises:
         InjectedFault: with the file's text.
     """
-    import os
     from pathlib import Path
 
-    fault_dir = os.environ.get("TIDAL_FAULT_DIR")
+    from tidal.settings import current
+
+    fault_dir = current().fault_dir
     if fault_dir and (Path(fault_dir) / step_name).is_file():
         text = (Path(fault_dir) / step_name).read_text().strip()
         raise InjectedFault(f"injected fault for step {step_name!r}: {text or '(no text)'}")

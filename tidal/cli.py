@@ -14,6 +14,8 @@ import time
 from datetime import UTC, datetime
 
 from tidal.recipe import RecipeError
+from tidal.settings import SettingsError, entry_point
+from tidal.settings import current as current_settings
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -170,7 +172,6 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def _cmd_failures(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from tidal.tracking.failures import format_groups, group_failures, list_failures
@@ -182,7 +183,7 @@ def _cmd_failures(args: argparse.Namespace) -> int:
         pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
         root, recipe_name = pipe.storage.local_dir, pipe.recipe.name
     else:
-        root = Path(args.storage_root or os.environ.get("TIDAL_STORAGE_ROOT") or ".tidal")
+        root = Path(args.storage_root or current_settings().storage_root or ".tidal")
     records = list_failures(root, recipe_name)[: args.limit]
     if args.json:
         print(json.dumps(records, indent=1, sort_keys=True, default=str))
@@ -310,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_libraries()
     try:
-        return args.func(args)
-    except RecipeError as err:
+        with entry_point():
+            return args.func(args)
+    except (RecipeError, SettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyError as err:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.layout import MANIFEST_JSON, STEP_JSON, SUCCESS
+from tidal.settings import current as current_settings
 from tidal.storage import LocalStorage, open_storage
 from tidal.tracking import STEP_TAG_PREFIX
 from tidal.train import CHECKPOINT_MANIFEST
@@ -71,7 +72,7 @@ def _storage_from(storage_root: str | None, recipe: str | None, target: str) -> 
 
         pipe = load_pipeline(recipe, storage_root=storage_root)
         return pipe.storage, pipe
-    root = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+    root = storage_root or current_settings().storage_root
     if not root:
         raise TargetError(f"{target}: a step id or run key needs a storage root: pass --recipe RECIPE or "
                           "--storage-root DIR (or set TIDAL_STORAGE_ROOT)")

@@ -22,6 +22,7 @@ from tidal.core.runner import run_step
 from tidal.integrity.hashing import canonical_json, sha256_bytes
 from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
 from tidal.recipe import Recipe, load_recipe
+from tidal.settings import current as current_settings
 from tidal.steps import StepGraph
 from tidal.storage import Storage, open_storage
 from tidal.train import CHECKPOINT_MANIFEST
@@ -57,14 +58,14 @@ class Pipeline:
 
         path = Path(recipe_path).resolve()
         recipe = load_recipe(path, overrides)
-        override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        override = storage_root or current_settings().storage_root
         settings = recipe.storage.settings()
         storage = (
             open_storage(override, settings=settings)
             if override
             else open_storage(recipe.storage_root, base=path.parent, settings=settings)
         )
-        return cls(path, recipe, storage, os.environ.get("MLFLOW_TRACKING_URI") or recipe.tracking_uri)
+        return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri)
 
     @cached_property
     def tracking_uri(self) -> str:

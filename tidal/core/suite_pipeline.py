@@ -9,7 +9,6 @@ the base recipe, so the suite shares the base recipe's committed data steps.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +18,7 @@ from tidal.core.pipeline import Pipeline, _flatten
 from tidal.core.planner import build_suite_graph
 from tidal.integrity.hashing import canonical_json, sha256_bytes
 from tidal.scaling.suite import Suite, load_suite
+from tidal.settings import current as current_settings
 from tidal.steps import StepGraph
 from tidal.storage import open_storage
 
@@ -43,7 +43,7 @@ class SuitePipeline(Pipeline):
         if overrides:
             raise SuiteError(f"{path}: overrides are not supported for suite files; edit the file")
         suite, base = load_suite(path)
-        override = storage_root or os.environ.get("TIDAL_STORAGE_ROOT")
+        override = storage_root or current_settings().storage_root
         settings = base.storage.settings()
         if override:
             storage = open_storage(override, settings=settings)
@@ -52,7 +52,7 @@ class SuitePipeline(Pipeline):
         else:  # the base recipe's root, resolved as for the base recipe itself
             storage = open_storage(base.storage_root, base=(path.parent / suite.base).resolve().parent,
                                    settings=settings)
-        tracking = os.environ.get("MLFLOW_TRACKING_URI") or suite.tracking_uri or base.tracking_uri
+        tracking = current_settings().tracking_uri or suite.tracking_uri or base.tracking_uri
         return cls(path, base, storage, tracking, suite)
 
     @cached_property

@@ -66,7 +66,9 @@ class ArchiveError(RuntimeError):
 
 def cache_dir() -> Path:
     """The archive cache directory: ``$TIDAL_ARCHIVE_CACHE`` or ``~/.cache/tidal/archives``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    from tidal.settings import current
+
+    return Path(current().archive_cache or DEFAULT_CACHE).expanduser()
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

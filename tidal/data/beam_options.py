@@ -21,7 +21,6 @@ shards) so that a runner with several workers shares them out.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +34,9 @@ DEFAULT_ARGS = ("--runner=FnApiRunner", "--direct_num_workers=1")
 
 def beam_args(extra: Sequence[str] = ()) -> list[str]:
     """The pipeline arguments: defaults, then ``$TIDAL_BEAM_ARGS``, then ``extra`` (later wins)."""
-    return [*DEFAULT_ARGS, *shlex.split(os.environ.get(BEAM_ARGS_ENV, "")), *extra]
+    from tidal.settings import current
+
+    return [*DEFAULT_ARGS, *shlex.split(current().beam_args), *extra]
 
 
 def beam_options(extra: Sequence[str] = ()) -> PipelineOptions:

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from tidal.config import problems
 from tidal.context import MissingInput, StepContext
 from tidal.kinds import kind_spec
+from tidal.settings import entry_point
 
 
 def _seed(text: str) -> int:
@@ -88,7 +89,7 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         step_id=f"{args.name}-manual", name=args.name, kind=kind, config=config,
         out_dir=args.out, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
     )
-    with _pipeline_options(pipeline_args):
+    with _pipeline_options(pipeline_args), entry_point():  # read after the pipeline options joined the environment
         try:
             summary = module.run(ctx)
         except ValidationError as err:  # every kind's run() reads its config with its model first

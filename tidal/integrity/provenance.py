@@ -20,10 +20,10 @@ KEY_PACKAGES = (
 def git_sha() -> str:
     """The commit of the tidal checkout (``+dirty`` if it has uncommitted changes), else
     ``$TIDAL_GIT_SHA`` (set in the images, which carry no .git), else ``unknown``."""
-    import os
+    from tidal.settings import current
 
-    if os.environ.get("TIDAL_GIT_SHA"):
-        return os.environ["TIDAL_GIT_SHA"]
+    if current().git_sha:
+        return current().git_sha
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +62,13 @@ def load_key(environ: Mapping[str, str] | None = None) -> SigningKey | None:
         SigningKeyError: the value is not hex, or is shorter than 32 bytes (64 hex
             characters; RFC 2104 §3 advises a key at least as long as the hash output).
     """
-    value = (environ if environ is not None else os.environ).get(KEY_ENV, "").strip()
+    if environ is not None:
+        value = environ.get(KEY_ENV, "").strip()
+    else:
+        from tidal.settings import current
+
+        secret_value = current().signing_key
+        value = secret_value.get_secret_value().strip() if secret_value is not None else ""
     if not value:
         return None
     try:

@@ -80,7 +80,11 @@ def run_entrypoint(step_dir: str | Path, *, log: logging.Logger | None = None,
     """
     log = log or logging.getLogger("tidal.train")
     step_dir = Path(step_dir)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    from tidal.settings import current
+
+    # The settings this process runs under go to the child explicitly (tidal/settings.py), on top
+    # of the inherited environment (JAX, AWS, PATH ...), then the caller's extra variables.
+    full_env = {**os.environ, **current().child_env(), "PYTHONUNBUFFERED": "1", **(env or {})}
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     proc = subprocess.Popen(entrypoint_command(step_dir, extra_args), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, env=full_env,

@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
 from tidal.layout import STEP_JSON
+from tidal.settings import current as current_settings
 from tidal.storage.base import SUCCESS, LocalStorage, StorageError, StorageSettings
 from tidal.storage.lease import LEASES, Lease
 
@@ -50,7 +51,7 @@ def s3_client(settings: StorageSettings) -> Any:
     import boto3
     from botocore.config import Config
 
-    endpoint = os.environ.get("TIDAL_S3_ENDPOINT_URL") or settings.endpoint_url
+    endpoint = current_settings().s3_endpoint_url or settings.endpoint_url
     config = Config(
         region_name=settings.region,
         retries={"mode": "adaptive", "max_attempts": settings.max_attempts},
@@ -110,8 +111,8 @@ class S3Storage:
         if parsed.scheme != "s3" or not parsed.netloc:
             raise StorageError(f"storage root {uri!r}: expected s3://bucket/prefix")
         prefix = parsed.path.strip("/")
-        endpoint = os.environ.get("TIDAL_S3_ENDPOINT_URL") or settings.endpoint_url or "default"
-        base = Path(settings.cache_dir or os.environ.get("TIDAL_STORAGE_CACHE") or "~/.cache/tidal/storage")
+        endpoint = current_settings().s3_endpoint_url or settings.endpoint_url or "default"
+        base = Path(settings.cache_dir or current_settings().storage_cache or "~/.cache/tidal/storage")
         host = urlparse(endpoint).netloc.replace(":", "_") or endpoint
         cache = (base.expanduser() / host / parsed.netloc / prefix).resolve()
         return cls(parsed.netloc, prefix, settings, cache)
@@ -415,7 +416,7 @@ def _test_hold() -> None:
     """Tests only: with ``TIDAL_STORAGE_HOLD_BEFORE_MARKER=FILE`` set, create FILE once the data,
     manifest and step.json are uploaded and wait (up to 120 s) before the marker, so a test can
     SIGKILL the worker exactly between data and marker."""
-    flag = os.environ.get(HOLD_BEFORE_MARKER_ENV)
+    flag = current_settings().hold_before_marker
     if flag:
         Path(flag).write_text(str(os.getpid()))
         time.sleep(120)

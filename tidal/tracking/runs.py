@@ -21,7 +21,6 @@ or run) is None or an empty list, not an error.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -250,7 +249,9 @@ def close_run(uri: str, run_id: str, status: str = "FAILED", tags: dict[str, str
 def ui_url(uri: str) -> str | None:
     """The MLflow UI's browser URL: ``$TIDAL_MLFLOW_UI_URL``, else an http(s) tracking URI
     (without user and password), else None (a SQLite or database store has no UI)."""
-    ui = os.environ.get(UI_URL_ENV) or (uri if uri.startswith(("http://", "https://")) else None)
+    from tidal.settings import current
+
+    ui = current().mlflow_ui_url or (uri if uri.startswith(("http://", "https://")) else None)
     return safe_uri(ui).rstrip("/") if ui else None
 
 

@@ -20,7 +20,6 @@ turns dots into underscores (``tidal_step_run``); timers arrive there in seconds
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping
 
@@ -59,8 +58,10 @@ class StatsdClient:
     @classmethod
     def from_env(cls) -> StatsdClient:
         """A client configured from ``TIDAL_STATSD_HOST`` / ``_PORT`` / ``_PREFIX``."""
-        return cls(os.environ.get("TIDAL_STATSD_HOST"), int(os.environ.get("TIDAL_STATSD_PORT", "8125")),
-                   os.environ.get("TIDAL_STATSD_PREFIX", "tidal"))
+        from tidal.settings import current
+
+        settings = current()
+        return cls(settings.statsd_host, settings.statsd_port, settings.statsd_prefix)
 
     @property
     def enabled(self) -> bool:

@@ -58,7 +58,9 @@ def tracking_uri_for(storage_root: str | Path) -> str:
     ``sqlite:///{storage_root}/mlflow.db`` (absolute path; artifacts then go to
     ``{storage_root}/mlartifacts``, see :func:`artifact_location_for`).
     """
-    env = os.environ.get("MLFLOW_TRACKING_URI")
+    from tidal.settings import current
+
+    env = current().tracking_uri
     if env:
         return env
     return f"sqlite:///{Path(storage_root).resolve()}/mlflow.db"
@@ -262,8 +264,9 @@ class Tracker:
         self.experiment = experiment
         db = _sqlite_path(uri)
         if pending_dir is None:
-            pending_dir = (db.parent / "pending") if db else Path(
-                os.environ.get("TIDAL_TRACKING_PENDING_DIR", "mlflow-pending"))
+            from tidal.settings import current
+
+            pending_dir = (db.parent / "pending") if db else Path(current().tracking_pending_dir or "mlflow-pending")
         self.pending_dir = Path(pending_dir)
         self.attempts = max(1, attempts if attempts is not None else (3 if db else 1))
         if not db:

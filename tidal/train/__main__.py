@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
                         format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tidal").setLevel(logging.INFO)
+    from tidal.settings import SettingsError, entry_point
     from tidal.train.checkpoints import CheckpointMismatch
     from tidal.train.config import ConfigError
     from tidal.train.loader import DataContractError
@@ -44,19 +45,25 @@ def main(argv: list[str] | None = None) -> int:
     from tidal.train.trainer import load_spec, train
 
     try:
-        spec = load_spec(args.step_dir)
-        if args.profile is not None:
-            result = profile(args.step_dir, spec, args.profile)
-            print(f"profile: {json.dumps({k: v for k, v in result.items() if k != 'environment_fingerprint'})}",
-                  flush=True)
-        else:
-            train(args.step_dir, spec, stop_after=args.stop_after)
-    except (ConfigError, DataContractError, CheckpointMismatch) as err:
+        with entry_point():
+            return _run(args, load_spec, profile, train)
+    except (ConfigError, DataContractError, CheckpointMismatch, SettingsError) as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
         return 2
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
+
+
+def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
+    """Train or profile ``args.step_dir`` under the entry point's settings."""
+    spec = load_spec(args.step_dir)
+    if args.profile is not None:
+        result = profile(args.step_dir, spec, args.profile)
+        print(f"profile: {json.dumps({k: v for k, v in result.items() if k != 'environment_fingerprint'})}",
+              flush=True)
+    else:
+        train(args.step_dir, spec, stop_after=args.stop_after)
     return 0
 
 

@@ -145,15 +145,17 @@ class LiveMetrics:
         ``TIDAL_MLFLOW_EXPERIMENT`` (create a run there, tagged with the step id, and reuse it
         when the step resumes). ``TIDAL_TRACKING_FLUSH_TIMEOUT_S`` bounds the final flush.
         """
-        uri = os.environ.get(URI_ENV)
-        run_id, experiment = os.environ.get(RUN_ID_ENV), os.environ.get(EXPERIMENT_ENV)
+        from tidal.settings import current
+
+        settings = current()
+        uri, run_id, experiment = settings.tracking_uri, settings.mlflow_run_id, settings.mlflow_experiment
         if not uri or not (run_id or experiment):
             return None
         tags = {"tidal.step_id": str(spec.get("step_id", "")), "tidal.kind": "train"}
-        pending = Path(os.environ.get("TIDAL_TRACKING_PENDING_DIR", step_dir / "mlflow-pending"))
+        pending = Path(settings.tracking_pending_dir or step_dir / "mlflow-pending")
         return cls(uri, run_id, experiment=experiment, run_name=str(spec.get("name", "train")), tags=tags,
                    run_file=step_dir / RUN_FILE, pending_dir=pending,
-                   close_timeout_s=float(os.environ.get(FLUSH_TIMEOUT_ENV, "60")))
+                   close_timeout_s=settings.tracking_flush_timeout_s)
 
     # -- producer side (training thread) --------------------------------------------------
 

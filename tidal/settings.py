@@ -1,0 +1,129 @@
+"""Every environment variable tidal reads, in one typed settings object (pydantic-settings).
+
+Invariant: no module of ``tidal/`` reads ``os.environ`` for its own configuration; it asks
+:func:`current`. An entry point (``tidal`` CLI, a standalone job, the training entrypoint) reads
+the environment once with :func:`entry_point`, and what it starts gets the settings explicitly
+(:meth:`Settings.child_env`), so a pod or subprocess sees exactly what its parent decided. A
+malformed value (``TIDAL_STATSD_PORT=abc``) is one error naming the variable, at start-up.
+
+Outside an entry point (a library call, a test) :func:`current` reads the environment at the
+call, so a changed variable is seen.
+
+Variables of other programs stay theirs: ``JAX_*``/``TPU_*``/``MEGASCALE_*`` (JAX and GKE,
+:mod:`tidal.train.distributed`), ``MLFLOW_HTTP_REQUEST_*`` (MLflow's client), ``AWS_*`` (boto3),
+``TOKENIZERS_PARALLELISM`` (tokenizers), ``GX_ANALYTICS_ENABLED`` (Great Expectations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tidal.config import problems
+
+
+def _env(name: str, description: str, **kwargs):
+    return Field(validation_alias=AliasChoices(name), description=f"${name}: {description}", **kwargs)
+
+
+class SettingsError(ValueError):
+    """An environment variable tidal reads has a malformed value; the message names it."""
+
+
+class Settings(BaseSettings):
+    """tidal's environment. Not hashed: none of these changes what a step computes."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", case_sensitive=True, populate_by_name=False)
+
+    storage_root: str | None = _env("TIDAL_STORAGE_ROOT", "storage root (local path or s3://); overrides the recipe",
+                                    default=None)
+    storage_cache: str | None = _env("TIDAL_STORAGE_CACHE", "local cache of an object store's committed steps",
+                                     default=None)
+    s3_endpoint_url: str | None = _env("TIDAL_S3_ENDPOINT_URL", "S3 endpoint; overrides storage.endpoint_url",
+                                       default=None)
+    tracking_uri: str | None = _env("MLFLOW_TRACKING_URI", "MLflow tracking URI; overrides the recipe", default=None)
+    tracking_pending_dir: str | None = _env("TIDAL_TRACKING_PENDING_DIR",
+                                            "where undelivered MLflow calls are buffered", default=None)
+    tracking_flush_timeout_s: Annotated[float, Field(gt=0)] = _env(
+        "TIDAL_TRACKING_FLUSH_TIMEOUT_S", "seconds live metrics may take to flush at close", default=60.0)
+    mlflow_ui_url: str | None = _env("TIDAL_MLFLOW_UI_URL", "MLflow UI base URL for links", default=None)
+    mlflow_run_id: str | None = _env("TIDAL_MLFLOW_RUN_ID", "the live run a training process logs into",
+                                     default=None)
+    mlflow_experiment: str | None = _env("TIDAL_MLFLOW_EXPERIMENT", "the experiment of that live run",
+                                         default=None)
+    statsd_host: str | None = _env("TIDAL_STATSD_HOST", "StatsD host; unset: no metrics", default=None)
+    statsd_port: Annotated[int, Field(gt=0, lt=65536)] = _env("TIDAL_STATSD_PORT", "StatsD UDP port", default=8125)
+    statsd_prefix: str = _env("TIDAL_STATSD_PREFIX", "StatsD metric prefix", default="tidal")
+    signing_key: SecretStr | None = _env("TIDAL_SIGNING_KEY", "hex HMAC key that signs commits", default=None)
+    git_sha: str | None = _env("TIDAL_GIT_SHA", "git sha recorded in provenance (images have no .git)",
+                               default=None)
+    archive_cache: str | None = _env("TIDAL_ARCHIVE_CACHE", "where pinned corpus archives are cached",
+                                     default=None)
+    beam_args: str = _env("TIDAL_BEAM_ARGS", "extra Beam pipeline options (shell words)", default="")
+    recipes_dir: str | None = _env("TIDAL_RECIPES_DIR", "the recipes the DAG file and on-call page serve",
+                                   default=None)
+    fault_dir: str | None = _env("TIDAL_FAULT_DIR", "drills: a file named after a step makes it fail", default=None)
+    pod_secret_env: str | None = _env("TIDAL_POD_SECRET_ENV", "secretKeyRef env entries of training pods",
+                                      default=None)
+    alert_webhook_url: SecretStr | None = _env("TIDAL_ALERT_WEBHOOK_URL", "failure alerts go here; unset: none",
+                                               default=None)
+    alert_format: str = _env("TIDAL_ALERT_FORMAT", "slack or pagerduty", default="slack")
+    pagerduty_routing_key: SecretStr | None = _env("TIDAL_PAGERDUTY_ROUTING_KEY", "PagerDuty Events v2 key",
+                                                   default=None)
+    alert_timeout_s: Annotated[float, Field(gt=0)] = _env("TIDAL_ALERT_TIMEOUT_S", "seconds per alert POST",
+                                                          default=5.0)
+    hold_before_marker: str | None = _env(
+        "TIDAL_STORAGE_HOLD_BEFORE_MARKER", "tests only: a file to create, then pause before _SUCCESS", default=None)
+
+    def child_env(self) -> dict[str, str]:
+        """The variables a child process (a training subprocess, a job) gets from this one: every
+        setting that is set, under its variable name; secrets in the clear (the child needs them)."""
+        out = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None or value == field.default:
+                continue
+            env_name = field.validation_alias.choices[0]
+            out[env_name] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        return out
+
+
+_ENTRY: list[Settings] = []
+
+
+def read() -> Settings:
+    """The settings in the environment now.
+
+    Raises:
+        SettingsError: a variable has a malformed value (names it and the rule).
+    """
+    try:
+        return Settings()
+    except ValidationError as err:
+        raise SettingsError("environment: " + "; ".join(problems(err))) from None
+
+
+def current() -> Settings:
+    """The entry point's settings while one is active (:func:`entry_point`), else :func:`read`."""
+    return _ENTRY[-1] if _ENTRY else read()
+
+
+@contextlib.contextmanager
+def entry_point(settings: Settings | None = None) -> Iterator[Settings]:
+    """Read the environment once for an entry point's whole run (or use ``settings``).
+
+    Raises:
+        SettingsError: a variable has a malformed value.
+    """
+    _ENTRY.append(settings if settings is not None else read())
+    try:
+        yield _ENTRY[-1]
+    finally:
+        _ENTRY.pop()
+
+
+__all__ = ["Settings", "SettingsError", "current", "entry_point", "read"]
