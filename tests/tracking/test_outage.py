@@ -36,6 +36,7 @@ from tidal.tracking import (
     safe_uri,
     ui_url,
 )
+from tidal.tracking import client as tracking_client
 from tidal.tracking import tracker as tracking
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -71,7 +72,7 @@ def outage(tmp_path_factory):
             for var in ("TIDAL_STORAGE_ROOT", "TIDAL_MLFLOW_UI_URL", "TIDAL_ALERT_WEBHOOK_URL", "TIDAL_STATSD_HOST"):
                 env.delenv(var, raising=False)
             env.setenv("MLFLOW_TRACKING_URI", f"http://alice:{PASSWORD}@127.0.0.1:{port}")
-            env.setattr(tracking, "_unreachable_until", {})
+            env.setattr(tracking_client, "_unreachable_until", {})
             for key, value in tracking.HTTP_DEFAULTS.items():  # what a deployment gets when it sets none
                 env.setenv(key, value)
             data = yaml.safe_load(TINY.read_text())
@@ -183,7 +184,7 @@ def test_failure_callback_records_the_failure_without_mlflow_fields(outage, monk
 
 
 def test_a_port_nobody_listens_on_fails_once_then_at_once_for_lookups_and_tracker(tmp_path, monkeypatch):
-    monkeypatch.setattr(tracking, "_unreachable_until", {})
+    monkeypatch.setattr(tracking_client, "_unreachable_until", {})
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     port = free_port()
     uri = f"http://bob:{PASSWORD}@127.0.0.1:{port}"

@@ -124,9 +124,9 @@ def test_unreachable_uri_is_not_retried_again_within_the_hold(tmp_path, monkeypa
     """After one full round of failed retries, later calls go straight to the pending buffer."""
     import time
 
-    from tidal.tracking import tracker as tracking
+    from tidal.tracking import client
 
-    monkeypatch.setattr(tracking, "_unreachable_until", {})
+    monkeypatch.setattr(client, "_unreachable_until", {})
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     down = Tracker("http://127.0.0.1:9", EXPERIMENT, pending_dir=tmp_path, attempts=2, backoff_s=0.2)

@@ -7,9 +7,9 @@ recipe's runs live (:func:`experiment_name`), one for which parent run a key nam
 :class:`tidal.tracking.Tracker` keeps: earliest start, then lowest id) and one answer to
 "MLflow is down".
 
-That answer: every call is bounded (the client of :func:`tidal.tracking.tracker.mlflow_client`,
+That answer: every call is bounded (the client of :func:`tidal.tracking.client.mlflow_client`,
 ``HTTP_DEFAULTS``: 2 retries and 10 s per request unless the environment says otherwise) and
-shares the Tracker's unreachable hold (:func:`tidal.tracking.tracker.retry_call`: after one
+shares the Tracker's unreachable hold (:func:`tidal.tracking.client.retry_call`: after one
 failed round, the URI fails at once for ``UNREACHABLE_HOLD_S`` in this process). A call that
 gets no answer raises :class:`TrackingUnavailable` with the message ``tracking is unreachable
 at <uri without user:password>: <reason>``; callers degrade on it (print what the storage
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidal.tracking.tracker import (
+from tidal.tracking.client import (
     RUN_KEY_TAG,
     UNREACHABLE_HOLD_S,
     TrackingUnavailable,

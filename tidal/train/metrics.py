@@ -191,7 +191,7 @@ class LiveMetrics:
 
     def _ensure_run(self) -> str:
         if self.run_id is None:
-            from tidal.tracking.tracker import get_or_create_experiment
+            from tidal.tracking.client import get_or_create_experiment
 
             client = self._mlflow()
             exp = get_or_create_experiment(client, self.uri, self.experiment)
