@@ -131,6 +131,8 @@ case "${1:-}" in
     # Stop only what this invocation started: a state file left before us belongs to another.
     [[ -f $STATE.pg || -f $STATE.redis ]] && STATE="$STATE-$$"
     trap stop EXIT
+    trap 'exit 130' INT  # a signal to the group still runs the EXIT trap: the servers stop too
+    trap 'exit 143' TERM
     start
     rc=0; "$@" || rc=$?
     exit $rc ;;
