@@ -57,15 +57,15 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 	  $(VENV)/bin/tidal report $(RECIPE); exit $$rc
 
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
-# (scripts/services.sh: own process groups; servers already listening are reused, not stopped).
+# (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 test: corpora
-	bash scripts/services.sh run -- $(VENV)/bin/pytest -q
+	bash .ci/services.sh run -- $(VENV)/bin/pytest -q
 
 services:
-	bash scripts/services.sh start
+	bash .ci/services.sh start
 
 services-stop:
-	bash scripts/services.sh stop
+	bash .ci/services.sh stop
 
 # ruff (style, line length) and import-linter (the layer contracts in pyproject.toml).
 lint: venv

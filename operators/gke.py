@@ -36,7 +36,8 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
 from operators.run_context import run_key_of
-from tidal.train.metrics import RUN_ID_ENV, URI_ENV
+from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV
+from tidal.settings import TRACKING_URI_ENV as URI_ENV
 
 POD_OPERATOR = "airflow.providers.cncf.kubernetes.operators.pod:KubernetesPodOperator"
 CREATE_OPERATOR = "airflow.providers.cncf.kubernetes.operators.resource:KubernetesCreateResourceOperator"

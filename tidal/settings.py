@@ -25,6 +25,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tidal.config import problems
 
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ID_ENV = "TIDAL_MLFLOW_RUN_ID"
+MLFLOW_EXPERIMENT_ENV = "TIDAL_MLFLOW_EXPERIMENT"
+FLUSH_TIMEOUT_ENV = "TIDAL_TRACKING_FLUSH_TIMEOUT_S"
+
 
 def _env(name: str, description: str, **kwargs):
     return Field(validation_alias=AliasChoices(name), description=f"${name}: {description}", **kwargs)
@@ -45,15 +50,15 @@ class Settings(BaseSettings):
                                      default=None)
     s3_endpoint_url: str | None = _env("TIDAL_S3_ENDPOINT_URL", "S3 endpoint; overrides storage.endpoint_url",
                                        default=None)
-    tracking_uri: str | None = _env("MLFLOW_TRACKING_URI", "MLflow tracking URI; overrides the recipe", default=None)
+    tracking_uri: str | None = _env(TRACKING_URI_ENV, "MLflow tracking URI; overrides the recipe", default=None)
     tracking_pending_dir: str | None = _env("TIDAL_TRACKING_PENDING_DIR",
                                             "where undelivered MLflow calls are buffered", default=None)
     tracking_flush_timeout_s: Annotated[float, Field(gt=0)] = _env(
-        "TIDAL_TRACKING_FLUSH_TIMEOUT_S", "seconds live metrics may take to flush at close", default=60.0)
+        FLUSH_TIMEOUT_ENV, "seconds live metrics may take to flush at close", default=60.0)
     mlflow_ui_url: str | None = _env("TIDAL_MLFLOW_UI_URL", "MLflow UI base URL for links", default=None)
-    mlflow_run_id: str | None = _env("TIDAL_MLFLOW_RUN_ID", "the live run a training process logs into",
+    mlflow_run_id: str | None = _env(MLFLOW_RUN_ID_ENV, "the live run a training process logs into",
                                      default=None)
-    mlflow_experiment: str | None = _env("TIDAL_MLFLOW_EXPERIMENT", "the experiment of that live run",
+    mlflow_experiment: str | None = _env(MLFLOW_EXPERIMENT_ENV, "the experiment of that live run",
                                          default=None)
     statsd_host: str | None = _env("TIDAL_STATSD_HOST", "StatsD host; unset: no metrics", default=None)
     statsd_port: Annotated[int, Field(gt=0, lt=65536)] = _env("TIDAL_STATSD_PORT", "StatsD UDP port", default=8125)

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tidal.data.readers import list_files, read_path, snapshot_sha256
+from tidal.data.readers import list_files, read_path
+from tidal.data.snapshot import snapshot_sha256
 
 
 def jsonl(*objs) -> bytes:

@@ -12,7 +12,8 @@ import pytest
 
 from tests.data.test_fetch_snapshot import corpus, run_fetch
 from tests.data.test_readers import jsonl, records
-from tidal.data.readers import list_files, read_path, snapshot_sha256
+from tidal.data.readers import list_files, read_path
+from tidal.data.snapshot import snapshot_sha256
 
 # corpus()'s files plus those reached through links, in natural order of their names under the root
 LINKED_ORDER = ["a.jsonl", "linked/c9.jsonl", "linked/c10.jsonl", "linked/deep/d.jsonl.gz", "one.jsonl",

@@ -67,7 +67,7 @@ def test_step_config_is_the_recipe_schema_plus_input_names():
 
 
 def test_a_spec_without_a_seed_is_refused_naming_the_file_and_field():
-    from tidal.train.trainer import build, step_seed
+    from tidal.train.build import build, step_seed
 
     assert step_seed({"seed": 2**62 + 1}) == 2**62 + 1
     with pytest.raises(ConfigError, match=r"^run/spec.json: missing field 'seed' .*does not default it"):

@@ -7,10 +7,7 @@ Tracking failures never fail a step: :class:`tidal.tracking.Tracker` buffers and
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +20,7 @@ from tidal.integrity.hashing import canonical_json, sha256_bytes
 from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
 from tidal.recipe import Recipe, load_recipe
 from tidal.settings import current as current_settings
+from tidal.settings import entry_point
 from tidal.steps import StepGraph
 from tidal.storage import Storage, open_storage
 from tidal.train import CHECKPOINT_MANIFEST
@@ -128,7 +126,7 @@ class Pipeline:
         step = self.graph[name]
         live_run = self._open_live_run(step, run_key, force)
         try:
-            with _environment(self._live_env(live_run)):
+            with entry_point(self._live_settings(live_run)):
                 result = run_step(step, self.storage, force=force)
         except Exception as err:
             if run_key is not None:
@@ -151,11 +149,13 @@ class Pipeline:
             return None
         return self.tracker().open_step_run(parent, step.name, step.step_id, step.kind)
 
-    def _live_env(self, live_run: str | None) -> dict[str, str]:
-        """Environment of a live-logging training subprocess (tidal/train/metrics.py)."""
+    def _live_settings(self, live_run: str | None):
+        """The settings a live-logging training subprocess gets (tidal/train/metrics.py reads them;
+        :func:`tidal.launch.local.run_entrypoint` hands them over explicitly)."""
+        settings = current_settings()
         if live_run is None:
-            return {}
-        return {"MLFLOW_TRACKING_URI": self.tracker().uri, "TIDAL_MLFLOW_RUN_ID": live_run}
+            return settings
+        return settings.model_copy(update={"tracking_uri": self.tracker().uri, "mlflow_run_id": live_run})
 
     def _track_failure(self, step, run_key: str, err: Exception, live_run: str | None = None) -> None:
         """Record a failed step as a nested run (status ``failed``) with the kept evidence."""
@@ -215,21 +215,6 @@ _ARTIFACTS = {
     "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the block (inherited by subprocesses), then restore them."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _read_history(path: Path) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ Config (hashed; :class:`tidal.data.fetch_config.FetchConfig`)::
 File sources (``format``: ``jsonl`` | ``parquet`` | ``text``, :mod:`tidal.data.readers`)
 take ``path`` (a local file or folder, or an ``s3://`` object or prefix) and ``text_field``
 instead of ``archive``, and optionally ``snapshot_sha256``: the sha256 of the files read
-(:func:`tidal.data.readers.snapshot_sha256`). Fetch always computes it, writes it with every
+(:func:`tidal.data.snapshot.snapshot_sha256`). Fetch always computes it, writes it with every
 file's own sha256 and size to ``files.json`` and into its summary; with the pin in the
 config, a different value fails the step before anything is written (the files changed
 since the recipe was pinned). With ``max_documents`` fetch stops reading early and the hash
@@ -45,7 +45,8 @@ from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
 from tidal.data.fetch_config import FetchConfig
 from tidal.data.jobcli import main
-from tidal.data.readers import ReadRecord, read_path, snapshot_sha256
+from tidal.data.readers import ReadRecord, read_path
+from tidal.data.snapshot import snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.layout import temporary_name
 

@@ -48,9 +48,9 @@ from collections.abc import Iterable, Sequence
 import apache_beam as beam
 import numpy as np
 
-from tidal.data.clean.config import NearDupConfig
 from tidal.data.filters import words
 from tidal.data.minhash import fmix64, shingle_hashes, signatures
+from tidal.data.neardup_config import NearDupConfig
 from tidal.data.sources import ref_sort_key
 from tidal.data.spill import read_bands, read_spill, read_texts
 

@@ -52,7 +52,8 @@ from tidal.launch.resources import (
     gpu_type,
     tpu_slice,
 )
-from tidal.train.metrics import RUN_ID_ENV, URI_ENV
+from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV
+from tidal.settings import TRACKING_URI_ENV as URI_ENV
 
 POD_COMMAND = ("python", "-m", "tidal.train")
 CONTAINER = "train"

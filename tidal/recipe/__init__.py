@@ -21,11 +21,12 @@ The package has one module per concern; import every name from ``tidal.recipe``:
 
 from tidal.config import Fraction, PositiveInt, RecipeError, Sha256, Strict
 from tidal.data.archives import Archive
-from tidal.data.clean.config import CleanSettings, NearDupConfig
+from tidal.data.clean.config import CleanSettings
 from tidal.data.fetch_config import FetchSettings
 from tidal.data.filters import QualityFilters
 from tidal.data.langid import LanguageFilter
 from tidal.data.mix_config import MixtureSettings
+from tidal.data.neardup_config import NearDupConfig
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
 from tidal.quality.gates import GateSettings

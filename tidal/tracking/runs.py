@@ -128,7 +128,6 @@ def _quoted(value: str, what: str) -> str:
     return f"'{value}'"
 
 
-_key_filter = run_key_filter
 
 
 def _experiment_id(client: Any, experiment: str) -> str | None:
@@ -155,7 +154,7 @@ def parent_run(uri: str, experiment: str, run_key: str | None = None, *,
         TrackingUnavailable: MLflow did not answer.
         ValueError: ``run_key`` holds a single quote.
     """
-    where = [_key_filter(run_key) if run_key is not None else f"tags.`{RUN_KEY_TAG}` != ''"]
+    where = [run_key_filter(run_key) if run_key is not None else f"tags.`{RUN_KEY_TAG}` != ''"]
     if recipe_hash is not None:
         where.insert(0, f"tags.`tidal.recipe_hash` = {_quoted(recipe_hash, 'recipe_hash')}")
 
@@ -202,7 +201,7 @@ def parent_run_in_any_experiment(uri: str, run_key: str) -> TrackedRun | None:
         TrackingUnavailable: MLflow did not answer.
         ValueError: ``run_key`` holds a single quote.
     """
-    where = _key_filter(run_key)
+    where = run_key_filter(run_key)
 
     def search(client: Any) -> TrackedRun | None:
         experiments = [e.experiment_id for e in client.search_experiments()]

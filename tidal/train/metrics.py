@@ -32,10 +32,11 @@ from tidal.layout import atomic_write_text
 
 log = logging.getLogger("tidal.train")
 
-RUN_ID_ENV = "TIDAL_MLFLOW_RUN_ID"
-EXPERIMENT_ENV = "TIDAL_MLFLOW_EXPERIMENT"
-URI_ENV = "MLFLOW_TRACKING_URI"
-FLUSH_TIMEOUT_ENV = "TIDAL_TRACKING_FLUSH_TIMEOUT_S"
+from tidal.settings import FLUSH_TIMEOUT_ENV  # noqa: F401 - the names live in tidal/settings.py
+from tidal.settings import MLFLOW_EXPERIMENT_ENV as EXPERIMENT_ENV  # noqa: F401
+from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV  # noqa: F401
+from tidal.settings import TRACKING_URI_ENV as URI_ENV  # noqa: F401
+
 RUN_FILE = "mlflow_run.json"
 # MLflow's HTTP client defaults (7 retries, 120 s timeout) would hold one flush for minutes;
 # the background thread retries on its own schedule instead. Env vars set by the user win.

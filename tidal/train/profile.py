@@ -12,14 +12,15 @@ import jax
 import numpy as np
 
 from tidal.integrity.fingerprint import environment_fingerprint
+from tidal.layout import SPEC_JSON as SPEC
 from tidal.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
+from tidal.train.build import build
 from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar
 from tidal.train.metrics import device_memory
 from tidal.train.model import flops_per_token, param_count
-from tidal.train.trainer import SPEC, build
 
 PROFILE = "profile.json"
 

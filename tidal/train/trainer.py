@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
 from tidal.layout import SPEC_JSON as SPEC
@@ -49,58 +46,15 @@ from tidal.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
-from tidal.train import model as modellib
+from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
-from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
+from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar, host_tree
-from tidal.train.loader import (
-    BatchLoader,
-    TokenShards,
-    eval_sequences,
-    read_tokenizer_meta,
-    token_byte_lengths,
-)
-from tidal.train.metrics import LiveMetrics, device_memory, model_flops_utilisation, peak_flops
-from tidal.train.model import ModelShape, flops_per_token, init_params, param_count
+from tidal.train.metrics import LiveMetrics, device_memory
+from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
 
 METRICS = "metrics.jsonl"
-
-
-@dataclass
-class Inputs:
-    """The opened inputs of a train step: tokenizer metadata, train and eval token data."""
-
-    tokenizer_meta: dict[str, Any]
-    train: TokenShards
-    evals: dict[str, TokenShards]
-    token_bytes: np.ndarray | None = None
-
-
-def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
-    """Open the tokenizer, train and eval directories named by ``cfg`` among ``inputs``.
-
-    Raises:
-        ConfigError: a named input step is not among ``inputs``.
-        DataContractError: a tokenizer hash mismatch or malformed shard (from the loader).
-    """
-    def where(name: str) -> Path:
-        if name not in inputs:
-            raise ConfigError(f"train config names input step {name!r}, but the step's inputs are "
-                              f"{sorted(inputs)}")
-        return Path(inputs[name])
-
-    tok_dir = where(cfg.tokenizer)
-    meta = read_tokenizer_meta(tok_dir)
-    train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
-    evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
-             for src, step in sorted(cfg.eval_data.items())}
-    return Inputs(meta, train, evals, token_byte_lengths(tok_dir, int(meta["vocab_size"]), meta["tokenizer_hash"]))
-
-
-def _seed32(seed: int, purpose: int) -> int:
-    """A 31-bit int derived from the step seed for one purpose (0: parameter init)."""
-    return int(np.random.SeedSequence([seed, purpose]).generate_state(1, dtype=np.uint32)[0] >> 1)
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -114,170 +68,6 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
     kept = [r for r in _read_metrics(path) if r["step"] <= last_step]
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
     return kept
-
-
-@dataclass
-class Run:
-    """Everything built from a spec before the first step (shared by training and profiling)."""
-
-    cfg: TrainStepConfig
-    data: Inputs
-    seed: int
-    model_cfg: ModelShape
-    seq_len: int
-    loader: BatchLoader
-    eval_sets: dict[str, list[np.ndarray]]
-    mesh: Any
-    shardings: Any
-    abstract: Any
-    init: Callable
-    key: Any
-    step: Callable
-    eval_loss: dict[tuple[int, ...], tuple[Any, Any]]  # batch shape -> (layout, compiled mean CE)
-    schedule: Callable
-    peak: float | None
-
-    @property
-    def context(self) -> int:
-        """Predicted positions per sequence, ``S - 1`` tokens (the model's input length)."""
-        return self.seq_len - 1
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Predicted tokens per optimizer update, ``B * (S - 1)``."""
-        return self.cfg.batch_size * self.context
-
-    def batch(self, step: int) -> jax.Array:
-        """Global batch of 0-based ``step``, laid out over ``data x fsdp``."""
-        return meshlib.put_global(self.loader.batch(step), meshlib.batch_sharding(self.mesh))
-
-    def fresh_state(self) -> Any:
-        """Initial ``{"params", "opt_state"}`` from the step seed, already sharded."""
-        return jax.jit(self.init, out_shardings=self.shardings)(self.key)
-
-    def mfu(self, tokens_per_s: float) -> float | None:
-        """Model FLOPs utilisation of ``tokens_per_s`` (None without a known device peak)."""
-        return model_flops_utilisation(tokens_per_s, self.model_cfg, self.context, self.peak)
-
-
-def step_seed(spec: dict[str, Any], where: str | Path = SPEC) -> int:
-    """The step seed of ``spec``: derived by the runner from the recipe seed and the step name,
-    written by :func:`tidal.train.write_spec`. Never defaulted: a missing seed would silently
-    give every run the same parameters and batch order.
-
-    Raises:
-        ConfigError: ``seed`` missing or not a non-negative int; names ``where`` and the field.
-    """
-    if spec.get("seed") is None:
-        raise ConfigError(f"{where}: missing field 'seed' (the step seed, written by tidal.train.write_spec "
-                          f"from the step context); the trainer does not default it")
-    seed = spec["seed"]
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"{where}: field 'seed' must be a non-negative int, got {seed!r}")
-    return seed
-
-
-def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
-    """Parse the spec, open the inputs, make the mesh and jit the step functions.
-
-    Args:
-        spec: the step spec (``spec.json``): ``config``, ``inputs``, ``seed``.
-        where: the spec's file, named by error messages.
-
-    Raises:
-        ConfigError, DataContractError: bad config or inputs, before any training.
-    """
-    distributed.start_once()
-    seed = step_seed(spec, where)  # split once below: parameter init (_seed32 purpose 0), batch order
-    cfg = parse_step_config(spec["config"], where)
-    data = open_inputs(cfg, spec.get("inputs", {}))
-    vocab = int(data.tokenizer_meta["vocab_size"])
-    try:
-        model_cfg = cfg.model.shape(vocab)
-        requested = None if cfg.mesh is None else cfg.mesh.model_dump()
-        sizes = meshlib.mesh_shape(jax.device_count(), requested, meshlib.slice_count())
-        mesh = meshlib.make_mesh(sizes)
-        meshlib.check_batch(cfg.batch_size, mesh)
-    except ValueError as err:  # a vocabulary size pydantic refuses, MeshError
-        raise ConfigError(f"{where}: {err}") from None
-    seq_len = data.train.seq_len
-    context = seq_len - 1
-    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
-    eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
-                 for src, shards in data.evals.items()}
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
-
-    def init(key):
-        params = init_params(model_cfg, key, context)
-        return {"params": params, "opt_state": tx.init(params)}
-
-    key = jax.random.key(_seed32(seed, 0))
-    abstract = jax.eval_shape(init, key)
-    heads = (model_cfg.n_heads, model_cfg.kv_heads)
-    shardings = meshlib.state_shardings(abstract, mesh, heads)
-    replicated = meshlib.replicated(mesh)
-    with_parts = getattr(modellib, "loss_and_metrics", None)
-    moe = bool(getattr(model_cfg, "n_moe_layers", 0))
-
-    def loss_parts(params, batch):
-        if with_parts is None:
-            return modellib.next_token_loss(params, model_cfg, batch), {}
-        loss, parts = with_parts(params, model_cfg, batch)
-        return loss, (dict(parts) if moe else {"ce": parts["ce"]})
-
-    def step_fn(state, batch, index):
-        (loss, parts), grads = jax.value_and_grad(loss_parts, has_aux=True)(state["params"], batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
-        if moe:  # cross-entropy, load-balancing and z losses, dropped fraction
-            stats |= parts
-        return {"params": params, "opt_state": opt_state}, stats
-
-    # Donating the old state halves state memory on GPU/TPU; on CPU a checkpoint's host copy may
-    # alias the device buffer, so the CPU step keeps its input.
-    donate = (0,) if jax.default_backend() != "cpu" else ()
-    step = jax.jit(step_fn, in_shardings=(shardings, meshlib.batch_sharding(mesh), None),
-                   out_shardings=(shardings, replicated), donate_argnums=donate)
-    eval_jit = jax.jit(lambda params, batch: loss_parts(params, batch)[1]["ce"], out_shardings=replicated)
-    # compiled ahead of time, once per eval batch shape, so no compilation lands inside the loop
-    params_abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                   abstract["params"], shardings["params"])
-    rows_per_shard = mesh.shape["data"] * mesh.shape["fsdp"]
-    eval_loss: dict[tuple[int, ...], tuple[Any, Any]] = {}
-    for batches in eval_sets.values():
-        for b in batches:
-            if b.shape not in eval_loss:
-                layout = meshlib.batch_sharding(mesh) if b.shape[0] % rows_per_shard == 0 else replicated
-                eval_loss[b.shape] = (layout, eval_jit.lower(
-                    params_abstract, jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=layout)).compile())
-    kind = jax.devices()[0].device_kind
-    return Run(cfg, data, seed, model_cfg, seq_len, loader, eval_sets, mesh, shardings, abstract, init, key,
-               step, eval_loss, schedule, peak_flops(kind, jax.device_count()))
-
-
-def evaluate(run: Run, params: Any) -> dict[str, float]:
-    """Held-out loss and bits per byte of every eval source.
-
-    ``eval_loss/<src>``: mean next-token cross-entropy over every predicted position of the
-    fixed eval sequences (nats/token). ``eval_bpb/<src>`` (when the tokenizer's
-    ``tokenizer.json`` is present): ``total nats / ln 2 / total UTF-8 bytes`` of the predicted
-    tokens (targets ``batch[:, 1:]``), the bytes of each token taken from the tokenizer
-    (:func:`tidal.train.loader.token_byte_lengths`; end-of-document tokens are 0 bytes).
-    """
-    out: dict[str, float] = {}
-    for src, batches in run.eval_sets.items():
-        total = 0.0
-        for b in batches:
-            layout, mean_ce = run.eval_loss[b.shape]
-            total += host_scalar(mean_ce(params, meshlib.put_global(b, layout))) * b.shape[0]
-        rows = sum(b.shape[0] for b in batches)
-        out[f"eval_loss/{src}"] = total / rows
-        if run.data.token_bytes is not None:
-            n_bytes = int(sum(run.data.token_bytes[b[:, 1:]].sum() for b in batches))
-            if n_bytes:
-                out[f"eval_bpb/{src}"] = total * (run.seq_len - 1) / math.log(2) / n_bytes
-    return out
 
 
 def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:

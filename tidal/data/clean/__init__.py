@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tidal.data.clean.config import CleanConfig, CleanSettings, NearDupConfig
+from tidal.data.clean.config import CleanConfig, CleanSettings
+from tidal.data.neardup_config import NearDupConfig
 
 __all__ = ["CleanConfig", "CleanSettings", "NearDupConfig"]  # and every name of tidal.data.clean.step
 

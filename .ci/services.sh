@@ -2,10 +2,10 @@
 # The servers the tests use, from Debian's packages: PostgreSQL (trust auth on 127.0.0.1:5432,
 # the tests' metadata and MLflow stores) and Redis (127.0.0.1:6379, the Celery broker).
 #
-#   scripts/services.sh install        apt-get install what is missing (once per machine)
-#   scripts/services.sh start          start what is not already listening; state in $STATE
-#   scripts/services.sh stop           stop what `start` started (by process group), nothing else
-#   scripts/services.sh run -- CMD...  start, run CMD, stop what was started; exit with CMD's code
+#   .ci/services.sh install        apt-get install what is missing (once per machine)
+#   .ci/services.sh start          start what is not already listening; state in $STATE
+#   .ci/services.sh stop           stop what `start` started (by process group), nothing else
+#   .ci/services.sh run -- CMD...  start, run CMD, stop what was started; exit with CMD's code
 #
 # Each server runs in its own process group (setsid) and is stopped by that group id. A server
 # already listening on the port (another clone's, or one started by hand) is reused and left
@@ -127,7 +127,7 @@ case "${1:-}" in
   stop) stop ;;
   run)
     shift; [[ ${1:-} == -- ]] && shift
-    [[ $# -gt 0 ]] || die "run needs a command: scripts/services.sh run -- CMD..."
+    [[ $# -gt 0 ]] || die "run needs a command: .ci/services.sh run -- CMD..."
     # Stop only what this invocation started: a state file left before us belongs to another.
     [[ -f $STATE.pg || -f $STATE.redis ]] && STATE="$STATE-$$"
     trap stop EXIT
@@ -136,5 +136,5 @@ case "${1:-}" in
     start
     rc=0; "$@" || rc=$?
     exit $rc ;;
-  *) die "usage: scripts/services.sh install|start|stop|run -- CMD..." ;;
+  *) die "usage: .ci/services.sh install|start|stop|run -- CMD..." ;;
 esac
