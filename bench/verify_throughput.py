@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--dir", help="where to write the step (default: a temp dir, removed after)")
     args = parser.parse_args()
 
-    from tidal.audit.verify import DEFAULT_WORKERS, LocalStepFiles, verify_step
+    from tidal.audit.verify import DEFAULT_WORKERS, verify_step
     from tidal.core.runner import run_step
     from tidal.integrity.signing import KEY_ENV, load_key
     from tidal.kinds import KINDS, KindSpec
@@ -91,7 +91,7 @@ def main() -> None:
         key = load_key()
 
         def verify(workers: int = DEFAULT_WORKERS) -> None:
-            res = verify_step(LocalStepFiles(out), step.step_id, key, require_signature=True, workers=workers)
+            res = verify_step(out, step.step_id, key, require_signature=True, workers=workers)
             assert res.ok and res.signature == "valid", res.mismatches
 
         def sha256sum() -> None:

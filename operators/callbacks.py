@@ -61,7 +61,7 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
     recipe_path = getattr(task, "recipe_path", None)
     if recipe_path:
         try:
-            pipe = pipeline_for_run(recipe_path, context)
+            pipe = pipeline_for_run(recipe_path, context, check_tracking=False)  # record even that refusal
             fields.update(recipe=pipe.recipe.name, recipe_hash=pipe.recipe_hash)
             step_name = getattr(task, "step_name", None) or ti.task_id.split(".")[0]
             if step_name in pipe.graph.by_name:
@@ -83,7 +83,8 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
 
 
 def on_failure_callback(context: Any) -> None:
-    """Record the failure in ``{storage_root}/failures/``, send metrics and the webhook alert;
+    """Record the failure as an object ``{storage_root}/failures/...`` (in the bucket for an object-store
+    root, so every pod sees it), send metrics and the webhook alert;
     close a GKE training step's live MLflow run as FAILED (:func:`operators.gke.close_failed_live_run`)."""
     from tidal.tracking import TrackingUnavailable
 
@@ -106,7 +107,7 @@ def on_failure_callback(context: Any) -> None:
         try:
             from tidal.tracking.failures import record_failure
 
-            path = record_failure(pipe.storage.local_dir, record)
+            path = record_failure(pipe.storage, record)
             log.info("failure %s recorded in %s", record["fingerprint"], path)
         except Exception:
             log.exception("tidal failure callback could not write the catalog")

@@ -95,7 +95,8 @@ class ProviderOperator(BaseOperator):
 class TidalPrepareOperator(BaseBranchOperator):
     """Branch: skip to ``commit`` when the step is committed, else write ``spec.json`` and launch.
 
-    XCom ``prepared`` = :func:`tidal.core.remote.prepare`'s dict; ``step_uri`` = its step dir;
+    XCom ``prepared`` = :func:`tidal.core.remote.prepare`'s dict; ``step_uri`` = where the pod finds
+    ``spec.json`` (on an object-store root the step's staging URI in the bucket, never a worker path);
     ``mlflow_tracking_uri`` / ``mlflow_run_id`` = the live run for the pod (:func:`open_live_run`;
     empty strings when there is none).
     """
@@ -270,7 +271,7 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
     """
     import yaml
 
-    from tidal.launch.pods import is_single_pod, pod_secret_env, workload
+    from tidal.launch.pods import is_single_pod, pod_secret_env, storage_env, workload
     from tidal.settings import current as current_settings
 
     resources = recipe.train.resources
@@ -281,8 +282,11 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
         step_uri = f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="step_uri") }}}}'
         live_env = {env: f'{{{{ ti.xcom_pull(task_ids="{prefix}prepare", key="{key}") or "" }}}}'
                     for env, key in ((URI_ENV, XCOM_TRACKING_URI), (RUN_ID_ENV, XCOM_RUN_ID))}
-        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env=live_env,
-                            secret_env=pod_secret_env(current_settings().pod_secret_env))
+        settings = current_settings()
+        where = storage_env(settings.storage_root or recipe.storage_root,
+                            settings.s3_endpoint_url or recipe.storage.endpoint_url, recipe.storage.region)
+        manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env={**where, **live_env},
+                            secret_env=pod_secret_env(settings.pod_secret_env))
         single = is_single_pod(resources)
         launch_id = f"{prefix}launch" if single else f"{prefix}create"
         prepare = TidalPrepareOperator(task_id="prepare", recipe_path=recipe_path, step_name=step.name,

@@ -27,7 +27,8 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
 
     Returns:
         ``{"recipe", "dag_id", "path", "schedule", "recipe_hash", "storage_root", "steps": [{"name",
-        "kind", "step_id", "status"}], "failing_gates": [{"attempt", "failed": [...]}],
+        "kind", "step_id", "status"}], "failing_gates": [{"step_id", "attempt" (URI), "data_docs" (URI of
+        the attempt's Data Docs index, or None), "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
         "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}`` (:func:`mlflow_run_links` adds
         ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when the recipe does not load.
@@ -45,11 +46,14 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
     for step in pipe.graph:
         if step.kind != "gate" or pipe.storage.is_committed(step.step_id):
             continue
-        for attempt in pipe.storage.failed_attempts(step.step_id)[-3:]:
-            result_file = attempt / "gate_result.json"
-            if result_file.is_file():
-                result = json.loads(result_file.read_text())
-                failing_gates.append({"step_id": step.step_id, "attempt": str(attempt),
+        for attempt in pipe.storage.failed_attempts(step.step_id)[-3:]:  # objects: any pod's attempts
+            data = pipe.storage.read_object(attempt + "gate_result.json")
+            if data is not None:
+                result = json.loads(data)
+                docs = attempt + "data_docs/index.html"
+                failing_gates.append({"step_id": step.step_id, "attempt": pipe.storage.object_uri(attempt),
+                                      "data_docs": pipe.storage.object_uri(docs)
+                                      if pipe.storage.read_object(docs) is not None else None,
                                       "failed": [r for r in result.get("results", []) if not r.get("success")]})
     checkpoint = None
     if "train" in pipe.graph.by_name:
@@ -63,9 +67,9 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
 
     return {
         "recipe": pipe.recipe.name, "dag_id": f"tidal_{pipe.recipe.name}", "path": str(recipe_path),
-        "schedule": pipe.recipe.schedule, "recipe_hash": pipe.recipe_hash, "storage_root": str(pipe.storage.local_dir),
+        "schedule": pipe.recipe.schedule, "recipe_hash": pipe.recipe_hash, "storage_root": pipe.storage.uri,
         "steps": steps, "failing_gates": failing_gates,
-        "failures": group_failures(list_failures(pipe.storage.local_dir, pipe.recipe.name))[:20],
+        "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name))[:20],
         "checkpoint": checkpoint,
         "mlflow": {"uri": pipe.tracking_uri, "link": experiments_link(pipe.tracking_uri)},
     }
@@ -154,8 +158,9 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         if not st["failing_gates"]:
             out.append("<p>none</p>")
         for gate in st["failing_gates"]:
+            docs = f", Data Docs <code>{e(gate['data_docs'])}</code>" if gate.get("data_docs") else ""
             out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> "
-                       f"(evidence {e(gate['attempt'])})</p><ul>")
+                       f"(evidence <code>{e(gate['attempt'])}</code>{docs})</p><ul>")
             out += [f"<li>{e(str(c.get('column')))} [source={e(str(c.get('source')))}]: expected "
                     f"{e(str(c.get('expected')))}, got {e(str(c.get('observed')))}</li>" for c in gate["failed"]]
             out.append("</ul>")

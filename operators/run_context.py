@@ -44,7 +44,12 @@ def export_signing_key(conn_id: str = SIGNING_CONN_ID) -> bool:
     return True
 
 
-def pipeline_for_run(recipe_path: str, context: Any):
+class SharedTrackingRequired(RuntimeError):
+    """An Airflow task of a pipeline whose storage root is shared by every pod (``s3://``) but whose
+    MLflow store is a file on one machine (:meth:`tidal.core.pipeline.Pipeline.tracking_problem`)."""
+
+
+def pipeline_for_run(recipe_path: str, context: Any, *, check_tracking: bool = True):
     """The :class:`tidal.core.pipeline.Pipeline` of this DAG run: the recipe with the run's overrides.
 
     Step ids are computed here, at run time, from the run's params (trigger conf merged over
@@ -52,17 +57,30 @@ def pipeline_for_run(recipe_path: str, context: Any):
     computes (and commits) a different train step than the DAG's doc shows. A scaling suite
     takes no overrides.
 
+    Args:
+        check_tracking: refuse a pipeline that cannot run across pods as configured (the failure
+            callback passes False so that it can still record that refusal).
+
     Raises:
         tidal.recipe.RecipeError: the recipe or an override is invalid.
+        SharedTrackingRequired: an object-store root with a per-machine tracking store (SQLite,
+            a file path, or unset): every task runs in its own pod, so set ``MLFLOW_TRACKING_URI``
+            (or the recipe's ``tracking_uri``) to an MLflow server.
     """
     from tidal.core.load import load_pipeline
     from tidal.scaling.suite import is_suite_file
 
     if is_suite_file(recipe_path):
-        return load_pipeline(recipe_path)
-    from operators.params import overrides_from_params
-    from tidal.recipe import load_recipe
+        pipe = load_pipeline(recipe_path)
+    else:
+        from operators.params import overrides_from_params
+        from tidal.recipe import load_recipe
 
-    params = dict(context.get("params") or {})
-    overrides = overrides_from_params(load_recipe(recipe_path), params)
-    return load_pipeline(recipe_path, overrides or None)
+        params = dict(context.get("params") or {})
+        overrides = overrides_from_params(load_recipe(recipe_path), params)
+        pipe = load_pipeline(recipe_path, overrides or None)
+    problem = pipe.tracking_problem() if check_tracking else None
+    if problem:
+        raise SharedTrackingRequired(f"{problem}; Airflow runs every task in its own pod, so this task refuses "
+                                     "to run rather than record into a store the other tasks never see")
+    return pipe

@@ -24,6 +24,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
+    problem = pipe.tracking_problem()
+    if problem:  # Airflow tasks refuse to run like this (operators/run_context.py); `tidal run` only warns
+        print(f"note: {problem}")
     baseline = describe_baseline(pipe)
     if baseline is not None:
         print(baseline)
@@ -63,15 +66,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
 
     pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    problem = pipe.tracking_problem()
+    if problem:  # one machine runs every step here, so its own store is enough
+        print(f"warning: {problem}; this in-process run on one machine records into it anyway", file=sys.stderr)
     run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     names = [pipe.graph.find(args.step).name] if args.step else [s.name for s in pipe.graph]
     forced = {pipe.graph.find(name).name for name in args.force or []}
     started = time.perf_counter()
     for name in names:
-        result = pipe.run(name, run_key=run_key, force=name in forced)
+        try:
+            result = pipe.run(name, run_key=run_key, force=name in forced)
+        except Exception as err:
+            _record_failure(pipe, name, run_key, err)
+            raise
         print(f"{result.status:<4} {result.step_id}  {result.seconds:.2f} s", flush=True)
     print(f"done in {time.perf_counter() - started:.1f} s; MLflow run key {run_key}")
     return 0
+
+
+def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
+    """Add a failed in-process step to the failure catalog under the storage root (``tidal failures``
+    on any machine lists it, as it lists the Airflow tasks' failures); never masks ``err``."""
+    from tidal.tracking.failures import build_record, record_failure
+
+    try:
+        step = pipe.graph[name]
+        record = build_record(err, task_id=name, run_id=run_key, recipe=pipe.recipe.name, recipe_hash=pipe.recipe_hash,
+                              step_id=step.step_id, launcher="cli")
+        print(f"failure recorded: {record_failure(pipe.storage, record)}", file=sys.stderr)
+    except Exception as problem:  # noqa: BLE001 - the step's own error is what the user must see
+        print(f"warning: the failure of {name} could not be recorded: {problem}", file=sys.stderr)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -172,23 +196,23 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def _cmd_failures(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from tidal.tracking.failures import format_groups, group_failures, list_failures
+    from tidal.tracking.failures import CATALOG_DIR, format_groups, group_failures, list_failures
 
     recipe_name = None
     if args.recipe:
         from tidal.core.load import load_pipeline
 
         pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
-        root, recipe_name = pipe.storage.local_dir, pipe.recipe.name
+        storage, recipe_name = pipe.storage, pipe.recipe.name
     else:
-        root = Path(args.storage_root or current_settings().storage_root or ".tidal")
-    records = list_failures(root, recipe_name)[: args.limit]
+        from tidal.storage import open_storage
+
+        storage = open_storage(args.storage_root or current_settings().storage_root or ".tidal")
+    records = list_failures(storage, recipe_name)[: args.limit]
     if args.json:
         print(json.dumps(records, indent=1, sort_keys=True, default=str))
     else:
-        print(f"failure catalog {Path(root) / 'failures'}: {len(records)} failure(s)")
+        print(f"failure catalog {storage.object_uri(CATALOG_DIR + '/')}: {len(records)} failure(s)")
         print(format_groups(group_failures(records)))
     return 0
 
@@ -248,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--step", help="run only this step (its inputs must be committed)")
     run.add_argument("--force", action="append", help="recompute this step even if committed")
     run.add_argument("--run-key", help="MLflow parent run key (default: a timestamp)")
-    add("report", _cmd_report, "summarize a run: steps, tokens, losses, gate, where things are").add_argument(
-        "--run-key", help="MLflow parent run key (default: the newest run)"
-    )
+    report = add("report", _cmd_report, "summarize a run (buffered MLflow calls are sent first): steps, tokens, "
+                 "losses, gate, where things are")
+    report.add_argument("--run-key", help="MLflow parent run key (default: the newest run)")
     add("archives", _cmd_archives, "download the recipe's pinned source archives and check sha256")
     forecast = add("forecast", _cmd_forecast, "scaling suite: N*, D* and predicted loss at a compute budget")
     forecast.add_argument("--flops", type=float, required=True, help="training compute C in FLOPs, e.g. 1e21")
@@ -328,9 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:
-        if not {cls.__name__ for cls in type(err).__mro__} & USER_ERRORS:
+        names = {cls.__name__ for cls in type(err).__mro__}
+        if not names & USER_ERRORS:
             raise
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        hint = ""
+        if names & {"BotoCoreError", "ClientError"}:
+            from tidal.storage.uris import storage_hint
+
+            hint = f"; {storage_hint(err)}"
+        print(f"error: {type(err).__name__}: {err}{hint}", file=sys.stderr)
         return 1
 
 

@@ -16,9 +16,17 @@ A step kind is a module exposing::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tidal.files import is_uri
+
+if TYPE_CHECKING:
+    from tidal.files import StepFiles
+
+__all__ = ["MissingInput", "StepContext", "is_uri"]
 
 
 class MissingInput(KeyError):
@@ -39,11 +47,15 @@ class StepContext:
         config: the step's versioned config as plain JSON data; this is what is hashed.
         out_dir: directory to write every output file into. For non-resumable kinds it is
             a fresh scratch directory the runner renames into place after ``run`` returns.
-        inputs: input step name -> committed output directory of that step.
+        inputs: input step name -> where that committed step lives: a local directory, or the
+            URI of its prefix in the bucket (``s3://bucket/root/{step_id}/``). Read a URI input in
+            place with :meth:`input_files`; :meth:`input_dir` downloads a verified local copy.
         input_ids: input step name -> step id (for provenance, e.g. tokenizer hashes).
         seed: a 63-bit seed derived from the recipe seed and the step name; None for a kind
             that draws no random numbers (``tidal/kinds.py`` ``seeded``). Never defaulted.
         log: logger to report progress on.
+        resolve: URI of a committed step -> a verified local copy of it, private to this process
+            (the storage layer's :meth:`tidal.storage.Storage.input_dir`); needed only for URI inputs.
     """
 
     step_id: str
@@ -51,10 +63,11 @@ class StepContext:
     kind: str
     config: dict[str, Any]
     out_dir: Path
-    inputs: dict[str, Path] = field(default_factory=dict)
+    inputs: dict[str, Path | str] = field(default_factory=dict)
     input_ids: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tidal.step"))
+    resolve: Callable[[str], Path] | None = field(default=None, compare=False, repr=False)
 
     def require_seed(self) -> int:
         """The step's seed, for a kind that draws random numbers.
@@ -67,15 +80,41 @@ class StepContext:
                              "none was given (standalone jobs: pass --seed)")
         return self.seed
 
-    def input_dir(self, name: str) -> Path:
-        """The committed output directory of input step ``name``.
-
-        Raises:
-            MissingInput: naming the missing input and the inputs this step has.
-        """
+    def _input(self, name: str) -> Path | str:
         try:
             return self.inputs[name]
         except KeyError:
             raise MissingInput(
                 f"step {self.name!r} has no input {name!r}; its inputs are {sorted(self.inputs)}"
             ) from None
+
+    def input_dir(self, name: str) -> Path:
+        """Input step ``name`` as a local directory: the committed directory itself on a local root;
+        for a bucket URI a verified copy downloaded in full into this process's cache. Kinds that
+        can read in place use :meth:`input_files` instead (range reads, only what they need).
+
+        Raises:
+            MissingInput: naming the missing input and the inputs this step has.
+            RuntimeError: the input is a URI and this context has no ``resolve``.
+        """
+        location = self._input(name)
+        if not is_uri(location):
+            return Path(str(location).removeprefix("file://"))
+        if self.resolve is None:
+            raise RuntimeError(f"step {self.name!r}: input {name!r} is {location}, and nothing here can fetch it")
+        return self.resolve(str(location))
+
+    def input_uri(self, name: str) -> str:
+        """Where input step ``name`` lives, as given: a bucket URI or a local directory path."""
+        return str(self._input(name))
+
+    def input_files(self, name: str) -> StepFiles:
+        """Input step ``name`` read in place (:class:`tidal.files.StepFiles`: listing, range reads,
+        parquet columns), whether it lives in a local directory or in the bucket.
+
+        Raises:
+            MissingInput: naming the missing input and the inputs this step has.
+        """
+        from tidal.files import StepFiles
+
+        return StepFiles.open(self.input_uri(name))

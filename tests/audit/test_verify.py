@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tidal.audit.verify import LocalStepFiles, verify_step
+from tests.files.conftest import upload  # noqa: F401 - fixture used here
+from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - fixtures used here
+from tidal.audit.verify import step_files, verify_step, verify_steps
 from tidal.cli import main
 from tidal.core.runner import run_step
+from tidal.files import StepFiles, bytes_fetched
 from tidal.integrity.signing import KEY_ENV, SigningKey
 from tidal.kinds import KINDS, KindSpec
 from tidal.steps import Step
-from tidal.storage import LocalStorage
+from tidal.storage import LocalStorage, open_storage
 
 KEY_HEX = "a5" * 32
 OTHER_HEX = "5a" * 32
@@ -44,8 +47,8 @@ KEY = SigningKey(bytes.fromhex(KEY_HEX))
 
 
 def check(out, step_id, key=KEY, require=False):
-    files = LocalStepFiles(out) if isinstance(out, Path) else out
-    return verify_step(files, step_id, key, require)
+    """Verify ``out``: a step directory, a bucket URI or a :class:`StepFiles`."""
+    return verify_step(out, step_id, key, require)
 
 
 def flip(path, offset):
@@ -151,43 +154,84 @@ def test_cli_exit_codes(signed_step, capsys, monkeypatch):
     assert main(["verify", "writer-abc"]) == 2
 
 
-def test_an_s3_step_is_verified_object_by_object(tmp_path, monkeypatch, capsys):
-    """A signed step on a real S3 server (moto on loopback): tampering with one object is caught."""
+def test_an_s3_step_is_verified_object_by_object(s3_env, bucket, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A signed step committed to a real S3 server (moto on loopback), verified from the bucket
+    alone: no local copy is read or made, and tampering with objects is caught."""
     import boto3
 
-    from tests.storage.servers import MotoServer
-    from tidal.audit.verify import ObjectStepFiles, step_files
-    from tidal.storage import open_storage
+    monkeypatch.setenv(KEY_ENV, KEY_HEX)
+    client = boto3.client("s3", endpoint_url=s3_env.endpoint, region_name="us-east-1")
+    storage = open_storage(f"s3://{bucket}/root")
+    step = Step("writer", "fixture", {"parts": 3, "pause_s": 0.0, "fail_at": None})
+    run_step(step, storage)
+    cache = tmp_path / "cache"
+    shutil.rmtree(cache, ignore_errors=True)  # a machine that shares only the bucket
+    files = step_files(storage, step.step_id)
+    assert isinstance(files, StepFiles) and files.remote
+    result = check(files, step.step_id)
+    assert result.ok and result.signature == "valid" and result.files == 3, result.mismatches
+    assert result.location == storage.step_uri(step.step_id)
+    assert main(["verify", step.step_id, "--storage-root", f"s3://{bucket}/root", "--require-signature"]) == 0
+    capsys.readouterr()
 
-    server = MotoServer().start()
-    try:
-        for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                           ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_CONFIG_FILE", str(tmp_path / "none")),
-                           ("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none")),
-                           ("TIDAL_S3_ENDPOINT_URL", server.endpoint),
-                           ("TIDAL_STORAGE_CACHE", str(tmp_path / "cache")), (KEY_ENV, KEY_HEX)):
-            monkeypatch.setenv(var, value)
-        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket="verify")
-        storage = open_storage("s3://verify/root")
-        step = Step("writer", "fixture", {"parts": 3, "pause_s": 0.0, "fail_at": None})
-        run_step(step, storage)
-        files = step_files(storage, step.step_id)
-        assert isinstance(files, ObjectStepFiles)
-        result = check(files, step.step_id)
-        assert result.ok and result.signature == "valid" and result.files == 3, result.mismatches
-        assert main(["verify", step.step_id, "--storage-root", "s3://verify/root", "--require-signature"]) == 0
-        capsys.readouterr()
+    key = f"root/{step.step_id}/part-1.txt"
+    body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[0] ^= 0x01
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    client.delete_object(Bucket=bucket, Key=f"root/{step.step_id}/part-2.txt")
+    client.put_object(Bucket=bucket, Key=f"root/{step.step_id}/extra.txt", Body=b"x")
+    got = {m.file: m.got for m in check(files, step.step_id).mismatches}  # the same object: listed afresh
+    assert got["part-1.txt"].startswith("sha256 ") and got["part-2.txt"] == "missing" and "extra.txt" in got
+    assert main(["verify", step.step_id, "--storage-root", f"s3://{bucket}/root"]) == 1
+    assert f"FAIL {step.step_id}" in capsys.readouterr().out
+    assert not cache.exists(), "verify wrote a local copy"
 
-        key = f"root/{step.step_id}/part-1.txt"
-        body = bytearray(client.get_object(Bucket="verify", Key=key)["Body"].read())
-        body[0] ^= 0x01
-        client.put_object(Bucket="verify", Key=key, Body=bytes(body))
-        client.delete_object(Bucket="verify", Key=f"root/{step.step_id}/part-2.txt")
-        client.put_object(Bucket="verify", Key=f"root/{step.step_id}/extra.txt", Body=b"x")
-        got = {m.file: m.got for m in check(files, step.step_id).mismatches}
-        assert got["part-1.txt"].startswith("sha256 ") and got["part-2.txt"] == "missing" and "extra.txt" in got
-        assert main(["verify", step.step_id, "--storage-root", "s3://verify/root"]) == 1
-        assert f"FAIL {step.step_id}" in capsys.readouterr().out
-    finally:
-        server.stop()
+
+def tamper(upload, key: str, offset: int) -> None:  # noqa: F811 - the fixture's helper
+    """Flip one bit of byte ``offset`` of object ``key`` in the bucket."""
+    data = bytearray(upload.client.get_object(Bucket=upload.bucket, Key=key)["Body"].read())
+    data[offset] ^= 0x01
+    upload.client.put_object(Bucket=upload.bucket, Key=key, Body=bytes(data))
+
+
+def test_an_uploaded_step_is_hashed_in_chunks_from_the_bucket(signed_step, upload, monkeypatch):  # noqa: F811
+    """A step uploaded to moto verifies from the bucket, streamed in small chunks (every byte fetched
+    once, ``bytes`` = what was hashed); one byte changed in the bucket is a mismatch naming the file,
+    and a damaged manifest.json is reported, not raised."""
+    import tidal.files
+
+    out, _, step_id = signed_step
+    uri = upload(out, step_id)
+    monkeypatch.setattr(tidal.files, "COPY_CHUNK_BYTES", 5)  # several ranged GETs per file
+    data_bytes = sum((out / f"part-{i}.txt").stat().st_size for i in range(3))
+    before = bytes_fetched()
+    result = check(uri, step_id)
+    assert result.ok and result.signature == "valid", result.mismatches
+    assert result.location == uri and result.files == 3 and result.bytes == data_bytes
+    size = {name: (out / name).stat().st_size for name in ("manifest.json", "step.json", "signature.json", "_SUCCESS")}
+    hmac_reread = size["manifest.json"] + size["step.json"]
+    assert bytes_fetched() - before == data_bytes + sum(size.values()) + hmac_reread
+    [ok] = verify_steps(open_storage(f"s3://{upload.bucket}/root"), [step_id], KEY)
+    assert ok.ok and ok.as_dict()["bytes"] == data_bytes
+
+    tamper(upload, f"root/{step_id}/part-1.txt", 2)
+    [mismatch] = check(uri, step_id).mismatches
+    assert mismatch.file == "part-1.txt" and mismatch.expected.startswith("sha256 ")
+    assert mismatch.got.startswith("sha256 ") and mismatch.got != mismatch.expected
+
+    tamper(upload, f"root/{step_id}/manifest.json", 0)  # no longer JSON
+    files = {m.file for m in check(uri, step_id).mismatches}
+    assert "manifest.json" in files and "manifest.json HMAC" in files
+
+
+def test_a_local_step_is_hashed_in_chunks_in_place(signed_step, monkeypatch):
+    """On a local root the files are hashed where they are, in chunks, and nothing is fetched."""
+    import tidal.files
+
+    out, _, step_id = signed_step
+    monkeypatch.setattr(tidal.files, "LOCAL_HASH_CHUNK_BYTES", 3)
+    before = bytes_fetched()
+    result = check(out, step_id)
+    assert result.ok and result.location == str(out) and bytes_fetched() == before
+    data = (out / "part-0.txt").read_bytes()
+    assert StepFiles.open(out).sha256("part-0.txt") == (hashlib.sha256(data).hexdigest(), len(data))

@@ -16,7 +16,7 @@ from tidal.core.runner import StepBlocked, run_step
 from tidal.integrity.hashing import verify_manifest
 from tidal.kinds import KINDS, KindSpec
 from tidal.steps import Step
-from tidal.storage import SCRATCH, LocalStorage
+from tidal.storage import SCRATCH, LocalStorage, StorageSettings
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,8 @@ def test_failed_step_leaves_nothing_committed(tmp_path):
     assert not storage.is_committed(step.step_id)
     assert not storage.step_dir(step.step_id).exists()
     [kept] = storage.failed_attempts(step.step_id)
-    assert (kept / "part-0.txt").is_file() and not (kept / "_SUCCESS").exists()
+    assert kept.startswith(".failed/") and kept.endswith("/")
+    assert storage.read_object(kept + "part-0.txt") is not None and storage.read_object(kept + "_SUCCESS") is None
 
 
 def test_commit_clears_failed_attempts_and_forced_copies(tmp_path, monkeypatch):
@@ -95,9 +96,10 @@ def test_killed_step_is_not_committed_and_rerun_completes(tmp_path):
         "import sys; from pathlib import Path\n"
         "from tidal.kinds import KINDS, KindSpec\n"
         "KINDS['fixture'] = KindSpec('tests.fixture_kind', 1)\n"
-        "from tidal.core.runner import run_step; from tidal.steps import Step; from tidal.storage import LocalStorage\n"
+        "from tidal.core.runner import run_step; from tidal.steps import Step\n"
+        "from tidal.storage import LocalStorage, StorageSettings\n"
         f"step = Step('writer', 'fixture', {dict(step.config)!r})\n"
-        f"run_step(step, LocalStorage(Path({str(tmp_path)!r})))\n"
+        f"run_step(step, LocalStorage(Path({str(tmp_path)!r}), StorageSettings(lease_ttl_s=1.0)))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     scratch = tmp_path / SCRATCH
@@ -112,7 +114,7 @@ def test_killed_step_is_not_committed_and_rerun_completes(tmp_path):
         pytest.fail("the step never started writing")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    storage = LocalStorage(tmp_path)
+    storage = LocalStorage(tmp_path, StorageSettings(lease_ttl_s=1.0))  # its lease expires after 1 s
     assert not storage.is_committed(step.step_id)
     assert not storage.step_dir(step.step_id).exists()
     result = run_step(step, storage)

@@ -322,3 +322,24 @@ def test_readme_deploy_guide_covers_node_pools_chart_and_first_run():
                  "--spot", "--workload-pool=", "roles/iam.workloadIdentityUser", "helm dependency build helm/tidal",
                  "helm install tidal helm/tidal", "airflow dags trigger tidal_tiny"):
         assert step in guide, step
+
+
+# --- the bucket: a gs:// root with HMAC keys from a Secret -------------------------------------
+
+def test_prod_values_share_a_gs_root_with_hmac_keys_from_a_secret():
+    from tidal.launch.pods import pod_secret_env, storage_env
+    from tidal.storage import open_storage
+    from tidal.storage.s3 import GCS_S3_ENDPOINT, S3Storage
+
+    airflow = chart_values("values-prod.yaml")["airflow"]
+    env = {e["name"]: e["value"] for e in airflow["env"]}
+    root = env["TIDAL_STORAGE_ROOT"]
+    storage = open_storage(root)
+    assert isinstance(storage, S3Storage) and storage.uri == root.rstrip("/")
+    assert storage.settings.endpoint_url == GCS_S3_ENDPOINT and storage.step_uri("s-1").startswith("gs://")
+    secrets = pod_secret_env(env["TIDAL_POD_SECRET_ENV"])  # the training pods: secretKeyRef only
+    assert set(secrets) >= {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    task_secrets = {s["envName"]: (s["secretName"], s["secretKey"]) for s in airflow["secret"]}  # Airflow task pods
+    assert task_secrets["AWS_ACCESS_KEY_ID"] == secrets["AWS_ACCESS_KEY_ID"]
+    plain = storage_env(root, None, None)
+    assert plain == {"TIDAL_STORAGE_ROOT": root} and not any(k.startswith("AWS_") for k in plain)

@@ -150,7 +150,8 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     assert strict.graph["stats"].step_id == pipe.graph["stats"].step_id
     # the evidence is kept (never committed) and recorded in MLflow as a FAILED nested run
     [kept] = strict.storage.failed_attempts(strict.graph["gate"].step_id)
-    assert json.loads((kept / "gate_result.json").read_text())["success"] is False
+    assert json.loads(strict.storage.read_object(kept + "gate_result.json"))["success"] is False
+    assert strict.storage.read_object(kept + "data_docs/index.html") is not None
     _, _, children = parent_and_children(strict)
     assert children["gate"].info.status == "FAILED"
     assert children["gate"].data.tags["tidal.status"] == "failed"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tidal.storage import LocalStorage
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -46,8 +47,9 @@ def _writer(args: tuple[str, int, int]) -> int:
 
     for i in range(n):
         err = _raise_in("/x/tidal/stats.py" if i % 2 else "/x/tidal/train.py", 5, f"w{worker} i{i}")
-        record_failure(Path(root), build_record(err, dag_id="tidal_x", task_id="stats" if i % 2 else "train",
-                                                recipe="x", try_number=i))
+        task = "stats" if i % 2 else "train"
+        record_failure(LocalStorage(Path(root)), build_record(err, dag_id="tidal_x", task_id=task, recipe="x",
+                                                              try_number=i))
     return n
 
 
@@ -56,7 +58,7 @@ def test_concurrent_writers_lose_nothing_and_groups_count(tmp_path):
 
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         written = sum(pool.map(_writer, [(str(tmp_path), w, 25) for w in range(4)]))
-    records = list_failures(tmp_path)
+    records = list_failures(LocalStorage(tmp_path))
     assert len(records) == written == 100
     assert [r["time"] for r in records] == sorted((r["time"] for r in records), reverse=True)
     groups = group_failures(records)
@@ -86,8 +88,8 @@ def test_a_gate_failure_keeps_its_failed_expectations(tmp_path):
     except GateFailed as err:
         record = build_record(err, dag_id="tidal_x", task_id="gate", recipe="x", step_id="gate-abc", try_number=1)
     assert [c["column"] for c in record["failed_expectations"]] == ["total_tokens"]
-    record_failure(tmp_path, record)
-    text = format_groups(group_failures(list_failures(tmp_path)))
+    record_failure(LocalStorage(tmp_path), record)
+    text = format_groups(group_failures(list_failures(LocalStorage(tmp_path))))
     assert "GateFailed" in text and "total_tokens [source=all]: expected >= 1e+12, got 1234" in text
 
 
@@ -95,10 +97,12 @@ def test_tidal_failures_lists_newest_first_with_counts(tmp_path):
     from tidal.tracking.failures import build_record, record_failure
 
     for i in range(3):
-        record_failure(tmp_path, build_record(_raise_in("/x/tidal/train.py", 1, f"old {i}"), dag_id="tidal_x",
-                                              task_id="train", recipe="x", time=f"2026-01-01T00:00:0{i}.000+00:00"))
-    record_failure(tmp_path, build_record(_raise_in("/x/tidal/stats.py", 1, "newest"), dag_id="tidal_x",
-                                          task_id="stats", recipe="x", time="2026-02-01T00:00:00.000+00:00"))
+        record_failure(LocalStorage(tmp_path), build_record(
+            _raise_in("/x/tidal/train.py", 1, f"old {i}"), dag_id="tidal_x", task_id="train", recipe="x",
+            time=f"2026-01-01T00:00:0{i}.000+00:00"))
+    record_failure(LocalStorage(tmp_path), build_record(_raise_in("/x/tidal/stats.py", 1, "newest"), dag_id="tidal_x",
+                                                        task_id="stats", recipe="x",
+                                                        time="2026-02-01T00:00:00.000+00:00"))
     out = subprocess.run([str(VENV_BIN / "tidal"), "failures", "--storage-root", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=True).stdout
     blocks = [line for line in out.splitlines() if not line.startswith(" ")]

@@ -79,7 +79,9 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     assert airflow_server.xcom(CI_DAG, run_id, "mix")["step_id"] == pipe.graph["mix"].step_id
 
     # the failure catalog, the alert and the StatsD counters saw it
-    [record] = [r for r in list_failures(airflow_server.storage, "ops_ci") if r["task_id"] == "stats"]
+    from tidal.storage import LocalStorage
+
+    [record] = [r for r in list_failures(LocalStorage(airflow_server.storage), "ops_ci") if r["task_id"] == "stats"]
     assert record["exception_type"] == "InjectedFault" and "disk full (drill)" in record["message"]
     assert record["step_id"] == pipe.graph["stats"].step_id and record["try_number"] == 1
     assert record["run_id"] == run_id and record["recipe_hash"] == pipe.recipe_hash

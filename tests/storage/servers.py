@@ -86,6 +86,7 @@ class FaultPlan:
             requests (PUT with a body of at least ``drop_min_bytes``).
         drop_min_bytes: smallest body that counts as an upload to drop (bytes).
         log: ``(method, path)`` of every request that reached moto, in order.
+        get_bytes: body bytes of every GET answer sent back (what clients fetched from the bucket).
     """
 
     every: int = 0
@@ -96,6 +97,7 @@ class FaultPlan:
     injected: dict[int, int] = field(default_factory=dict)
     dropped: int = 0
     log: list[tuple[str, str]] = field(default_factory=list)
+    get_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -176,6 +178,9 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(payload)
+                if self.command == "GET":
+                    with plan.lock:
+                        plan.get_bytes += len(payload)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
 

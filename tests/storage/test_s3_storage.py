@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+import shutil
 
 import boto3
 import pytest
@@ -39,8 +39,10 @@ def assert_complete(storage: S3Storage, step_id: str) -> None:
 def test_open_storage_picks_backend(bucket, tmp_path):
     assert isinstance(open_storage(f"s3://{bucket}/runs/a"), S3Storage)
     assert open_storage("rel", base=tmp_path).root == tmp_path / "rel"
+    gcs = open_storage("gs://bucket/x")  # GCS through its S3-interoperable endpoint (README "Object storage")
+    assert isinstance(gcs, S3Storage) and gcs.uri == "gs://bucket/x" and gcs.step_uri("s").startswith("gs://")
     with pytest.raises(Exception, match="scheme not supported"):
-        open_storage("gs://bucket/x")
+        open_storage("ftp://bucket/x")
 
 
 def test_step_commits_marker_last_and_downstream_reads_a_verified_copy(bucket, proxy, tmp_path):
@@ -160,12 +162,14 @@ def test_pipeline_opens_an_s3_root_with_the_recipe_settings(bucket, tmp_path):
     assert pipe.tracking_uri.startswith("sqlite:///") and str(pipe.storage.local_dir) in pipe.tracking_uri
 
 
-def test_remote_training_prepare_and_commit_on_s3(bucket, tmp_path):
-    """tidal.core.remote around a pod: local work dir, upload with the marker last on commit."""
+def test_remote_training_prepare_and_commit_on_s3(bucket, proxy, tmp_path):
+    """tidal.core.remote around a pod on an s3:// root: everything handed over is a bucket URI, the pod
+    seals and stages its outputs, and neither prepare nor commit downloads step data."""
     from tests.conftest import TINY
     from tidal.core.commit import write_commit
     from tidal.core.load import load_pipeline
     from tidal.core.remote import RemoteRunIncomplete, commit, prepare
+    from tidal.storage import staging, uris
 
     pipe = load_pipeline(TINY, storage_root=f"s3://{bucket}/remote")
     train = pipe.graph["train"]
@@ -174,16 +178,28 @@ def test_remote_training_prepare_and_commit_on_s3(bucket, tmp_path):
         (work / "data.txt").write_text(dep.step_id)
         write_commit(dep, pipe.storage, work, {}, started_at="2026-01-01T00:00:00+00:00", seconds=0.0)
         pipe.storage.commit_scratch(work, dep.step_id)
+    shutil.rmtree(pipe.storage.local_dir)  # the Airflow worker that commits is not the one that wrote
+    proxy.plan.log.clear()
     prepared = prepare(pipe, "train")
-    out = Path(prepared["step_uri"])
-    spec = json.loads((out / "spec.json").read_text())
-    assert prepared["status"] == "run" and spec["step_id"] == train.step_id
-    assert all((Path(d) / "data.txt").is_file() for d in spec["inputs"].values())  # materialized inputs
+    location = prepared["step_uri"]
+    assert prepared["status"] == "run" and location.startswith(f"s3://{bucket}/remote/.staging/{train.step_id}")
+    spec = json.loads(uris.read_bytes(uris.join(location, "spec.json")))
+    assert spec["step_id"] == train.step_id
+    assert all(u.startswith(f"s3://{bucket}/remote/") for u in spec["inputs"].values())  # read in place
     with pytest.raises(RemoteRunIncomplete):
         commit(pipe, "train", started_at=prepared["started_at"], launcher="gke")
-    (out / "summary.json").write_text(json.dumps({"steps": 1}))
+    pod = tmp_path / "pod"  # the pod: its own disk, spec from the bucket, outputs sealed and staged
+    pod.mkdir()
+    (pod / "spec.json").write_bytes(uris.read_bytes(uris.join(location, "spec.json")))
+    (pod / "summary.json").write_text(json.dumps({"steps": 1}))
+    staging.seal("train", spec["config"], pod, step_id=train.step_id, where="the pod")
+    staging.stage(pod, location)
     result = commit(pipe, "train", started_at=prepared["started_at"], launcher="gke", workload="tidal-x")
     assert result.status == "run" and pipe.storage.is_committed(train.step_id)
+    gets = [path for method, path in proxy.plan.log if method == "GET" and "list-type" not in path]
+    assert not [g for g in gets if "data.txt" in g], gets  # no input data was read by prepare or commit
+    assert not [p for p in pipe.storage.local_dir.rglob("*") if p.is_file()]  # nothing landed on this disk
+    assert uris.list_sizes(location) == {}  # staging cleared
     assert json.loads(pipe.storage.read_text(train.step_id, "step.json"))["provenance"]["launcher"] == "gke"
     assert_complete(pipe.storage, train.step_id)
     assert prepare(pipe, "train")["status"] == "skip"
@@ -211,4 +227,5 @@ def test_cli_on_an_unreachable_bucket_prints_one_error_line(tmp_path):
                          text=True, timeout=120, check=False)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1] == "error: NoCredentialsError: Unable to locate credentials"
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: NoCredentialsError: Unable to locate credentials; ") and "AWS_ACCESS_KEY_ID" in last

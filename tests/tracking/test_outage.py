@@ -174,7 +174,7 @@ def test_failure_callback_records_the_failure_without_mlflow_fields(outage, monk
                "dag_run": SimpleNamespace(dag_id=DAG_ID, run_id=RUN_ID), "params": {},
                "exception": RuntimeError("trainer died")}
     callbacks.on_failure_callback(context)
-    records = list_failures(outage.pipe.storage.local_dir, "tiny")
+    records = list_failures(outage.pipe.storage, "tiny")
     assert len(records) == 1 and records[0]["message"] == "trainer died"
     assert records[0]["mlflow_run_id"] is None and records[0]["mlflow_link"] is None
     assert records[0]["step_id"] == outage.pipe.graph["train"].step_id

@@ -18,24 +18,28 @@ check independently, and it runs at ~1-2 GB/s per core with the SHA extensions t
 OpenSSL uses (``bench/verify_throughput.py`` measures it against ``sha256sum``); switching to
 BLAKE3 would change every recorded hash for a speed-up that only matters past tens of GB.
 
-Files are read through :class:`StepFiles`, so on an object store (``s3://``) the objects
-themselves are verified, not a local copy (:class:`ObjectStepFiles`); locally the step
-directory is read (:class:`LocalStepFiles`).
+Files are read in place through :class:`tidal.files.StepFiles`, the one reader of committed
+steps: on an object store (``s3://``) the objects themselves, never a local copy (verification
+runs on machines that share only the bucket); locally the step directory. Every file is
+streamed through sha256 in chunks (:meth:`~tidal.files.StepFiles.sha256`), so a checkpoint is
+never held in memory, and ``bytes`` counts what was hashed. The listing is taken afresh and the
+small commit files are read unchecked (``read_bytes(checked=False)``): a damaged manifest is
+reported, not trusted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from tidal.integrity.hashing import CHUNK_BYTES, MANIFEST_NAME, canonical_json, sha256_bytes
+from tidal.files import StepFiles
+from tidal.integrity.hashing import MANIFEST_NAME, canonical_json, sha256_bytes
 from tidal.integrity.signing import SIGNATURE_JSON, SIGNED_FILES, SigningKey, check_signature
 from tidal.layout import COMMIT_FILES as LAYOUT_COMMIT_FILES
 from tidal.layout import STEP_JSON, SUCCESS
@@ -47,100 +51,15 @@ COMMIT_FILES = frozenset(LAYOUT_COMMIT_FILES)
 DEFAULT_WORKERS = min(8, os.cpu_count() or 1)
 
 
-class StepFiles(Protocol):
-    """Read access to one committed step's files, wherever they are stored."""
-
-    location: str
-
-    def list_files(self) -> dict[str, int]:
-        """Every file under the step: relative POSIX path -> size in bytes."""
-
-    def read_bytes(self, name: str) -> bytes:
-        """The exact bytes of one file. Raises FileNotFoundError when it does not exist."""
-
-    def sha256(self, name: str) -> str:
-        """Hex sha256 of one file's bytes, streamed (large files are not held in memory)."""
-
-
-@dataclass(frozen=True)
-class LocalStepFiles:
-    """A step directory on the local file system."""
-
-    path: Path
-
-    @property
-    def location(self) -> str:
-        """The directory as a string."""
-        return str(self.path)
-
-    def list_files(self) -> dict[str, int]:
-        """Every regular file under the directory with its size in bytes."""
-        if not self.path.is_dir():
-            return {}
-        return {p.relative_to(self.path).as_posix(): p.stat().st_size
-                for p in sorted(self.path.rglob("*")) if p.is_file()}
-
-    def read_bytes(self, name: str) -> bytes:
-        """Exact bytes of ``name``."""
-        return (self.path / name).read_bytes()
-
-    def sha256(self, name: str) -> str:
-        """Hex sha256 of ``name``, read in 1 MiB chunks."""
-        digest = hashlib.sha256()
-        with open(self.path / name, "rb") as handle:
-            while chunk := handle.read(CHUNK_BYTES):
-                digest.update(chunk)
-        return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class ObjectStepFiles:
-    """A step's objects in a bucket (:class:`tidal.storage.s3.S3Storage`: ``bucket``, ``prefix``,
-    ``client``, ``list_objects``), read straight from the object store, never from a local copy."""
-
-    storage: Any
-    step_id: str
-
-    @property
-    def location(self) -> str:
-        """``s3://bucket/prefix/{step_id}/``."""
-        return self.storage.step_uri(self.step_id)
-
-    def _key(self, name: str = "") -> str:
-        return "/".join(p for p in (self.storage.prefix, self.step_id, name) if p)
-
-    def list_files(self) -> dict[str, int]:
-        """Every object under the step's prefix (paginated listing) with its size in bytes."""
-        prefix = self._key() + "/"
-        return {obj["Key"][len(prefix):]: int(obj["Size"]) for obj in self.storage.list_objects(prefix)}
-
-    def _body(self, name: str) -> Any:
-        try:
-            return self.storage.client.get_object(Bucket=self.storage.bucket, Key=self._key(name))["Body"]
-        except Exception as err:
-            code = getattr(err, "response", {}).get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404", "NotFound"):
-                raise FileNotFoundError(f"{self.location}{name} does not exist") from None
-            raise
-
-    def read_bytes(self, name: str) -> bytes:
-        """Exact bytes of one object (one GET)."""
-        return self._body(name).read()
-
-    def sha256(self, name: str) -> str:
-        """Hex sha256 of one object, streamed in 1 MiB chunks."""
-        digest = hashlib.sha256()
-        for chunk in self._body(name).iter_chunks(CHUNK_BYTES):
-            digest.update(chunk)
-        return digest.hexdigest()
-
-
 def step_files(storage: Any, step_id: str) -> StepFiles:
-    """The files of ``step_id`` in ``storage``: the objects themselves for an object store
-    (a storage with ``bucket`` and ``list_objects``), else the local directory ``storage.step_dir``."""
-    if hasattr(storage, "bucket") and callable(getattr(storage, "list_objects", None)):
-        return ObjectStepFiles(storage, step_id)
-    return LocalStepFiles(Path(storage.step_dir(step_id)))
+    """The files of ``step_id`` where ``storage`` commits them (``storage.step_uri``: a local
+    directory, or ``s3://bucket/prefix/{step_id}/`` read object by object)."""
+    return StepFiles.open(storage.step_uri(step_id))
+
+
+def _location(files: StepFiles) -> str:
+    """A bucket step as ``s3://bucket/prefix/{step_id}/`` (``step_uri``'s form), a directory as its path."""
+    return files.uri_of("") if files.remote else files.uri
 
 
 @dataclass(frozen=True)
@@ -162,7 +81,8 @@ class StepVerification:
     Attributes:
         signature: ``valid``, ``invalid``, ``unsigned``, ``unchecked (no key)`` or
             ``unchecked (signed with key <id>, configured <id>)``.
-        files: data files hashed; ``bytes``: their total size; ``seconds``: wall time.
+        files: data files hashed; ``bytes``: the bytes hashed of them (as read, not as listed);
+            ``seconds``: wall time.
     """
 
     step_id: str
@@ -189,12 +109,30 @@ def _short(value: Any) -> str:
     return str(value) if value is not None else "nothing"
 
 
-def _load_json(files: StepFiles, name: str, bad: list[Mismatch]) -> dict[str, Any] | None:
+def _read(files: StepFiles, name: str) -> bytes | None:
+    """The bytes of ``name`` as stored (not checked against the manifest, which may itself be
+    damaged); None when it does not exist."""
     try:
-        data = json.loads(files.read_bytes(name))
+        return files.read_bytes(name, checked=False)
     except FileNotFoundError:
+        return None
+
+
+def _hash(files: StepFiles, name: str) -> tuple[str, int] | None:
+    """``(sha256, bytes hashed)`` of ``name``, streamed; None when it is gone (removed after the listing)."""
+    try:
+        return files.sha256(name)
+    except FileNotFoundError:
+        return None
+
+
+def _load_json(files: StepFiles, name: str, bad: list[Mismatch]) -> dict[str, Any] | None:
+    raw = _read(files, name)
+    if raw is None:
         bad.append(Mismatch(name, "present", "missing"))
         return None
+    try:
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         bad.append(Mismatch(name, "valid JSON", f"unreadable ({err})"))
         return None
@@ -204,12 +142,13 @@ def _load_json(files: StepFiles, name: str, bad: list[Mismatch]) -> dict[str, An
     return data
 
 
-def verify_step(files: StepFiles, step_id: str, key: SigningKey | None = None,
+def verify_step(files: StepFiles | str | Path, step_id: str, key: SigningKey | None = None,
                 require_signature: bool = False, workers: int = DEFAULT_WORKERS) -> StepVerification:
     """Verify one committed step (see the module docstring for every check).
 
     Args:
-        files: the step's files (:func:`step_files`).
+        files: the step's files (:func:`step_files`), or its location (a directory, or
+            ``s3://bucket/prefix/{step_id}/``) for :meth:`tidal.files.StepFiles.open`.
         step_id: the id the step is stored under (its directory name).
         key: the signing key, if configured (:func:`tidal.integrity.signing.load_key`).
         require_signature: count an unsigned step, or one whose signature cannot be
@@ -222,7 +161,8 @@ def verify_step(files: StepFiles, step_id: str, key: SigningKey | None = None,
         damaged content: a missing or unreadable file is a mismatch.
     """
     started = time.perf_counter()
-    result = StepVerification(step_id, files.location)
+    files = StepFiles.open(files)
+    result = StepVerification(step_id, _location(files))
     bad = result.mismatches
     present = files.list_files()
     if not present:
@@ -243,28 +183,32 @@ def verify_step(files: StepFiles, step_id: str, key: SigningKey | None = None,
             bad.append(Mismatch(f"{MANIFEST_NAME} total_bytes", "the sum of its files' bytes",
                                 _short(manifest.get("total_bytes"))))
         names = {entry.get("path") for entry in listed}
-        to_hash = sorted(names & set(present))
+        extras = sorted(set(present) - names - COMMIT_FILES)
+        to_hash = sorted(names & set(present)) + extras
         if workers > 1 and len(to_hash) > 1:
             with ThreadPoolExecutor(max_workers=workers) as pool:  # hashlib releases the GIL on large reads
-                digests = dict(zip(to_hash, pool.map(files.sha256, to_hash)))
+                digests = dict(zip(to_hash, pool.map(lambda name: _hash(files, name), to_hash)))
         else:
-            digests = {name: files.sha256(name) for name in to_hash}
+            digests = {name: _hash(files, name) for name in to_hash}
         for entry in listed:
             name = entry.get("path")
-            if name not in present:
+            hashed = digests.get(name)
+            if hashed is None:
                 bad.append(Mismatch(name, f"sha256 {entry.get('sha256')}", "missing"))
                 continue
-            if present[name] != entry.get("bytes"):
-                bad.append(Mismatch(name, f"{entry.get('bytes')} bytes", f"{present[name]} bytes"))
-            got = digests[name]
+            got, size = hashed
+            if size != entry.get("bytes"):
+                bad.append(Mismatch(name, f"{entry.get('bytes')} bytes", f"{size} bytes"))
             result.files += 1
-            result.bytes += present[name]
+            result.bytes += size
             if got != entry.get("sha256"):
                 bad.append(Mismatch(name, f"sha256 {entry.get('sha256')}", f"sha256 {got}"))
-        for extra in sorted(set(present) - names - COMMIT_FILES):
-            bad.append(Mismatch(extra, "not present (not in manifest.json)", f"sha256 {files.sha256(extra)}"))
+        for extra in extras:
+            if (hashed := digests[extra]) is not None:
+                bad.append(Mismatch(extra, "not present (not in manifest.json)", f"sha256 {hashed[0]}"))
 
-    marker = files.read_bytes(SUCCESS).decode(errors="replace") if SUCCESS in present else None
+    raw_marker = _read(files, SUCCESS) if SUCCESS in present else None
+    marker = raw_marker.decode(errors="replace") if raw_marker is not None else None
     if marker is None:
         bad.append(Mismatch(SUCCESS, "present (committed)", "missing"))
     elif root is not None and marker != f"{manifest.get('root_hash')}\n":  # exactly what the commit wrote
@@ -297,6 +241,11 @@ def _check_record(record: dict[str, Any], step_id: str, manifest: dict[str, Any]
                             _short(record.get("manifest_root_hash"))))
 
 
+def _signed_bytes(files: StepFiles) -> Callable[[str], bytes]:
+    """name -> bytes as stored for the HMAC check; a missing file reads as ``b""`` (its HMAC then differs)."""
+    return lambda name: _read(files, name) or b""
+
+
 def _check_signing(files: StepFiles, record: dict[str, Any], present: dict[str, int], key: SigningKey | None,
                    require: bool, bad: list[Mismatch]) -> str:
     """Check ``signature.json`` against step.json's ``signing`` record; returns the status.
@@ -315,7 +264,7 @@ def _check_signing(files: StepFiles, record: dict[str, Any], present: dict[str, 
         return "invalid"
     hmac_ok = None
     if doc is not None and key is not None and doc.get("key_id") == key.key_id:
-        problems = check_signature(doc, files.read_bytes, key, SIGNED_FILES)
+        problems = check_signature(doc, _signed_bytes(files), key, SIGNED_FILES)
         bad += [Mismatch(f"{name} HMAC", expected, got) for name, expected, got in problems]
         hmac_ok = not problems
     if not signed:
@@ -343,7 +292,7 @@ def _check_signing(files: StepFiles, record: dict[str, Any], present: dict[str, 
 
 def verify_steps(storage: Any, step_ids: Iterable[str], key: SigningKey | None = None,
                  require_signature: bool = False, workers: int = DEFAULT_WORKERS) -> list[StepVerification]:
-    """:func:`verify_step` for each id, read through :func:`step_files`."""
+    """:func:`verify_step` for each id, read in place through :func:`step_files`."""
     return [verify_step(step_files(storage, sid), sid, key, require_signature, workers) for sid in step_ids]
 
 

@@ -19,6 +19,13 @@ caller, in two halves that each take milliseconds on the Airflow worker:
    atomic rename of the scratch directory into place, or on an object store the upload with
    the marker last), exactly as :func:`tidal.core.runner.run_step` does; then MLflow.
 
+On an object-store root (DESIGN.md §0) every argument is a location in the bucket: ``out`` is the
+attempt's staging location (:mod:`tidal.storage.staging`), ``config`` its ``….job/config.json``,
+``inputs`` the committed steps' URIs (read in place). The job computes in a local scratch on its
+own machine, seals the outputs (the kind's checks, ``manifest.json``), stages them and writes
+``….job/summary.json`` (what ``run`` returned); commit reads only that, the manifest and the
+listing (:func:`tidal.core.commit.commit_staged`). No task downloads step data to commit.
+
 The summary comes from the outputs, not from the job's stdout: with ``DataflowRunner`` the
 provider stops following the launcher process as soon as it has the Dataflow job id and
 waits on the job itself. So the bytes, the manifest root hash and the step id are the same
@@ -35,9 +42,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidal.context import is_uri
 from tidal.core.commit import (
     OutputsIncomplete,
     StepResult,
+    commit_staged,
     commit_step,
     make_context,
     needs_run,
@@ -45,11 +54,12 @@ from tidal.core.commit import (
     skip_result,
 )
 from tidal.kinds import BEAM_KINDS, kind_spec
+from tidal.storage import staging, uris
 
 log = logging.getLogger("tidal.runner")
 
-JOB_SUFFIX = ".job"
-CONFIG_FILE = "config.json"
+JOB_SUFFIX = staging.JOB_SUFFIX
+CONFIG_FILE = staging.CONFIG_FILE
 
 if TYPE_CHECKING:
     from tidal.core.pipeline import Pipeline
@@ -85,7 +95,14 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
     storage.clear_uncommitted(step.step_id)
-    work_dir = storage.new_scratch(step.step_id)  # also removes stale scratch and job dirs (dead pid)
+    if is_uri(storage.uri):
+        out = staging.new_staging(storage, step.step_id)
+        ctx = make_context(step, storage, Path("/nonexistent-job-local-dir"))
+        config_uri = uris.join(staging.job_location(out), CONFIG_FILE)
+        uris.write_bytes(config_uri, (json.dumps(ctx.config, indent=1, sort_keys=True) + "\n").encode())
+        return {**base, "status": "run", "out": out, "config": config_uri,
+                "inputs": {n: str(p) for n, p in ctx.inputs.items()}, "seed": ctx.seed}
+    work_dir = storage.new_scratch(step.step_id)  # also removes stale scratch and job dirs
     ctx = make_context(step, storage, work_dir)
     config_path = job_dir(work_dir) / CONFIG_FILE
     config_path.parent.mkdir()
@@ -110,6 +127,11 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     tick = time.perf_counter()
     step = pipe.graph[name]
     storage = pipe.storage
+    if is_uri(storage.uri):
+        result = _commit_staged(pipe, step, prepared, runner, workload, tick)
+        if run_key is not None:
+            pipe.record(result, run_key)
+        return result
     work_dir = Path(prepared["out"]) if prepared.get("status") == "run" else None
     if storage.is_committed(step.step_id):
         result = skip_result(step, storage, time.perf_counter() - tick)
@@ -139,6 +161,33 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
     if run_key is not None:
         pipe.record(result, run_key)
     return result
+
+
+def _commit_staged(pipe: Pipeline, step: Any, prepared: dict[str, Any], runner: str, workload: str | None,
+                   tick: float) -> StepResult:
+    """Object-store root: commit the outputs the job staged, reading only its summary and manifest."""
+    storage = pipe.storage
+    if storage.is_committed(step.step_id):
+        if prepared.get("status") == "run":  # committed meanwhile by another attempt: same content address
+            uris.delete_dir(prepared["out"])
+            uris.delete_dir(staging.job_location(prepared["out"]))
+        return skip_result(step, storage, time.perf_counter() - tick)
+    if prepared.get("status") != "run":
+        raise JobIncomplete(f"step {step.step_id} is not committed and its prepare reported "
+                            f"{prepared.get('status')!r}; rerun the step's prepare task")
+    out = prepared["out"]
+    try:
+        summary = json.loads(uris.read_bytes(uris.join(staging.job_location(out), staging.SUMMARY_FILE)))
+    except FileNotFoundError:
+        raise JobIncomplete(f"{out}: the {runner} job of {step.step_id} staged no {staging.SUMMARY_FILE} (it did "
+                            "not finish); nothing was committed; rerun the step's task group") from None
+    seconds = (datetime.now(UTC) - datetime.fromisoformat(prepared["started_at"])).total_seconds()
+    try:
+        return commit_staged(step, storage, out, summary, started_at=prepared["started_at"], seconds=seconds,
+                             where=f"the {runner} job",
+                             provenance={"launcher": "beam-provider", "runner": runner, "workload": workload})
+    except OutputsIncomplete as err:
+        raise JobIncomplete(f"{err}; rerun the step's task group") from None
 
 
 __all__ = ["BEAM_KINDS", "JobIncomplete", "commit", "job_dir", "prepare"]

@@ -30,15 +30,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tidal.context import StepContext
+from tidal.context import StepContext, is_uri
 from tidal.integrity.fingerprint import environment_fingerprint
-from tidal.integrity.hashing import write_manifest
+from tidal.integrity.hashing import MANIFEST_NAME, write_manifest
 from tidal.integrity.provenance import environment, git_sha
-from tidal.integrity.signing import load_key, signing_record, write_signature
+from tidal.integrity.signing import load_key, signature_doc, signing_record, write_signature
 from tidal.kinds import kind_spec
 from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS, atomic_write_text
 from tidal.steps import Step, derive_seed
-from tidal.storage import Storage
+from tidal.storage import Storage, staging
 from tidal.storage.lease import Lease
 
 log = logging.getLogger("tidal.runner")
@@ -111,9 +111,16 @@ def step_seed(step: Step) -> int | None:
     return derive_seed(int(step.config["seed"]), step.name)
 
 
+def input_location(storage: Storage, step_id: str) -> Path | str:
+    """Where a committed input lives as a step reads it: the directory on a local root, the step's
+    URI on an object-store root (read in place; :meth:`StepContext.input_dir` downloads on demand)."""
+    return storage.step_dir(step_id) if not is_uri(storage.uri) else storage.step_uri(step_id)
+
+
 def make_context(step: Step, storage: Storage, work_dir: Path) -> StepContext:
-    """The :class:`StepContext` of ``step`` writing into ``work_dir`` (inputs: committed dirs, local;
-    an object store's are downloaded and verified first, :meth:`tidal.storage.Storage.input_dir`).
+    """The :class:`StepContext` of ``step`` writing into ``work_dir``; inputs are named by
+    :func:`input_location` and downloaded only if the kind asks for a local copy
+    (:meth:`tidal.storage.Storage.input_dir`: verified against the manifest).
 
     Raises:
         ValueError: a seeded kind's config has no seed (:func:`step_seed`).
@@ -124,10 +131,11 @@ def make_context(step: Step, storage: Storage, work_dir: Path) -> StepContext:
         kind=step.kind,
         config=json.loads(json.dumps(dict(step.config))),
         out_dir=work_dir,
-        inputs={dep.name: storage.input_dir(dep.step_id) for dep in step.inputs},
+        inputs={dep.name: input_location(storage, dep.step_id) for dep in step.inputs},
         input_ids={dep.name: dep.step_id for dep in step.inputs},
         seed=step_seed(step),
         log=logging.getLogger(f"tidal.step.{step.name}"),
+        resolve=lambda uri: storage.input_dir(uri.rstrip("/").rsplit("/", 1)[-1]),
     )
 
 
@@ -147,17 +155,35 @@ def check_outputs(step: Step, work_dir: Path, *, where: str = "the run") -> None
         OutputsIncomplete: naming the missing files, ``where`` (e.g. "the FlinkRunner job") and the step.
         ValueError: the kind's own check failed (names the file and both numbers).
     """
-    module = kind_spec(step.kind).load()
-    config = json.loads(json.dumps(dict(step.config)))
-    expected = getattr(module, "expected_outputs", None)
-    if expected is not None:
-        missing = [name for name in expected(config) if not (work_dir / name).is_file()]
-        if missing:
-            raise OutputsIncomplete(f"{work_dir}: {where} of {step.step_id} did not write {missing}; "
-                                    "nothing was committed (rerun the step)")
-    check = getattr(module, "check_outputs", None)
-    if check is not None:
-        check(config, work_dir)
+    try:
+        staging.check_outputs(step.kind, json.loads(json.dumps(dict(step.config))), work_dir, where=where,
+                              step_id=step.step_id)
+    except staging.StagedIncomplete as err:
+        raise OutputsIncomplete(str(err)) from None
+
+
+def step_record(step: Step, storage: Storage, manifest: dict[str, Any], summary: dict[str, Any], key: Any, *,
+                started_at: str, seconds: float, provenance: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``step.json`` records: hash input, summary, manifest root hash, environment fingerprint,
+    signing, and provenance (git sha, environment, storage root, times, ``provenance`` extras)."""
+    return {
+        "step_id": step.step_id,
+        "hash_input": step.hash_input,
+        "summary": summary,
+        "manifest_root_hash": manifest["root_hash"],
+        "environment": environment_fingerprint(),
+        "signing": signing_record(key),
+        "provenance": {
+            "git_sha": git_sha(),
+            "environment": environment(),
+            "storage_root": str(storage.root),
+            "started_at": started_at,
+            "ended_at": now(),
+            "seconds": round(seconds, 3),
+            "pid": os.getpid(),
+            **(provenance or {}),
+        },
+    }
 
 
 def write_commit(
@@ -186,24 +212,8 @@ def write_commit(
     (work_dir / SUCCESS).unlink(missing_ok=True)
     (work_dir / SIGNATURE_JSON).unlink(missing_ok=True)
     manifest = write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
-    record = {
-        "step_id": step.step_id,
-        "hash_input": step.hash_input,
-        "summary": summary,
-        "manifest_root_hash": manifest["root_hash"],
-        "environment": environment_fingerprint(),
-        "signing": signing_record(key),
-        "provenance": {
-            "git_sha": git_sha(),
-            "environment": environment(),
-            "storage_root": str(storage.root),
-            "started_at": started_at,
-            "ended_at": now(),
-            "seconds": round(seconds, 3),
-            "pid": os.getpid(),
-            **(provenance or {}),
-        },
-    }
+    record = step_record(step, storage, manifest, summary, key, started_at=started_at, seconds=seconds,
+                         provenance=provenance)
     (work_dir / STEP_JSON).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     if key is not None:
         write_signature(work_dir, key)
@@ -263,5 +273,49 @@ def commit_step(
     return StepResult(step.name, step.step_id, step.kind, "run", seconds, storage.step_dir(step.step_id), summary)
 
 
-__all__ = ["STEP_JSON", "OutputsIncomplete", "StepBlocked", "StepResult", "check_outputs", "commit_step",
-           "make_context", "needs_run", "now", "read_step_json", "skip_result", "step_seed", "write_commit"]
+def commit_staged(
+    step: Step,
+    storage: Storage,
+    location: str,
+    summary: dict[str, Any],
+    *,
+    started_at: str,
+    seconds: float,
+    provenance: dict[str, Any] | None = None,
+    where: str = "the run",
+) -> StepResult:
+    """Commit a run another machine staged at ``location`` (an object-store root), reading only
+    ``manifest.json`` and the listing: the run sealed its outputs (the kind's checks, the manifest,
+    :func:`tidal.storage.staging.seal`); here the listing is checked against the manifest and the
+    kind's expected outputs, ``step.json`` and the signature are written, and the step is published
+    with ``_SUCCESS`` last (:func:`tidal.storage.staging.publish`).
+
+    Raises:
+        OutputsIncomplete: nothing or not all of it was staged (names the files); nothing committed.
+    """
+    config = json.loads(json.dumps(dict(step.config)))
+    module = kind_spec(step.kind).load()
+    expected = list(getattr(module, "expected_outputs", lambda _c: [])(config))
+    try:
+        manifest, manifest_text = staging.staged_manifest(location, expected, where=where, step_id=step.step_id)
+    except staging.StagedIncomplete as err:
+        raise OutputsIncomplete(str(err)) from None
+    key = load_key()
+    record = step_record(step, storage, manifest, summary, key, started_at=started_at, seconds=seconds,
+                         provenance=provenance)
+    records = {STEP_JSON: (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()}
+    if key is not None:
+        signed = {MANIFEST_NAME: manifest_text.encode(), STEP_JSON: records[STEP_JSON]}
+        records[SIGNATURE_JSON] = (json.dumps(signature_doc(key, signed), indent=1, sort_keys=True) + "\n").encode()
+    if not staging.publish(storage, location, step.step_id, manifest, records):
+        log.info("%s was committed by another attempt first (same content address): skip", step.step_id)
+        return skip_result(step, storage, seconds)
+    storage.clear_attempts(step.step_id)
+    log.info("committed %s in %.1f s (manifest %s, staged at %s)", step.step_id, seconds,
+             manifest["root_hash"][:12], location)
+    return StepResult(step.name, step.step_id, step.kind, "run", seconds, storage.step_dir(step.step_id), summary)
+
+
+__all__ = ["STEP_JSON", "OutputsIncomplete", "StepBlocked", "StepResult", "check_outputs", "commit_staged",
+           "commit_step", "input_location", "make_context", "needs_run", "now", "read_step_json", "skip_result",
+           "step_record", "step_seed", "write_commit"]

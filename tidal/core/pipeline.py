@@ -8,6 +8,7 @@ Tracking failures never fail a step: :class:`tidal.tracking.Tracker` buffers and
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -100,10 +101,27 @@ class Pipeline:
         return experiment_name(self.recipe.name)
 
     def tracker(self):
-        """A :class:`tidal.tracking.Tracker` for this recipe's experiment."""
+        """A :class:`tidal.tracking.Tracker` for this recipe's experiment; calls it cannot deliver
+        are buffered under the storage root (``.tracking/pending/``) unless the store is SQLite."""
         from tidal.tracking import Tracker
 
-        return Tracker(self.tracking_uri, experiment=self.experiment)
+        return Tracker(self.tracking_uri, experiment=self.experiment, store=self.storage)
+
+    def tracking_problem(self) -> str | None:
+        """Why this pipeline cannot run on several machines as configured, or None.
+
+        An object-store root (``s3://``, ``gs://``) is shared by every pod, but a tracking URI
+        that is a file on one machine (``sqlite:///``, a path, ``file:``; the default for an
+        object-store root is SQLite in the local cache) is not: each pod would record into
+        its own store, and the report would see none of the others' runs.
+        """
+        from tidal.tracking import is_per_machine, safe_uri
+
+        if "://" not in self.storage.uri or not is_per_machine(self.tracking_uri):
+            return None
+        return (f"storage root {self.storage.uri} is shared by every machine, but MLflow tracking "
+                f"{safe_uri(self.tracking_uri)} is a file on this one: runs on several machines need an "
+                "MLflow server (set MLFLOW_TRACKING_URI, or tracking_uri in the recipe)")
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key`` (created on first use), or None if tracking is down."""
@@ -163,14 +181,16 @@ class Pipeline:
         if parent is None:
             return
         attempts = self.storage.failed_attempts(step.step_id)
-        evidence = [attempts[-1] / n for n in _ARTIFACTS.get(step.kind, ())] if attempts else []
-        self.tracker().log_step(
-            parent, step.name, step.step_id, step.kind, "failed",
-            {"error": f"{type(err).__name__}: {err}"[:4000]},
-            artifacts=[p for p in evidence if p.exists()],
-            tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
-            run_id=live_run,
-        )
+        with tempfile.TemporaryDirectory(prefix="tidal-evidence-") as tmp:
+            evidence = (attempt_files(self.storage, attempts[-1], _ARTIFACTS.get(step.kind, ()), Path(tmp))
+                        if attempts else [])
+            self.tracker().log_step(
+                parent, step.name, step.step_id, step.kind, "failed",
+                {"error": f"{type(err).__name__}: {err}"[:4000]},
+                artifacts=evidence,
+                tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
+                run_id=live_run,
+            )
 
     def record(self, result: StepResult, run_key: str, live_run: str | None = None,
                complete_history: bool = False) -> None:
@@ -215,6 +235,32 @@ _ARTIFACTS = {
     "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
+
+
+def attempt_files(storage: Storage, attempt: str, names: tuple[str, ...], dest: Path) -> list[Path]:
+    """The files (or directories) ``names`` of the kept failed attempt ``attempt`` as local paths.
+
+    A local root's attempt is used in place; an object store's is downloaded into ``dest``
+    (one listing, one GET per file). Names the attempt lacks are left out.
+    """
+    found = []
+    for name in names:
+        where = storage.object_uri(attempt + name)
+        if "://" not in where:  # a local root: the kept attempt is a directory here
+            if Path(where).exists():
+                found.append(Path(where))
+            continue
+        rel_name = attempt + name
+        rels = [r for r in storage.list_rel(rel_name) if r == rel_name or r.startswith(rel_name + "/")]
+        for rel in rels:
+            data = storage.read_object(rel)
+            if data is not None:
+                target = dest / rel[len(attempt):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        if rels and (dest / name).exists():
+            found.append(dest / name)
+    return found
 
 
 def _read_history(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,13 @@ So a pod that dies, is preempted or is deleted leaves an uncommitted directory w
 attempt resumes; only a finished run is ever marked done. ``spec.json`` holds what the
 local runner writes (:func:`tidal.train.write_spec`), so the entrypoint cannot tell the two
 apart.
+
+On an object-store root nothing a pod needs is on the Airflow worker's disk (DESIGN.md §0):
+``step_uri`` is the step's staging location in the bucket
+(:func:`tidal.storage.staging.resumable_staging`); prepare writes ``spec.json`` there, the pod
+downloads it, trains in its own local directory, seals its outputs (manifest) and stages them
+there; commit reads ``summary.json`` and ``manifest.json`` only and publishes
+(:func:`tidal.core.commit.commit_staged`). Neither prepare nor commit downloads step data.
 """
 
 from __future__ import annotations
@@ -24,11 +31,15 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from tidal.core.commit import StepResult, commit_step, make_context, needs_run, now, skip_result
+from tidal.context import is_uri
+from tidal.core.commit import StepResult, commit_staged, commit_step, make_context, needs_run, now, skip_result
 from tidal.core.pipeline import Pipeline
+from tidal.layout import SPEC_JSON
 from tidal.layout import SUMMARY_JSON as SUMMARY
+from tidal.storage import staging, uris
 
 
 class RemoteRunIncomplete(RuntimeError):
@@ -47,13 +58,17 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     """
     step = pipe.graph[name]
     storage = pipe.storage
-    out_dir = storage.step_dir(step.step_id)
-    base = {"step_id": step.step_id, "step_uri": str(out_dir), "started_at": now()}
+    base = {"step_id": step.step_id, "step_uri": storage.step_uri(step.step_id), "started_at": now()}
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
-    from tidal.train import write_spec  # light: no JAX (see tidal/train/__init__.py)
+    from tidal.train import spec_of, spec_text, write_spec  # light: no JAX (see tidal/train/__init__.py)
 
-    work_dir = storage.resumable_dir(step.step_id)  # local: the step dir; object store: a local work dir
+    if is_uri(storage.uri):  # the pod reads spec.json from the bucket, never from this worker's disk
+        location = staging.resumable_staging(storage, step.step_id)
+        spec = spec_of(make_context(step, storage, Path("/nonexistent-pod-local-dir")))
+        uris.write_bytes(uris.join(location, SPEC_JSON), spec_text(spec).encode())
+        return {**base, "step_uri": location, "status": "run"}
+    work_dir = storage.resumable_dir(step.step_id)  # local root: the step dir itself
     write_spec(make_context(step, storage, work_dir))
     return {**base, "step_uri": str(work_dir), "status": "run"}
 
@@ -75,6 +90,16 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
     storage = pipe.storage
     if storage.is_committed(step.step_id):
         result = skip_result(step, storage, time.perf_counter() - tick)
+    elif is_uri(storage.uri):
+        location = staging.resumable_staging(storage, step.step_id)
+        try:
+            summary = json.loads(uris.read_bytes(uris.join(location, SUMMARY)))
+        except FileNotFoundError:
+            raise RemoteRunIncomplete(f"{location}{SUMMARY} is missing: the {launcher} run of {step.step_id} did "
+                                      "not finish; rerun the launch task (training resumes from checkpoints)") from None
+        seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
+        result = commit_staged(step, storage, location, summary, started_at=started_at, seconds=seconds,
+                               provenance={"launcher": launcher, "workload": workload}, where=f"the {launcher} run")
     else:
         work_dir = storage.resumable_dir(step.step_id)
         if not (work_dir / SUMMARY).is_file():

@@ -2,6 +2,10 @@
 
 Read from what the run left behind: committed step directories (the truth about what
 exists) and the MLflow parent run (what this particular DAG run did: ``run`` or ``skip``).
+Tracking calls that earlier tasks buffered while MLflow was down (objects under the storage
+root, :meth:`tidal.tracking.Tracker.replay_pending`) are sent first, so the run the report
+reads is as complete as MLflow allows; failed gate attempts are read as objects of the root,
+so a report in a fresh pod sees the evidence of a gate that failed in another.
 A recipe has one ``train`` step; a scaling suite (tidal/core/suite_pipeline.py) has a grid of
 train steps and a ``fit`` step instead, and its report lists each grid run and the fit.
 """
@@ -24,7 +28,9 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     Returns:
         A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
         step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
-        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``. For a scaling suite, instead of
+        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``, ``replayed`` (buffered tracking calls
+        sent now; ``replay_error`` if the buffer could not be read), and for a failed gate
+        ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt). For a scaling suite, instead of
         the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
         ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`).
     """
@@ -33,6 +39,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
     report: dict[str, Any] = {"recipe": pipe.recipe.name if suite is None else suite.name,
                               "missing": missing, "run_key": run_key}
+    _replay_pending(pipe, report)
     statuses = _mlflow_statuses(pipe, run_key, report)
     report["steps_run"] = [n for n, st in statuses.items() if st == "run"]
     report["steps_skipped"] = [n for n, st in statuses.items() if st == "skip"]
@@ -51,14 +58,30 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         report["gate"] = "passed" if json.loads(gate_text)["success"] else "failed"
     else:
         report["gate"] = "not passed (gate step not committed)"
-        failed = [p / "gate_result.json" for p in storage.failed_attempts(gate.step_id)]
-        failed = [p for p in failed if p.is_file()]
-        if failed:
-            result = json.loads(failed[-1].read_text())
-            report["gate"] = f"FAILED ({failed[-1].parent})\n    " + result["summary"].replace("\n", "\n    ")
+        for attempt in reversed(storage.failed_attempts(gate.step_id)):  # newest first
+            data = storage.read_object(attempt + "gate_result.json")
+            if data is None:
+                continue
+            result = json.loads(data)
+            report["gate_evidence"] = storage.object_uri(attempt)
+            if storage.read_object(attempt + "data_docs/index.html") is not None:
+                report["gate_data_docs"] = storage.object_uri(attempt + "data_docs/index.html")
+            report["gate"] = (f"FAILED ({report['gate_evidence']})\n    "
+                              + result["summary"].replace("\n", "\n    "))
+            break
     if finish and report.get("mlflow_run_id"):
         pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
+
+
+def _replay_pending(pipe: Any, report: dict[str, Any]) -> None:
+    """Send the tracking calls buffered under the storage root (or the store's pending dir) before
+    reading MLflow; ``report["replayed"]`` counts them. Never raises: the report stands without."""
+    try:
+        report["replayed"] = pipe.tracker().replay_pending()
+    except Exception as err:  # noqa: BLE001 - a bucket or disk error: tracking never takes the report down
+        report["replayed"] = 0
+        report["replay_error"] = f"{type(err).__name__}: {err}"
 
 
 def _grid_runs(pipe: Any) -> list[dict[str, Any]]:
@@ -155,7 +178,13 @@ def format_report(report: dict[str, Any]) -> str:
         ]
     if "grid" in report:
         lines += _format_suite(report, fmt)
+    if report.get("gate_data_docs"):
+        lines.append(f"  data docs:     {report['gate_data_docs']}")
     lines.append(f"  MLflow:        {report['mlflow_uri']} run {report.get('mlflow_run_id', '(none)')}")
+    if report.get("replayed"):
+        lines.append(f"  MLflow replay: {report['replayed']} buffered call(s) sent now")
+    if report.get("replay_error"):
+        lines.append(f"  MLflow replay: buffer not read: {report['replay_error']}")
     if report.get("mlflow_error"):
         lines.append(f"  MLflow error:  {report['mlflow_error']}")
     if report["missing"]:

@@ -5,6 +5,13 @@ cluster runners. It builds the same :class:`~tidal.context.StepContext` the step
 builds, but does not commit (no manifest, no ``_SUCCESS``): use ``tidal run`` for that, or
 the Beam provider path (:mod:`tidal.core.beam_job`), which runs this command and commits.
 
+Every location may be a bucket URI (how the Beam provider's prepare task hands them over,
+:mod:`tidal.core.beam_job`): ``--config s3://…/config.json`` is read from the bucket,
+``--input NAME=s3://…/{step_id}/`` is read in place (or downloaded, verified, into this
+process's cache when the kind needs a local copy), and ``--out s3://…/.staging/…/`` makes the job
+compute in a local scratch directory, seal it (the kind's output checks, ``manifest.json``),
+upload it there and write its summary to ``….job/summary.json`` for the commit task.
+
 Other ``--options`` of a Beam job (clean, tokenize) are Beam pipeline options
 (``--runner=DataflowRunner --project=P``); they are added after ``$TIDAL_BEAM_ARGS``
 (:mod:`tidal.data.beam_options`; later wins) and never enter the step config.
@@ -18,6 +25,8 @@ import json
 import logging
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -25,9 +34,10 @@ from types import ModuleType
 from pydantic import ValidationError
 
 from tidal.config import problems
-from tidal.context import MissingInput, StepContext
+from tidal.context import MissingInput, StepContext, is_uri
 from tidal.kinds import kind_spec
 from tidal.settings import entry_point
+from tidal.storage import StorageError, StorageSettings, open_storage, staging, uris
 
 
 def _seed(text: str) -> int:
@@ -48,9 +58,11 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
     """
     prog = f"python -m {kind_spec(kind).module}"  # the command a user types (not tidal.data.clean.step)
     parser = argparse.ArgumentParser(prog=prog, description=module.__doc__, allow_abbrev=False)
-    parser.add_argument("--config", required=True, help="step config: a JSON file or inline JSON")
-    parser.add_argument("--input", action="append", default=[], help="NAME=DIR of an input step's output")
-    parser.add_argument("--out", required=True, type=Path, help="directory to write outputs into")
+    parser.add_argument("--config", required=True, help="step config: a JSON file, its bucket URI, or inline JSON")
+    parser.add_argument("--input", action="append", default=[],
+                        help="NAME=DIR or NAME=URI of an input step's committed output")
+    parser.add_argument("--out", required=True,
+                        help="directory to write outputs into, or the staging URI to upload them to")
     parser.add_argument("--seed", type=_seed, default=None,
                         help="step seed, derived from the recipe seed and the step name (`tidal explain STEP` prints "
                              "it as 'step seed'); required by kinds that draw random numbers, refused by the others")
@@ -67,7 +79,12 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         if kind not in BEAM_KINDS or any(not a.startswith("--") for a in pipeline_args):
             parser.error(f"unrecognized arguments: {' '.join(pipeline_args)} (only the Beam jobs "
                          f"{', '.join(sorted(BEAM_KINDS))} take --pipeline_options)")
-    if Path(args.config).is_file():
+    if is_uri(args.config):
+        try:
+            text = uris.read_bytes(args.config).decode()
+        except (FileNotFoundError, StorageError) as err:
+            parser.error(f"--config {args.config}: {err}")
+    elif Path(args.config).is_file():
         text = Path(args.config).read_text()
     elif not args.config.lstrip().startswith(("{", "[")):
         parser.error(f"--config {args.config}: file not found (give a JSON file or inline JSON)")
@@ -82,22 +99,48 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         name, sep, path = item.partition("=")
         if not sep:
             parser.error(f"--input {item!r}: expected NAME=DIR")
-        inputs[name] = Path(path)
+        inputs[name] = path if is_uri(path) else Path(path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args.out.mkdir(parents=True, exist_ok=True)
+    staged = is_uri(args.out)
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{args.name}.")) if staged else Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
     ctx = StepContext(
         step_id=f"{args.name}-manual", name=args.name, kind=kind, config=config,
-        out_dir=args.out, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
+        out_dir=out_dir, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
+        resolve=materialize,
     )
     with _pipeline_options(pipeline_args), entry_point():  # read after the pipeline options joined the environment
         try:
             summary = module.run(ctx)
+            if staged:
+                _stage(kind, config, out_dir, args.out, summary, args.name)
         except ValidationError as err:  # every kind's run() reads its config with its model first
             parser.error(f"--config: {config_problems(err)}")
         except MissingInput as err:
             parser.error(f"{err} (give each as --input NAME=DIR)")
+        except StorageError as err:
+            parser.error(str(err))
     print(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def materialize(uri: str) -> Path:
+    """A committed step's URI -> a verified local copy in this process's storage cache
+    (:meth:`tidal.storage.Storage.input_dir`), for kinds that need a local directory."""
+    from tidal.settings import current
+
+    root, _, step_id = uri.rstrip("/").rpartition("/")
+    storage = open_storage(root, settings=StorageSettings(cache_dir=current().storage_cache))
+    return storage.input_dir(step_id)
+
+
+def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict, name: str) -> None:
+    """Seal the finished outputs, upload them to ``location`` and write the summary beside it."""
+    staging.seal(kind, json.loads(json.dumps(config)), out_dir, step_id=name, where=f"the {kind} job")
+    staging.stage(out_dir, location)
+    uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
+                     (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def config_problems(err: ValidationError) -> str:

@@ -10,7 +10,8 @@ whole mixture (the interleaving).
 
 This is plain numpy, not Beam: it moves whole sequences by index (a gather of a few
 hundred MB at most for the model sizes this step serves) and needs the global counts
-first; a distributed shuffle would add nothing but non-trivial determinism work.
+first; a distributed shuffle would add nothing but non-trivial determinism work. Inputs are
+read in place: each source's ``meta.json`` and only the picked rows of its token shards.
 
 Config (:class:`tidal.data.mix_config.MixConfig`): weights {src: w > 0}, inputs {src: tokenize
 step name}, shards (output count), n_sequences (None: the largest N whose largest-remainder
@@ -34,7 +35,7 @@ import numpy as np
 import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.mix_config import MixConfig
-from tidal.data.shards import load_token_sequences, read_json, write_token_shards
+from tidal.data.shards import load_token_sequences, write_token_shards
 
 STEP_VERSION = 1
 MIXTURE_FILE = "mixture.json"
@@ -130,7 +131,7 @@ def _check_inputs(ctx: StepContext, weights: dict, inputs: dict) -> dict[str, di
             f"step {ctx.name}: sources with a weight but no input {missing}, with an input but no weight "
             f"{unweighted}; every mixture source needs both"
         )
-    metas = {src: read_json(ctx.input_dir(inputs[src]) / "meta.json") for src in sorted(inputs)}
+    metas = {src: ctx.input_files(inputs[src]).read_json("meta.json") for src in sorted(inputs)}
     for field in ("tokenizer_hash", "seq_len", "dtype"):
         values = {src: meta[field] for src, meta in metas.items()}
         if len(set(values.values())) > 1:
@@ -175,10 +176,9 @@ def run(ctx: StepContext) -> dict:
     picked, interleave = mixture_order(available, counts, ctx.require_seed())
     blocks, labels = [], []
     for index, src in enumerate(sources):
-        data = load_token_sequences(
-            ctx.input_dir(inputs[src]), tokenizer_hash=tokenizer_hash, seq_len=seq_len
-        )
-        blocks.append(data[picked[src]])
+        blocks.append(load_token_sequences(  # only the picked rows: range reads from a bucket
+            ctx.input_files(inputs[src]), tokenizer_hash=tokenizer_hash, seq_len=seq_len, rows=picked[src]
+        ))
         labels.append(np.full(counts[src], index, dtype=np.uint8))
     tokens = np.concatenate(blocks, axis=0)[interleave]
     source_index = np.concatenate(labels)[interleave]

@@ -27,7 +27,11 @@ Source ``all``: total_tokens (tokens in the mixture), quarantine_rate (quarantin
     ``filter_rate/<rule>`` and ``language/<code>`` over every cleaned source; with tokenize
     v2 inputs ``tokens`` (packed, summed over sources), unknown_token_rate, byte_fallback_rate.
 
-Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files.
+Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files, in
+place (:class:`tidal.files.StepFiles`): from a bucket it fetches each documents shard's footer and
+``text`` column chunks, ``counts.json``, ``meta.json`` and ``mixture.json``, and nothing else (no
+other column, no ``removed.parquet`` / ``quarantine.parquet``, no token shard). Character lengths
+need every kept text, so the ``text`` column is read once per shard.
 
 Config (:class:`StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
 step name or null).
@@ -50,7 +54,8 @@ from pydantic import Field
 import tidal.data.jobcli
 from tidal.config import Strict
 from tidal.context import StepContext
-from tidal.data.shards import DOCUMENTS_PREFIX, list_shards, read_json
+from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
+from tidal.files import StepFiles
 
 STEP_VERSION = 2
 STATS_PARQUET = "stats.parquet"
@@ -73,15 +78,17 @@ def _rate(part: float, whole: float) -> float:
     return float(part) / float(whole) if whole else 0.0
 
 
-def read_counts(step_dir: str | Path) -> dict:
+def read_counts(step: StepFiles | str | Path) -> dict:
     """A clean step's ``counts.json``, checked against ``in = kept + filtered + duplicates +
     quarantined`` (DESIGN.md section 4).
 
     Raises:
-        ValueError: naming the file, for a missing key or a broken balance.
+        FileNotFoundError: no ``counts.json``, naming it.
+        ValueError: naming the file, for malformed JSON, a missing key or a broken balance.
     """
-    path = Path(step_dir) / "counts.json"
-    counts = read_json(path)
+    files = StepFiles.open(step)
+    path = files.uri_of("counts.json")
+    counts = files.read_json("counts.json")
     missing = [
         k for k in ("in", "kept", "filtered", "duplicates", "quarantined") if k not in counts
     ]
@@ -100,12 +107,14 @@ def read_counts(step_dir: str | Path) -> dict:
     return counts
 
 
-def document_lengths(step_dir: str | Path) -> tuple[np.ndarray, int]:
+def document_lengths(step: StepFiles | str | Path) -> tuple[np.ndarray, int]:
     """Character lengths of every kept document (1-D int64, shard order) and their total
-    UTF-8 size in bytes."""
+    UTF-8 size in bytes, from the ``text`` column of the documents shards (no other column)."""
+    files = StepFiles.open(step)
     chars, total_bytes = [], 0
-    for path in list_shards(step_dir, DOCUMENTS_PREFIX, "parquet"):
-        text = pq.read_table(path, columns=["text"]).column("text")
+    for name in shard_names(files, DOCUMENTS_PREFIX, "parquet"):
+        with files.open_input(name) as source:
+            text = pq.read_table(source, columns=["text"]).column("text")
         chars.append(pc.utf8_length(text).to_numpy(zero_copy_only=False).astype(np.int64))
         total_bytes += int(pc.sum(pc.binary_length(text)).as_py() or 0)
     return (np.concatenate(chars) if chars else np.zeros(0, np.int64)), total_bytes
@@ -114,10 +123,16 @@ def document_lengths(step_dir: str | Path) -> tuple[np.ndarray, int]:
 QUANTILES = (10, 50, 90, 99)
 
 
-def clean_rows(src: str, step_dir: str | Path) -> list[Row]:
+def clean_rows(src: str, step: StepFiles | str | Path) -> list[Row]:
     """Rows of one cleaned source (see the module docstring)."""
-    counts = read_counts(step_dir)
-    chars, total_bytes = document_lengths(step_dir)
+    counts = read_counts(step)
+    return source_rows(src, counts, document_lengths(step))
+
+
+def source_rows(src: str, counts: dict, lengths: tuple[np.ndarray, int]) -> list[Row]:
+    """Rows of one cleaned source from its checked ``counts.json`` (:func:`read_counts`) and its
+    :func:`document_lengths` (module docstring)."""
+    chars, total_bytes = lengths
     p10, p50, p90, p99 = np.percentile(chars, QUANTILES) if chars.size else (0.0,) * 4
     n_in = counts["in"]
     quarantined = sum(counts["quarantined"].values())
@@ -144,8 +159,13 @@ def clean_rows(src: str, step_dir: str | Path) -> list[Row]:
     return rows
 
 
-def all_rows(per_source: dict[str, list[Row]], step_dirs: dict[str, Path]) -> list[Row]:
-    """Rows of source ``all`` over the cleaned sources (module docstring)."""
+def all_rows(per_source: dict[str, list[Row]], steps: dict[str, StepFiles | str | Path],
+             lengths: dict[str, tuple[np.ndarray, int]] | None = None) -> list[Row]:
+    """Rows of source ``all`` over the cleaned sources (module docstring).
+
+    Args:
+        lengths: :func:`document_lengths` per source if already read (read otherwise).
+    """
     values = {src: {m: v for _, m, v in rows} for src, rows in per_source.items()}
     total = {m: sum(v[m] for v in values.values()) for m in
              ("documents_in", "documents_kept", "documents_filtered", "documents_duplicate",
@@ -157,7 +177,9 @@ def all_rows(per_source: dict[str, list[Row]], step_dirs: dict[str, Path]) -> li
     rows += [(ALL, m, total[m]) for m in ("documents_filtered", "documents_duplicate", "documents_quarantined",
                                            "bytes_kept")]
     rows.append((ALL, "duplicate_rate", _rate(total["documents_duplicate"], total["documents_in"])))
-    chars = np.concatenate([document_lengths(d)[0] for d in step_dirs.values()])
+    lengths = lengths or {}
+    chars = np.concatenate([(lengths[src] if src in lengths else document_lengths(step))[0]
+                            for src, step in steps.items()])
     quantiles = np.percentile(chars, QUANTILES) if chars.size else (0.0,) * len(QUANTILES)
     rows += [(ALL, f"chars_p{q}", value) for q, value in zip(QUANTILES, quantiles, strict=True)]
     filtered: dict[str, float] = {}
@@ -173,9 +195,13 @@ def all_rows(per_source: dict[str, list[Row]], step_dirs: dict[str, Path]) -> li
     return rows
 
 
-def tokenize_rows(src: str, step_dir: str | Path) -> list[Row]:
+def tokenize_rows(src: str, step: StepFiles | str | Path) -> list[Row]:
     """``tokens`` and ``sequences`` of one tokenized source, from its ``meta.json``."""
-    meta = read_json(Path(step_dir) / "meta.json")
+    return meta_rows(src, StepFiles.open(step).read_json("meta.json"))
+
+
+def meta_rows(src: str, meta: dict) -> list[Row]:
+    """:func:`tokenize_rows` from the tokenize step's parsed ``meta.json``."""
     rows = [(src, "tokens", meta["n_tokens"]), (src, "sequences", meta["n_sequences"])]
     if "encoded_tokens" in meta:  # tokenize v2
         rows += [(src, "unknown_token_rate", _rate(meta["unknown_tokens"], meta["encoded_tokens"])),
@@ -183,9 +209,9 @@ def tokenize_rows(src: str, step_dir: str | Path) -> list[Row]:
     return rows
 
 
-def mix_rows(step_dir: str | Path) -> list[Row]:
+def mix_rows(step: StepFiles | str | Path) -> list[Row]:
     """Per-source mixture rows and ``all/total_tokens``, from ``mixture.json``."""
-    mixture = read_json(Path(step_dir) / "mixture.json")
+    mixture = StepFiles.open(step).read_json("mixture.json")
     rows = [(ALL, "total_tokens", mixture["n_sequences"] * mixture["seq_len"])]
     for src in mixture["sources"]:
         rows += [
@@ -206,28 +232,32 @@ def collect_rows(ctx: StepContext) -> list[Row]:
     cfg = StatsConfig.model_validate(ctx.config)
     rows: list[Row] = []
     per_source: dict[str, list[Row]] = {}
-    step_dirs = {src: ctx.input_dir(step) for src, step in sorted(cfg.clean.items())}
-    for src, step_dir in step_dirs.items():
-        per_source[src] = clean_rows(src, step_dir)
+    clean_steps = {src: ctx.input_files(step) for src, step in sorted(cfg.clean.items())}
+    lengths: dict[str, tuple[np.ndarray, int]] = {}
+    for src, files in clean_steps.items():
+        counts = read_counts(files)  # the balance is checked before any text is read
+        lengths[src] = document_lengths(files)  # read once per source, used again by all_rows
+        per_source[src] = source_rows(src, counts, lengths[src])
         rows += per_source[src]
     if per_source:
-        rows += all_rows(per_source, step_dirs)
+        rows += all_rows(per_source, clean_steps, lengths)
+    token_metas = {src: ctx.input_files(step).read_json("meta.json") for src, step in sorted(cfg.tokenize.items())}
     token_rows: list[Row] = []
-    for src, step in sorted(cfg.tokenize.items()):
-        token_rows += tokenize_rows(src, ctx.input_dir(step))
+    for src, meta in token_metas.items():
+        token_rows += meta_rows(src, meta)
     rows += token_rows
     by_metric: dict[str, list[float]] = {}
     for _, metric, value in token_rows:
         by_metric.setdefault(metric, []).append(value)
     if (token_rows and "unknown_token_rate" in by_metric
             and len(by_metric["unknown_token_rate"]) == len(by_metric["tokens"])):
-        metas = [read_json(ctx.input_dir(step) / "meta.json") for _, step in sorted(cfg.tokenize.items())]
+        metas = list(token_metas.values())
         encoded = sum(m["encoded_tokens"] for m in metas)
         rows += [(ALL, "tokens", sum(by_metric["tokens"])),
                  (ALL, "unknown_token_rate", _rate(sum(m["unknown_tokens"] for m in metas), encoded)),
                  (ALL, "byte_fallback_rate", _rate(sum(m["byte_fallback_tokens"] for m in metas), encoded))]
     if cfg.mix:
-        rows += mix_rows(ctx.input_dir(cfg.mix))
+        rows += mix_rows(ctx.input_files(cfg.mix))
     rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)
     keys = [(s, m) for s, m, _ in rows]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})

@@ -60,8 +60,8 @@ from tidal.data.shards import (
     META_NAME,
     TOKENS_PREFIX,
     iter_shard_rows,
-    list_shards,
     shard_name,
+    shard_names,
     token_dtype,
 )
 from tidal.data.token_spill import encode_shard, merge_spills
@@ -164,7 +164,9 @@ def special_token_ids(tokenizer: Tokenizer) -> tuple[list[int], int | None]:
 def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS,
                    max_chars: int = ENCODE_BATCH_CHARS) -> Iterator[list[tuple[str, str]]]:
     """``(id, text)`` batches of a document shard in id order, each of at most ``max_documents``
-    documents and, unless one document alone is longer, ``max_chars`` characters.
+    documents and, unless one document alone is longer, ``max_chars`` characters. ``path`` is the
+    shard's location, a local path or a bucket URI; only its ``id`` and ``text`` columns are read,
+    in place (:func:`tidal.data.shards.iter_shard_rows`).
 
     ``tokenizers`` keeps about 100 bytes per token of a batch's encodings (ids, tokens,
     offsets, masks) until the batch is done, so the character bound, not the document count,
@@ -185,10 +187,14 @@ def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS
 
 
 class EncodeShardFn(beam.DoFn):
-    """Beam DoFn: ``(shard number, [document shard path])`` (as
+    """Beam DoFn: ``(shard number, [document shard location])`` (as
     :func:`tidal.data.beam_options.create_spread` gives them) -> ``(0, summary)``, that shard's
     token spill summary (:func:`tidal.data.token_spill.encode_shard`) under one key, for the
-    single merging worker. Loads the tokenizer once per worker."""
+    single merging worker. Loads the tokenizer once per worker.
+
+    Locations are what the committed steps' ``StepContext.inputs`` name: bucket URIs on an
+    object-store root, so a worker on another machine reads the shards and the tokenizer in place
+    (``tokenizer_dir`` is the tokenizer step's location too)."""
 
     def __init__(self, tokenizer_dir: str, eos_id: int, spill_dir: str, fallback_ids: list[int], unk_id: int | None):
         self.tokenizer_dir = tokenizer_dir
@@ -256,10 +262,11 @@ def run(ctx: StepContext) -> dict:
     """
     cfg = TokenizeConfig.model_validate(ctx.config)
     seq_len, shards = cfg.seq_len, cfg.shards
-    tokenizer_dir = ctx.input_dir(cfg.tokenizer)
-    tokenizer, tok_meta = tokenizer_step.load(tokenizer_dir)
+    tokenizer_dir = ctx.input_uri(cfg.tokenizer)  # a location every worker can read: no local copy
+    tokenizer, tok_meta = tokenizer_step.load(ctx.input_files(cfg.tokenizer))
     fallback_ids, unk_id = special_token_ids(tokenizer)
-    paths = [str(p) for p in list_shards(ctx.input_dir(cfg.input), DOCUMENTS_PREFIX, "parquet")]
+    documents = ctx.input_files(cfg.input)
+    paths = [documents.uri_of(name) for name in shard_names(documents, DOCUMENTS_PREFIX, "parquet")]
     settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
                 "tokenizer_hash": tok_meta["tokenizer_hash"]}
     spill_dir = Path(ctx.out_dir) / SPILL_DIR

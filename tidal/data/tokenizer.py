@@ -42,7 +42,8 @@ import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data.shards import iter_documents
 from tidal.data.tokenizer_config import DEFAULT_SPECIAL_TOKENS, TokenizerConfig
-from tidal.integrity.hashing import sha256_bytes, sha256_file
+from tidal.files import StepFiles
+from tidal.integrity.hashing import sha256_bytes
 
 STEP_VERSION = 1
 TOKENIZER_FILE = "tokenizer.json"
@@ -179,7 +180,7 @@ def tokenizer_meta(tokenizer_json: bytes, special_tokens: Sequence[str]) -> dict
 
 def _training_texts(ctx: StepContext, sources: Sequence[str], cap: int | None) -> Iterator[str]:
     for name in sources:
-        for count, (_, text) in enumerate(iter_documents(ctx.input_dir(name), ("id", "text"))):
+        for count, (_, text) in enumerate(iter_documents(ctx.input_files(name), ("id", "text"))):
             if cap is not None and count >= cap:
                 break
             yield text
@@ -229,9 +230,10 @@ def run(ctx: StepContext) -> dict:
     return {k: v for k, v in meta.items() if k != "special_tokens"}
 
 
-def load(step_dir: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
-    """The tokenizer of a committed tokenizer step and its meta, after checking that
-    ``tokenizer.json`` still has the recorded hash.
+def load(step: StepFiles | str | Path) -> tuple[Tokenizer, dict[str, Any]]:
+    """The tokenizer of a committed tokenizer step (a directory, a bucket URI or its
+    :class:`tidal.files.StepFiles`) and its meta, after checking that ``tokenizer.json`` still
+    has the recorded hash. Reads the two files in place (parsed from bytes: no local copy).
 
     The returned tokenizer has ``encode_special_tokens = True``: special-token text inside a
     document (e.g. a literal ``<|endoftext|>``) is encoded as ordinary text, never as the
@@ -240,14 +242,15 @@ def load(step_dir: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     Raises:
         TokenizerFileError: if the file's hash differs from ``tokenizer_meta.json``.
     """
-    step_dir = Path(step_dir)
-    meta = json.loads((step_dir / META_FILE).read_text())
-    actual = sha256_file(step_dir / TOKENIZER_FILE)
+    files = StepFiles.open(step)
+    meta = files.read_json(META_FILE)
+    data = files.read_bytes(TOKENIZER_FILE)
+    actual = sha256_bytes(data)
     if actual != meta["tokenizer_hash"]:
         raise TokenizerFileError(
-            f"{step_dir / TOKENIZER_FILE}: sha256 {actual} differs from {META_FILE} ({meta['tokenizer_hash']})"
+            f"{files.uri_of(TOKENIZER_FILE)}: sha256 {actual} differs from {META_FILE} ({meta['tokenizer_hash']})"
         )
-    tokenizer = Tokenizer.from_file(str(step_dir / TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     tokenizer.encode_special_tokens = True
     return tokenizer, meta
 

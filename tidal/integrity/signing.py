@@ -89,13 +89,15 @@ def signing_record(key: SigningKey | None) -> dict[str, str]:
     return {"status": "signed", "algorithm": ALGORITHM, "key_id": key.key_id}
 
 
+def signature_doc(key: SigningKey, files: Mapping[str, bytes]) -> dict[str, Any]:
+    """The ``signature.json`` document over ``files`` (name -> exact bytes)."""
+    return {"algorithm": ALGORITHM, "key_id": key.key_id,
+            "files": {name: key.sign(data) for name, data in sorted(files.items())}}
+
+
 def write_signature(step_dir: Path, key: SigningKey, files: tuple[str, ...] = SIGNED_FILES) -> dict[str, Any]:
     """Sign ``files`` (exact bytes) in ``step_dir`` and write ``signature.json``; returns it."""
-    doc = {
-        "algorithm": ALGORITHM,
-        "key_id": key.key_id,
-        "files": {name: key.sign((step_dir / name).read_bytes()) for name in files},
-    }
+    doc = signature_doc(key, {name: (step_dir / name).read_bytes() for name in files})
     (step_dir / SIGNATURE_JSON).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc
 

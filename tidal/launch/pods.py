@@ -187,6 +187,25 @@ def pod_secret_env(value: str | None, source: str = POD_SECRET_ENV_VAR) -> dict[
     return out
 
 
+def storage_env(root: str, endpoint_url: str | None, region: str | None) -> dict[str, str]:
+    """The plain env a pod needs to reach the storage root (DESIGN.md §0): the root, the S3 endpoint
+    (``TIDAL_S3_ENDPOINT_URL``; GCS's S3-interoperable endpoint for ``gs://``) and the region. No
+    credentials: those come by ``secretKeyRef`` (:func:`pod_secret_env`: ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY`` from a Secret; GCS HMAC keys the same way) or Workload Identity.
+
+    A local root gives ``{}``: it works only where every pod mounts that volume at the same path
+    (one machine, tests); a real deployment uses a bucket.
+    """
+    if "://" not in root or root.startswith("file://"):
+        return {}
+    env = {"TIDAL_STORAGE_ROOT": root}
+    if endpoint_url:
+        env["TIDAL_S3_ENDPOINT_URL"] = endpoint_url
+    if region:
+        env["AWS_DEFAULT_REGION"] = region
+    return env
+
+
 def live_metrics_env(tracking_uri: str | None, run_id: str | None) -> dict[str, str]:
     """The env that makes a training pod log live into MLflow run ``run_id``, for ``workload(env=...)``.
 

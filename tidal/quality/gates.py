@@ -133,7 +133,7 @@ def plan_checks(stats: pd.DataFrame, cfg: GateConfig) -> list[dict[str, Any]]:
     return checks
 
 
-def pivot_stats(stats: pd.DataFrame, checks: list[dict[str, Any]], path: Path) -> pd.DataFrame:
+def pivot_stats(stats: pd.DataFrame, checks: list[dict[str, Any]], path: str | Path) -> pd.DataFrame:
     """One row per source, one float column per metric; checks every cell ``checks`` reads.
 
     Raises:
@@ -261,10 +261,12 @@ def run(ctx: StepContext) -> dict[str, Any]:
     import pandas as pd
 
     cfg = GateConfig.model_validate(ctx.config)
-    path = ctx.input_dir(cfg.stats) / STATS_FILE
-    if not path.is_file():
+    files = ctx.input_files(cfg.stats)  # read in place: one small parquet file
+    path = files.uri_of(STATS_FILE)
+    if not files.exists(STATS_FILE):
         raise StatsIncomplete(f"{path}: no stats table (input {cfg.stats!r} has no {STATS_FILE})")
-    stats = pd.read_parquet(path)
+    with files.open_input(STATS_FILE) as source:
+        stats = pd.read_parquet(source)
     checks = plan_checks(stats, cfg)
     wide = pivot_stats(stats, checks, path)
     ctx.log.info("gate: %d expectations over %d sources from %s", len(checks), len(wide), path)

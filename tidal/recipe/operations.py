@@ -111,6 +111,8 @@ class StorageConfig(Strict):
         default=120.0, description="seconds a step lease lives without a heartbeat (heartbeat every ttl/4)")
     lease_wait_s: Annotated[float, Field(ge=0)] = Field(
         default=1800.0, description="longest wait for another worker's lease on the same step (seconds)")
+    failed_attempts_kept: Annotated[int, StrictType(), Field(ge=0)] = Field(
+        default=3, description="failed attempts kept per step under {root}/.failed (newest; 0: none)")
 
     def settings(self) -> Any:
         """The :class:`tidal.storage.StorageSettings` these fields describe."""
@@ -120,5 +122,6 @@ class StorageConfig(Strict):
             endpoint_url=self.endpoint_url, region=self.region, max_attempts=self.max_attempts,
             multipart_threshold_bytes=self.multipart_threshold_mb * 2**20,
             multipart_chunk_bytes=self.multipart_chunk_mb * 2**20, max_concurrency=self.max_concurrency,
-            lease_ttl_s=self.lease_ttl_s, lease_wait_s=self.lease_wait_s)
+            lease_ttl_s=self.lease_ttl_s, lease_wait_s=self.lease_wait_s,
+            failed_attempts_kept=self.failed_attempts_kept)
 

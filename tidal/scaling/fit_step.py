@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from tidal.context import StepContext
+from tidal.files import StepFiles
 from tidal.layout import SPEC_JSON, SUMMARY_JSON
 
 STEP_VERSION = 1
@@ -52,16 +53,18 @@ FITS_JSON = "fits.json"
 BOOTSTRAP = "bootstrap.parquet"
 
 
-def tail_train_loss(step_dir: Path, steps: int, fraction: float) -> tuple[float, float, int]:
-    """Mean logged training loss over the last ``fraction`` of ``steps`` (from ``metrics.jsonl``).
+def tail_train_loss(step_dir: StepFiles | str | Path, steps: int, fraction: float) -> tuple[float, float, int]:
+    """Mean logged training loss over the last ``fraction`` of ``steps`` (from ``metrics.jsonl``,
+    read in place).
 
     Returns ``(mean, standard error, records used)``; NaN mean when no record falls in the tail.
     """
-    path = Path(step_dir) / "metrics.jsonl"
-    if not path.is_file():
+    files = StepFiles.open(step_dir)
+    if not files.exists("metrics.jsonl"):
         return math.nan, math.nan, 0
     first = steps * (1.0 - fraction)
-    losses = [r["loss"] for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    text = files.read_text("metrics.jsonl")
+    losses = [r["loss"] for r in (json.loads(line) for line in text.splitlines() if line.strip())
               if r.get("step", 0) > first and isinstance(r.get("loss"), (int, float))]
     if not losses:
         return math.nan, math.nan, 0
@@ -70,15 +73,16 @@ def tail_train_loss(step_dir: Path, steps: int, fraction: float) -> tuple[float,
     return float(arr.mean()), se, len(arr)
 
 
-def epoch_tokens(step_dir: Path) -> float | None:
+def epoch_tokens(step_dir: StepFiles | str | Path) -> float | None:
     """Predicted tokens in one epoch of the run's training mixture (``n_sequences · (seq_len - 1)``
-    from the ``mixture.json`` among the train step's inputs), or None when it cannot be found."""
+    from the ``mixture.json`` among the train step's inputs, each a directory or a bucket URI as
+    ``spec.json`` records it), or None when it cannot be found."""
     try:
-        spec = json.loads((Path(step_dir) / SPEC_JSON).read_text())
+        spec = StepFiles.open(step_dir).read_json(SPEC_JSON)
         for where in spec.get("inputs", {}).values():
-            meta = Path(where) / "mixture.json"
-            if meta.is_file():
-                mix = json.loads(meta.read_text())
+            inputs = StepFiles.open(where)
+            if inputs.exists("mixture.json"):
+                mix = inputs.read_json("mixture.json")
                 return float(mix["n_sequences"]) * (int(mix["seq_len"]) - 1)
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -92,9 +96,11 @@ def non_embedding_params(model: dict[str, int]) -> int:
     return layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d
 
 
-def read_runs(ctx_inputs: dict[str, Path], config: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[str]]:
+def read_runs(ctx_inputs: dict[str, Path | str], config: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[str]]:
     """Columns over runs from the train summaries (and, for ``train_loss_tail``, their
-    ``metrics.jsonl``), and flags for dropped runs and runs that saw repeated data.
+    ``metrics.jsonl``), and flags for dropped runs and runs that saw repeated data. Inputs are
+    train step locations (directories or bucket URIs); only those small files are read, in place,
+    never a checkpoint.
 
     Raises:
         KeyError: a planned run is not among the inputs.
@@ -106,8 +112,8 @@ def read_runs(ctx_inputs: dict[str, Path], config: dict[str, Any]) -> tuple[dict
                                              "loss_se", "epochs")}
     dropped, repeated, few = [], [], []
     for name, meta in sorted(config["runs"].items(), key=lambda kv: (kv[1]["budget"], kv[0])):
-        step_dir = Path(ctx_inputs[name])
-        summary = json.loads((step_dir / SUMMARY_JSON).read_text())
+        step_dir = StepFiles.open(ctx_inputs[name])
+        summary = step_dir.read_json(SUMMARY_JSON)
         se = math.nan
         if loss_key == "train_loss_tail":
             loss, se, used = tail_train_loss(step_dir, int(summary.get("steps", 0)), fraction)
@@ -250,13 +256,15 @@ def run(ctx: StepContext) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
-def load_fit(step_dir: str | Path) -> tuple[dict[str, Any], np.ndarray]:
-    """``(fits.json mapping, bootstrap replicates [n_boot, len(PARAM_KEYS)])`` of a committed fit step."""
+def load_fit(step_dir: StepFiles | str | Path) -> tuple[dict[str, Any], np.ndarray]:
+    """``(fits.json mapping, bootstrap replicates [n_boot, len(PARAM_KEYS)])`` of a committed fit step
+    (a directory or a bucket URI, read in place)."""
     import pandas as pd
 
     from tidal.scaling.fits import PARAM_KEYS
 
-    step_dir = Path(step_dir)
-    fits = json.loads((step_dir / FITS_JSON).read_text())
-    boot = pd.read_parquet(step_dir / BOOTSTRAP)[list(PARAM_KEYS)].to_numpy(dtype=float)
+    files = StepFiles.open(step_dir)
+    fits = files.read_json(FITS_JSON)
+    with files.open_input(BOOTSTRAP) as source:
+        boot = pd.read_parquet(source)[list(PARAM_KEYS)].to_numpy(dtype=float)
     return fits, boot

@@ -24,16 +24,16 @@ __all__ = ["FAILED", "SCRATCH", "SUCCESS", "LocalStorage", "Storage", "StorageEr
 
 
 def open_storage(uri: str, base: Path | None = None, settings: StorageSettings | None = None) -> Storage:
-    """Open a storage root: ``s3://bucket/prefix`` (boto3) or a local path (``file://`` allowed).
+    """Open a storage root: ``s3://bucket/prefix`` / ``gs://bucket/prefix`` (boto3) or a local path.
 
     Relative local paths resolve against ``base`` (default: the cwd).
 
     Raises:
-        StorageError: an unsupported scheme (``gs://``: use ``s3://`` with GCS's S3-interoperable
-            endpoint), or a malformed ``s3://`` URI.
+        StorageError: an unsupported scheme, or a malformed bucket URI. ``gs://`` is GCS through its
+            S3-interoperable endpoint with HMAC keys (:func:`tidal.storage.s3.scheme_settings`).
     """
     settings = settings or StorageSettings()
-    if uri.startswith("s3://"):
+    if uri.startswith(("s3://", "gs://")):
         from tidal.storage.s3 import S3Storage
 
         return S3Storage.from_uri(uri, settings)

@@ -5,11 +5,14 @@ and it changes only by compare-and-swap: created only if absent (S3 ``PutObject`
 ``If-None-Match: *``; locally ``open(O_CREAT | O_EXCL)``), renewed, taken over or released
 only if its version token is unchanged (S3 ``If-Match: <ETag>``; locally the sha256 of the
 file's bytes, compared and replaced under an ``flock``). A holder renews (heartbeats) every
-``ttl_s / 4`` seconds from a daemon thread; a lease whose ``expires_at`` has passed, that
-was released, or whose owner process is gone on this same host may be taken over. Before a
-holder publishes its output it renews once more (:meth:`Lease.ensure_held`): a holder that
-lost its lease (paused past expiry, or an object store whose conditional write raced)
-raises :class:`LeaseLost` instead of committing.
+``ttl_s / 4`` seconds from a daemon thread; only a lease whose ``expires_at`` has passed or
+that was released may be taken over. Nothing decides by a process id or a hostname: pods
+that share a volume or a bucket have their own PID namespaces and may share a hostname, so
+"that pid is not running here" says nothing about another pod's holder. A holder killed
+without releasing blocks its step for at most ``ttl_s``. Before a holder publishes its output
+it renews once more (:meth:`Lease.ensure_held`): a holder that lost its lease (paused past
+expiry, or an object store whose conditional write raced) raises :class:`LeaseLost` instead
+of committing.
 
 Heartbeat period and expiry follow the ratio of Kubernetes leader election (client-go
 ``leaderelection``: lease 15 s, retry 2 s, i.e. several renewals per lease duration), so a
@@ -77,35 +80,22 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def pid_alive(pid: int) -> bool:
-    """True if a process with ``pid`` exists on this host (signal 0 probes without sending anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def is_free(record: dict[str, Any], now: float | None = None) -> bool:
-    """True if a lease record may be taken over: released, expired, or its owner process is gone.
+    """True if a lease record may be taken over: it was released, or its ``expires_unix`` has passed.
 
-    "Gone" is decided only for an owner on this same host (by its pid, or, for this very
-    process, by whether a :class:`Lease` here still holds it, e.g. after a release that the
-    store refused); an owner on another host is trusted until ``expires_at``.
+    Args:
+        now: unix seconds to compare with (default: the wall clock now).
+
+    Every holder, on this host or another, is trusted until its expiry (module docstring).
     """
     now = _now() if now is None else now
-    if record.get("released") or float(record.get("expires_unix", 0)) <= now:
-        return True
-    owner = str(record.get("owner", ""))
-    host, _, rest = owner.partition(":")
-    pid = rest.split(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return owner not in _HELD
-    return not pid_alive(int(pid))
+    return bool(record.get("released")) or float(record.get("expires_unix", 0)) <= now
+
+
+def held_here(record: dict[str, Any]) -> bool:
+    """True if a :class:`Lease` object of this very process holds ``record`` right now (its owner is
+    one this process acquired and has not released or lost): process memory, never a pid probe."""
+    return str(record.get("owner", "")) in _HELD and not is_free(record)
 
 
 class Lease:

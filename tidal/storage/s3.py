@@ -18,6 +18,12 @@ above ``multipart_threshold_bytes`` (s3transfer), and paginated ``ListObjectsV2`
 checksums are sent only where S3 requires them (``when_required``): the aws-chunked trailing
 checksums boto3 sends by default since 1.36 are refused by GCS's S3-interoperable endpoint
 and older MinIO releases, and every byte is verified against the manifest's sha256 anyway.
+
+What pods share lives in the bucket, never in the cache (DESIGN.md §0): failed attempts are
+uploaded to ``{prefix}/.failed/`` by :meth:`S3Storage.keep_failed`, and the failure catalog and
+buffered tracking calls are objects written through :meth:`S3Storage.write_object` (one
+``PutObject`` each, listed with paginated ``ListObjectsV2``). The cache only holds this
+process's scratch and materialized inputs, and may vanish with its pod.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,10 +42,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from tidal.files import GCS_S3_ENDPOINT  # GCS's S3-interoperable XML API (HMAC keys)
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
 from tidal.layout import STEP_JSON
 from tidal.settings import current as current_settings
-from tidal.storage.base import SUCCESS, LocalStorage, StorageError, StorageSettings
+from tidal.storage.base import (
+    FAILED,
+    SCRATCH,
+    SUCCESS,
+    LocalStorage,
+    StorageError,
+    StorageSettings,
+    attempt_name,
+    check_rel,
+    make_scratch,
+    prune,
+)
 from tidal.storage.lease import LEASES, Lease
 
 HOLD_BEFORE_MARKER_ENV = "TIDAL_STORAGE_HOLD_BEFORE_MARKER"  # tests only: see _test_hold()
@@ -63,6 +81,19 @@ def s3_client(settings: StorageSettings) -> Any:
         s3={"addressing_style": "path"} if endpoint else None,
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+
+
+
+
+def scheme_settings(scheme: str, settings: StorageSettings) -> StorageSettings:
+    """``settings`` for a root of ``scheme``: a ``gs://`` root talks to GCS's S3-interoperable endpoint
+    (:data:`GCS_S3_ENDPOINT`, region ``auto``) unless an endpoint is set (``TIDAL_S3_ENDPOINT_URL`` or
+    ``storage.endpoint_url``); ``s3://`` is unchanged. Source: cloud.google.com/storage/docs/interoperability."""
+    from dataclasses import replace
+
+    if scheme == "gs" and not (current_settings().s3_endpoint_url or settings.endpoint_url):
+        return replace(settings, endpoint_url=GCS_S3_ENDPOINT, region=settings.region or "auto")
+    return settings
 
 
 def transfer_config(settings: StorageSettings) -> Any:
@@ -93,6 +124,7 @@ class S3Storage:
     prefix: str
     settings: StorageSettings
     cache: Path
+    scheme: str = "s3"
 
     @cached_property
     def client(self) -> Any:
@@ -101,21 +133,22 @@ class S3Storage:
 
     @classmethod
     def from_uri(cls, uri: str, settings: StorageSettings | None = None) -> S3Storage:
-        """Open ``s3://bucket[/prefix]``; the bucket must exist (it is never created here).
+        """Open ``s3://bucket[/prefix]`` (or ``gs://``: GCS through its S3-interoperable endpoint,
+        :func:`scheme_settings`); the bucket must exist (it is never created here).
 
         Raises:
             StorageError: the URI has no bucket.
         """
-        settings = settings or StorageSettings()
         parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise StorageError(f"storage root {uri!r}: expected s3://bucket/prefix")
+        if parsed.scheme not in ("s3", "gs") or not parsed.netloc:
+            raise StorageError(f"storage root {uri!r}: expected s3://bucket/prefix or gs://bucket/prefix")
+        settings = scheme_settings(parsed.scheme, settings or StorageSettings())
         prefix = parsed.path.strip("/")
         endpoint = current_settings().s3_endpoint_url or settings.endpoint_url or "default"
         base = Path(settings.cache_dir or current_settings().storage_cache or "~/.cache/tidal/storage")
         host = urlparse(endpoint).netloc.replace(":", "_") or endpoint
         cache = (base.expanduser() / host / parsed.netloc / prefix).resolve()
-        return cls(parsed.netloc, prefix, settings, cache)
+        return cls(parsed.netloc, prefix, settings, cache, parsed.scheme)
 
     # -- names ------------------------------------------------------------------------------
     @property
@@ -125,8 +158,8 @@ class S3Storage:
 
     @property
     def uri(self) -> str:
-        """``s3://bucket/prefix``."""
-        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        """``s3://bucket/prefix`` (``gs://`` for a GCS root)."""
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
 
     @property
     def local_dir(self) -> Path:
@@ -138,7 +171,7 @@ class S3Storage:
 
     def step_uri(self, step_id: str) -> str:
         """``s3://bucket/prefix/{step_id}/``."""
-        return f"s3://{self.bucket}/{self._key(step_id)}/"
+        return f"{self.scheme}://{self.bucket}/{self._key(step_id)}/"
 
     def step_dir(self, step_id: str) -> Path:
         """The local materialized copy's path (filled by :meth:`input_dir` or by this worker's commit)."""
@@ -253,8 +286,9 @@ class S3Storage:
 
     # -- writing ----------------------------------------------------------------------------
     def new_scratch(self, step_id: str) -> Path:
-        """A fresh local scratch directory under the cache (stale ones of dead processes are removed)."""
-        return self._local.new_scratch(step_id)
+        """A fresh local scratch directory under the cache; stale ones are removed first by the
+        lease-and-age rule of :mod:`tidal.storage.base` (the lease read is the bucket's)."""
+        return make_scratch(self.cache / SCRATCH, step_id, self._lease_store(), self.settings.lease_ttl_s)
 
     def resumable_dir(self, step_id: str) -> Path:
         """A local work directory ``{cache}/.resume/{step_id}`` kept across attempts on this machine."""
@@ -327,16 +361,44 @@ class S3Storage:
         self.client.put_object(Bucket=self.bucket, Key=self._key(step_id, SUCCESS), Body=marker.encode())
         log.info("committed %s (%d files)", self.step_uri(step_id), len(rels))
 
-    def keep_failed(self, scratch: Path, step_id: str) -> Path:
-        """Keep a failed attempt's scratch locally under ``{cache}/.failed``."""
-        return self._local.keep_failed(scratch, step_id)
+    def keep_failed(self, scratch: Path, step_id: str) -> str:
+        """Upload a failed attempt's scratch files to ``{root}/.failed/{step_id}.{UTC time}.{rand}/``,
+        then remove the local scratch; only the newest ``settings.failed_attempts_kept`` attempts of
+        the step stay in the bucket. Returns the attempt's URI (a gate's ``data_docs/`` included).
 
-    def failed_attempts(self, step_id: str) -> list[Path]:
-        """Failed attempts kept on this machine, oldest first."""
-        return self._local.failed_attempts(step_id)
+        Never raises for the bucket (the caller is already handling the step's own error): when an
+        upload fails after all retries, the attempt is kept in this machine's cache instead
+        (``{cache}/.failed/``, logged) and that path is returned.
+        """
+        attempt = f"{FAILED}/{attempt_name(step_id)}/"
+        if self.settings.failed_attempts_kept > 0:
+            config = transfer_config(self.settings)
+            rels = sorted(p.relative_to(scratch).as_posix() for p in scratch.rglob("*") if p.is_file())
+
+            def put(rel: str) -> None:
+                self.client.upload_file(str(scratch / rel), self.bucket, self._rel_key(attempt + rel), Config=config)
+
+            try:
+                with ThreadPoolExecutor(max_workers=self.settings.max_concurrency) as pool:
+                    list(pool.map(put, rels))
+                for old in prune(self.failed_attempts(step_id), self.settings.failed_attempts_kept):
+                    self.delete_rel(self.list_rel(old))
+            except Exception as err:  # noqa: BLE001 - evidence is best effort; the step's error is what matters
+                kept = self._local.keep_failed(scratch, step_id)
+                log.warning("failed attempt of %s not uploaded to %s (%s); kept on this machine only at %s",
+                            step_id, self.object_uri(attempt), err, kept)
+                return kept
+        shutil.rmtree(scratch, ignore_errors=True)
+        return self.object_uri(attempt)
+
+    def failed_attempts(self, step_id: str) -> list[str]:
+        """Failed attempts kept in the bucket, oldest first: ``[".failed/{step_id}.{time}.{rand}/"]``
+        (one paginated listing; an attempt whose scratch held no file left no object)."""
+        return sorted({"/".join(rel.split("/")[:2]) + "/" for rel in self.list_rel(f"{FAILED}/{step_id}.")})
 
     def clear_attempts(self, step_id: str) -> None:
-        """Remove this machine's kept failed attempts of a committed step."""
+        """Delete a committed step's kept failed attempts in the bucket, and local leftovers in the cache."""
+        self.delete_rel(self.list_rel(f"{FAILED}/{step_id}."))
         self._local.clear_attempts(step_id)
 
     def discard(self, step_id: str) -> str | None:
@@ -355,6 +417,50 @@ class S3Storage:
         """A lease object ``{prefix}/.leases/{step_id}.json`` written with conditional PUTs."""
         return Lease(S3LeaseStore(self.client, self.bucket, "/".join(p for p in (self.prefix, LEASES) if p)),
                      step_id, ttl_s=self.settings.lease_ttl_s)
+
+    # -- objects under the root (shared state: failure catalog, failed attempts, pending tracking) --
+    def _lease_store(self) -> S3LeaseStore:
+        return S3LeaseStore(self.client, self.bucket, "/".join(p for p in (self.prefix, LEASES) if p))
+
+    def _rel_key(self, rel: str, *, prefix: bool = False) -> str:
+        return "/".join(p for p in (self.prefix, check_rel(rel, prefix=prefix)) if p)
+
+    def write_object(self, rel: str, data: bytes) -> str:
+        """One ``PutObject`` of ``{prefix}/{rel}`` (atomic: S3 never shows part of an object); its URI.
+
+        Raises:
+            ValueError: ``rel`` is empty, absolute or holds ``..``.
+            botocore.exceptions.ClientError / BotoCoreError: the request failed after all retries.
+        """
+        self.client.put_object(Bucket=self.bucket, Key=self._rel_key(rel), Body=data)
+        return self.object_uri(rel)
+
+    def read_object(self, rel: str) -> bytes | None:
+        """One ``GetObject`` of ``{prefix}/{rel}``; None if there is no such key."""
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._rel_key(rel))["Body"].read()
+        except Exception as err:
+            if _error_code(err) in _MISSING:
+                return None
+            raise
+
+    def list_rel(self, prefix: str) -> list[str]:
+        """Names relative to the root of every key starting with ``{prefix}/{prefix}``, sorted
+        (paginated ``ListObjectsV2``, ``page_size`` keys a page)."""
+        head = f"{self.prefix}/" if self.prefix else ""
+        return sorted(obj["Key"][len(head):] for obj in self.list_objects(head + check_rel(prefix, prefix=True)))
+
+    def delete_rel(self, rels: Iterable[str]) -> None:
+        """``DeleteObjects`` in batches of 1000; missing keys are no error.
+
+        Raises:
+            StorageError: the store refused some deletions (names the first ones).
+        """
+        self._delete_keys([self._rel_key(rel) for rel in rels])
+
+    def object_uri(self, rel: str) -> str:
+        """``s3://bucket/prefix/{rel}`` (``gs://`` for a GCS root)."""
+        return f"{self.uri.split('://', 1)[0]}://{self.bucket}/{self._rel_key(rel, prefix=True)}"
 
 
 class S3LeaseStore:

@@ -30,6 +30,7 @@ from tidal.tracking.tracker import (
     TrackingUnavailable,
     artifact_location_for,
     flatten_params,
+    is_per_machine,
     mlflow_client,
     safe_uri,
     tracking_uri_for,
@@ -37,5 +38,6 @@ from tidal.tracking.tracker import (
 
 __all__ = ["PENDING_PREFIX", "RUN_KEY_TAG", "STEP_TAG_PREFIX", "TrackedRun", "Tracker", "TrackingUnavailable",
            "artifact_location_for", "child_runs", "close_run", "experiment_name", "experiments_link",
-           "flatten_params", "mlflow_client", "parent_run", "parent_run_in_any_experiment", "parent_runs_with_prefix",
+           "flatten_params", "is_per_machine",
+           "mlflow_client", "parent_run", "parent_run_in_any_experiment", "parent_runs_with_prefix",
            "run_link", "safe_uri", "store_exists", "tracking_uri_for", "ui_url", "unreachable_message"]

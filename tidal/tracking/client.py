@@ -40,6 +40,18 @@ def tracking_uri_for(storage_root: str | Path) -> str:
     return f"sqlite:///{Path(storage_root).resolve()}/mlflow.db"
 
 
+def is_per_machine(uri: str | None) -> bool:
+    """True if tracking URI ``uri`` names a store on this machine's disk: unset, a SQLite file
+    (``sqlite:``), ``file:`` or a bare path (MLflow's ``./mlruns`` file store). A server
+    (``http(s)://``, ``databricks``) or a database (``postgresql://``, ``mysql://``) is shared."""
+    if not uri:
+        return True
+    if uri == "databricks":  # MLflow's name for a Databricks workspace's server
+        return False
+    scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][\w+.-]*:", uri) else ""
+    return scheme in ("", "file", "sqlite") or len(scheme) == 1  # one letter: a Windows drive path
+
+
 def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 

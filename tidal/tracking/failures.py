@@ -1,10 +1,11 @@
 """The failure catalog: every failed step attempt, grouped by the fingerprint of its stack trace.
 
-Invariant: recording never loses or overwrites a failure, whatever runs at the same time.
-Each failure is one new JSON file, ``{storage_root}/failures/{fingerprint}/{time}-{pid}-{rand}.json``,
-written to a temporary name and renamed (atomic on POSIX, and one new object per failure on
-an object store), so concurrent task processes on any number of workers need no lock and a
-reader never sees half a record. Grouping is by directory; counting is listing.
+Invariant: recording never loses or overwrites a failure, whatever runs at the same time, and
+every machine sees every record. Each failure is one new object under the storage root,
+``{root}/failures/{fingerprint}/{time}-{host}-{pid}-{rand}.json``, written through the root's
+object API (a local root: temporary file and rename; an object store: one ``PutObject``), so
+concurrent task processes in any number of pods need no lock, a reader never sees half a
+record, and a pod that dies takes no record with it. Grouping is by prefix; counting is listing.
 
 Fingerprint (what makes two failures "the same"): sha256 over the exception's class name and
 its traceback frames as ``(normalised file, function)`` pairs, first 16 hex characters.
@@ -18,9 +19,8 @@ Normalisation keeps a trace stable across machines, releases and small edits:
   addresses, timestamps or the step id; these are stored in the record instead.
 
 The idea follows Sentry's default grouping by stack trace (docs.sentry.io, "Grouping").
-Callers pass the storage root's local directory (``Storage.local_dir``): the root itself for a
-local root; for an object-store root, the local directory that also holds its embedded MLflow
-store.
+Callers pass the storage root itself (a :class:`tidal.storage.Storage`; typed here by the
+:class:`CatalogStore` protocol, since tracking does not import storage).
 No Airflow import here: the Airflow callback (operators/callbacks.py) builds the record.
 """
 
@@ -31,15 +31,16 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
+import socket
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
-
-from tidal.layout import atomic_write_text
+from typing import Any, Protocol
 
 CATALOG_DIR = "failures"
+READ_THREADS = 8  # parallel GETs when listing a catalog in an object store
 FINGERPRINT_CHARS = 16
 LOG_TAIL_LINES = 40
 
@@ -101,32 +102,66 @@ def failed_expectations(exc: BaseException) -> list[dict[str, Any]]:
     return [r for r in result.get("results", []) if isinstance(r, dict) and not r.get("success", True)]
 
 
-def record_failure(storage_root: Path, record: dict[str, Any]) -> Path:
-    """Add ``record`` (from :func:`build_record`) to the catalog under ``storage_root``.
+class CatalogStore(Protocol):
+    """What the catalog needs of a storage root (:class:`tidal.storage.Storage` has it): objects
+    named relative to the root."""
+
+    def write_object(self, rel: str, data: bytes) -> str:
+        """Write one object atomically; its URI."""
+
+    def read_object(self, rel: str) -> bytes | None:
+        """One object's bytes, or None."""
+
+    def list_rel(self, prefix: str) -> list[str]:
+        """Names of the objects starting with ``prefix``, sorted."""
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+def record_name(record: dict[str, Any]) -> str:
+    """``failures/{fingerprint}/{time}-{host}-{pid}-{rand}.json`` for ``record``: unique without a lock
+    (host and pid name the writer; 8 random hex tell apart two writers that share both, e.g. pods
+    with the same hostname and pid 1)."""
+    stamp = record["time"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    host = _UNSAFE.sub("_", socket.gethostname())[:63] or "host"
+    return f"{CATALOG_DIR}/{record['fingerprint']}/{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}.json"
+
+
+def record_failure(store: CatalogStore, record: dict[str, Any]) -> str:
+    """Add ``record`` (from :func:`build_record`) to the catalog of the storage root ``store``.
 
     Returns:
-        The file written. Never overwrites: the name holds time, pid and 8 random hex.
+        The URI of the object written (:func:`record_name`). Never overwrites an earlier record.
+
+    Raises:
+        OSError, botocore.exceptions.ClientError / BotoCoreError: the root cannot be written.
     """
-    group = Path(storage_root) / CATALOG_DIR / record["fingerprint"]
-    group.mkdir(parents=True, exist_ok=True)
-    stamp = record["time"].replace(":", "").replace("-", "").replace("+0000", "Z")
-    path = group / f"{stamp}-{os.getpid()}-{secrets.token_hex(4)}.json"
-    atomic_write_text(path, json.dumps(record, sort_keys=True, default=str) + "\n")
-    return path
+    return store.write_object(record_name(record), (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
 
 
-def list_failures(storage_root: Path, recipe: str | None = None) -> list[dict[str, Any]]:
-    """Every recorded failure (optionally of one recipe), newest first; unreadable files are skipped."""
-    root = Path(storage_root) / CATALOG_DIR
-    records = []
-    for path in root.glob("*/*.json"):
+def list_failures(store: CatalogStore, recipe: str | None = None) -> list[dict[str, Any]]:
+    """Every recorded failure of the root ``store`` (optionally of one recipe), newest first.
+
+    One listing of ``failures/`` and one read per record (in parallel); a record that is not
+    JSON, or vanished meanwhile, is skipped. Each record gets ``"file"``: its name relative to
+    the root.
+    """
+    names = [n for n in store.list_rel(CATALOG_DIR + "/") if n.endswith(".json")]
+
+    def load(name: str) -> dict[str, Any] | None:
+        data = store.read_object(name)
+        if data is None:
+            return None
         try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if recipe is None or record.get("recipe") == recipe:
-            record["file"] = str(path)
-            records.append(record)
+            record = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return {**record, "file": name} if isinstance(record, dict) else None
+
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        loaded = [r for r in pool.map(load, names) if r is not None]
+    records = [r for r in loaded if recipe is None or r.get("recipe") == recipe]
     return sorted(records, key=lambda r: r.get("time", ""), reverse=True)
 
 

@@ -8,8 +8,16 @@ checkpoint root hash ...); the parent gets ``tidal.step_id.<step name> = <step i
 
 Tracking never takes a job down (DESIGN.md §5). Every MLflow call is retried with
 exponential backoff; when the retries are spent the call's payload is written as one JSON
-file into a ``pending/`` directory (next to the SQLite DB by default), a warning is logged
-and the method returns normally. :meth:`Tracker.replay_pending` sends those files later.
+object ``{time_ns}-{op}-{rand}.json`` into the pending buffer, a warning is logged and the
+method returns normally. :meth:`Tracker.replay_pending` sends those payloads later (the report
+task and ``tidal report`` call it first). Where the buffer is, first match wins:
+
+1. ``pending_dir`` given: that local directory;
+2. a SQLite tracking URI: ``{db dir}/pending`` (the store is per machine, so is its buffer);
+3. ``$TIDAL_TRACKING_PENDING_DIR``: that directory (an operator's explicit choice);
+4. a storage root given (``store``): objects ``{root}/.tracking/pending/`` (DESIGN.md §0: every
+   pod of a deployment sees them, and a pod that dies loses nothing);
+5. else ``./mlflow-pending`` in the working directory.
 When the parent run itself could not be reached, :meth:`Tracker.parent_run` returns the
 placeholder ``"pending:<run_key>"``; :meth:`Tracker.log_step` and :meth:`Tracker.finish`
 accept it and resolve it once MLflow answers again.
@@ -23,6 +31,7 @@ params/tags and 1000 metrics.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -32,7 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tidal.tracking.client import (  # noqa: F401 - re-exported: the Tracker's public neighbours
     HTTP_DEFAULTS,
@@ -44,6 +53,7 @@ from tidal.tracking.client import (  # noqa: F401 - re-exported: the Tracker's p
     artifact_location_for,
     earliest_run,
     get_or_create_experiment,
+    is_per_machine,
     mlflow_client,
     retry_call,
     run_key_filter,
@@ -62,6 +72,7 @@ MAX_KEY = 250
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+PENDING_OBJECTS = ".tracking/pending/"  # under the storage root (module docstring, rule 4)
 _FINISH_STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
 
@@ -102,6 +113,55 @@ def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
     yield from (items[start:start + size] for start in range(0, len(items), size))
 
 
+class PendingStore(Protocol):
+    """Where buffered calls live: a storage root's objects (:class:`tidal.storage.Storage` has these
+    methods; tracking does not import storage) or a local directory (:class:`PendingDir`)."""
+
+    def write_object(self, rel: str, data: bytes) -> str:
+        """Write one object atomically; its URI."""
+
+    def read_object(self, rel: str) -> bytes | None:
+        """One object's bytes, or None."""
+
+    def list_rel(self, prefix: str) -> list[str]:
+        """Names of the objects starting with ``prefix``, sorted."""
+
+    def delete_rel(self, rels: Iterable[str]) -> None:
+        """Delete objects; missing ones are no error."""
+
+
+class PendingDir:
+    """A local directory as a :class:`PendingStore` (flat: names are file names in it)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def write_object(self, rel: str, data: bytes) -> str:
+        """Write ``{path}/{rel}`` atomically (temporary file, then rename); its path."""
+        from tidal.layout import atomic_write_bytes
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        return str(atomic_write_bytes(self.path / rel, data))
+
+    def read_object(self, rel: str) -> bytes | None:
+        """The file's bytes, or None if it is gone."""
+        try:
+            return (self.path / rel).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list_rel(self, prefix: str) -> list[str]:
+        """The ``*.json`` file names in the directory starting with ``prefix``, sorted."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.glob("*.json") if p.name.startswith(prefix))
+
+    def delete_rel(self, rels: Iterable[str]) -> None:
+        """Remove these files (missing ones are no error)."""
+        for rel in rels:
+            (self.path / rel).unlink(missing_ok=True)
+
+
 class Tracker:
     """Logs DAG runs and steps to one MLflow experiment; never raises on MLflow failures.
 
@@ -109,26 +169,41 @@ class Tracker:
         uri: tracking URI (see :func:`tracking_uri_for`).
         experiment: experiment name; created on first use, with artifact location
             ``{db dir}/mlartifacts`` for a SQLite URI.
-        pending_dir: where undeliverable payloads go; default ``{db dir}/pending`` for SQLite,
-            else ``$TIDAL_TRACKING_PENDING_DIR`` or ``./mlflow-pending``.
+        pending_dir: a local directory for undeliverable payloads; default: see the module
+            docstring (``{db dir}/pending`` for SQLite, ``$TIDAL_TRACKING_PENDING_DIR``, the
+            storage root's ``.tracking/pending/``, else ``./mlflow-pending``).
         attempts: tries per MLflow call (>= 1). Default 3 for SQLite (rides out "database is
             locked" when parallel tasks write), 1 otherwise, because MLflow's HTTP layer
             already retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, exponential
             backoff; ``MLFLOW_HTTP_REQUEST_TIMEOUT`` per request, default 120 s). Lower those
             env vars to make an outage cost less wall time per call.
         backoff_s: first sleep between tries, doubled after each failure (seconds).
+        store: the storage root (any :class:`PendingStore`); with a non-SQLite URI and no
+            ``pending_dir`` or ``$TIDAL_TRACKING_PENDING_DIR``, payloads are objects under it.
+
+    Attributes:
+        pending_dir: the local buffer directory, or None when the buffer is the root's objects.
+        pending_where: the buffer's location as text (for messages).
     """
 
     def __init__(self, uri: str, experiment: str, pending_dir: str | Path | None = None,
-                 attempts: int | None = None, backoff_s: float = 0.5):
+                 attempts: int | None = None, backoff_s: float = 0.5, store: PendingStore | None = None):
         self.uri = uri
         self.experiment = experiment
         db = _sqlite_path(uri)
         if pending_dir is None:
             from tidal.settings import current
 
-            pending_dir = (db.parent / "pending") if db else Path(current().tracking_pending_dir or "mlflow-pending")
-        self.pending_dir = Path(pending_dir)
+            pending_dir = (db.parent / "pending") if db else current().tracking_pending_dir
+            if pending_dir is None and store is None:
+                pending_dir = "mlflow-pending"
+        self.pending_dir = None if pending_dir is None else Path(pending_dir)
+        if self.pending_dir is not None:
+            self._pending, self._pending_prefix = PendingDir(self.pending_dir), ""
+            self.pending_where = str(self.pending_dir)
+        else:
+            self._pending, self._pending_prefix = store, PENDING_OBJECTS
+            self.pending_where = f"{getattr(store, 'uri', 'the storage root')}/{PENDING_OBJECTS}"
         self.attempts = max(1, attempts if attempts is not None else (3 if db else 1))
         if not db:
             for key, value in HTTP_DEFAULTS.items():
@@ -158,19 +233,24 @@ class Tracker:
                 "get/create experiment", lambda: get_or_create_experiment(self._client(), self.uri, self.experiment))
         return self._experiment_id
 
-    def _buffer(self, op: str, args: dict[str, Any], err: Exception) -> Path | None:
-        """Write an undelivered call as ``pending/{time_ns}-{op}-{rand}.json``; never raises."""
-        path = self.pending_dir / f"{time.time_ns()}-{op}-{uuid.uuid4().hex[:8]}.json"
-        payload = {"op": op, "uri": self.uri, "experiment": self.experiment, "args": args, "error": str(err)}
+    def _buffer(self, op: str, args: dict[str, Any], err: Exception) -> str | None:
+        """Write an undelivered call as ``{time_ns}-{op}-{rand}.json`` into the pending buffer; never raises.
+
+        Returns:
+            Where it went (a path or an object URI), or None when the buffer was not writable.
+        """
+        name = f"{self._pending_prefix}{time.time_ns()}-{op}-{uuid.uuid4().hex[:8]}.json"
+        payload = {"op": op, "uri": safe_uri(self.uri), "experiment": self.experiment, "args": args,
+                   "error": safe_uri(str(err))}
+        data = (json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n").encode()
         try:
-            self.pending_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
-        except OSError as write_err:
-            log.warning("tracking: MLflow unreachable (%s) and pending file %s not writable (%s); %s dropped",
-                        err, path, write_err, op)
+            where = self._pending.write_object(name, data)
+        except Exception as write_err:  # noqa: BLE001 - disk or bucket: tracking never takes a job down
+            log.warning("tracking: MLflow unreachable (%s) and pending buffer %s not writable (%s); %s dropped",
+                        err, self.pending_where, write_err, op)
             return None
-        log.warning("tracking: MLflow unreachable (%s); %s buffered in %s", err, op, path)
-        return path
+        log.warning("tracking: MLflow unreachable (%s); %s buffered in %s", err, op, where)
+        return where
 
     def _find_parent(self, run_key: str) -> str | None:
         where = run_key_filter(run_key)
@@ -373,7 +453,7 @@ class Tracker:
         self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
 
     def buffer_metrics(self, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str],
-                       err: Exception) -> Path | None:
+                       err: Exception) -> str | None:
         """Keep metric rows ``{"key", "value", "timestamp" (ms), "step"}`` and tags for run
         ``run_id`` in the pending directory (op ``log_metrics``, sent by :meth:`replay_pending`).
 
@@ -392,43 +472,62 @@ class Tracker:
         for chunk in _chunks(run_tags, MAX_PARAMS_TAGS_PER_BATCH):
             self._retry("log live tags", lambda c=chunk: self._client().log_batch(run_id, tags=c))
 
-    def replay_pending(self) -> int:
-        """Send buffered payloads from ``pending_dir`` (parents first, then steps, then finishes).
+    def _for_experiment(self, name: str | None) -> Tracker:
+        """This tracker, or a copy of it (same client and buffer) for experiment ``name``."""
+        if not name or name == self.experiment:
+            return self
+        other = copy.copy(self)
+        other.experiment, other._experiment_id = name, None
+        return other
 
-        A delivered file is deleted; one that fails again stays (no new file is written).
+    def replay_pending(self) -> int:
+        """Send buffered payloads from the pending buffer (parents first, then steps, then finishes).
+
+        A delivered payload is deleted; one that fails again stays (no new one is written). A
+        payload goes to this tracker's URI and to the experiment it was buffered for (one root's
+        buffer holds every recipe's). Two processes replaying
+        at once may both send one payload: parent runs are found again by their key (no
+        duplicate), a step run may then be logged twice.
 
         Returns:
             The number of payloads delivered.
+
+        Raises:
+            OSError, botocore.exceptions.ClientError / BotoCoreError: the buffer cannot be listed.
         """
-        if not self.pending_dir.is_dir():
+        if self._pending is None:
             return 0
         order = {"parent_run": 0, "log_step": 1, "log_metrics": 1, "finish": 2}
-        files = sorted(self.pending_dir.glob("*.json"))
+        names = [n for n in self._pending.list_rel(self._pending_prefix) if n.endswith(".json")]
         loaded = []
-        for path in files:
+        for name in names:
+            data = self._pending.read_object(name)
+            if data is None:  # replayed by another process meanwhile
+                continue
             try:
-                loaded.append((path, json.loads(path.read_text())))
-            except (OSError, json.JSONDecodeError) as err:
-                log.warning("tracking: unreadable pending file %s: %s", path, err)
-        loaded.sort(key=lambda item: (order.get(item[1].get("op"), 9), item[0].name))
+                loaded.append((name, json.loads(data)))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                log.warning("tracking: unreadable pending payload %s: %s", name, err)
+        loaded.sort(key=lambda item: (order.get(item[1].get("op"), 9), item[0].rsplit("/", 1)[-1]))
         delivered = 0
         for path, payload in loaded:
             op, args = payload.get("op"), payload.get("args", {})
+            target = self._for_experiment(payload.get("experiment"))
             try:
                 if op == "parent_run":
-                    self._parent_run(args["run_key"], args["params"], args["tags"])
+                    target._parent_run(args["run_key"], args["params"], args["tags"])
                 elif op == "log_step":
-                    self._log_step(**args)
+                    target._log_step(**args)
                 elif op == "finish":
-                    self._finish(args["parent_run_id"], args["status"])
+                    target._finish(args["parent_run_id"], args["status"])
                 elif op == "log_metrics":
-                    self._log_metrics(args["run_id"], args["rows"], args["tags"])
+                    target._log_metrics(args["run_id"], args["rows"], args["tags"])
                 else:
                     log.warning("tracking: pending file %s has unknown op %r", path, op)
                     continue
             except TrackingUnavailable as err:
                 log.warning("tracking: replay of %s failed again: %s", path, err)
                 continue
-            path.unlink()
+            self._pending.delete_rel([path])
             delivered += 1
         return delivered

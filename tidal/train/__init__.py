@@ -23,16 +23,24 @@ CHECKPOINT_MANIFEST = "checkpoint_manifest.json"  # tidal.train.checkpoints.LATE
 __all__ = ["RESUMABLE", "STEP_VERSION", "TrainingFailed", "expected_outputs", "run", "write_spec"]
 
 
-def write_spec(ctx: StepContext) -> dict[str, Any]:
-    """Write ``ctx.out_dir/spec.json`` = ``{step_id, name, kind, config, inputs, input_ids, seed}``.
-
-    ``inputs`` maps input step name -> directory as a string. Returns the spec.
-    """
-    spec = {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": ctx.config,
+def spec_of(ctx: StepContext) -> dict[str, Any]:
+    """``spec.json`` = ``{step_id, name, kind, config, inputs, input_ids, seed}``; ``inputs`` maps
+    input step name -> its location as a string (a bucket URI on an object-store root, read in place)."""
+    return {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": ctx.config,
             "inputs": {name: str(path) for name, path in sorted(ctx.inputs.items())},
             "input_ids": dict(sorted(ctx.input_ids.items())), "seed": ctx.seed}
+
+
+def spec_text(spec: dict[str, Any]) -> str:
+    """The exact text of ``spec.json`` (sorted keys: the same spec gives the same bytes)."""
+    return json.dumps(spec, indent=1, sort_keys=True) + "\n"
+
+
+def write_spec(ctx: StepContext) -> dict[str, Any]:
+    """Write ``ctx.out_dir/spec.json`` (:func:`spec_of`); returns the spec."""
+    spec = spec_of(ctx)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(ctx.out_dir / SPEC_NAME, json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(ctx.out_dir / SPEC_NAME, spec_text(spec))
     return spec
 
 

@@ -5,6 +5,14 @@ the newest verified checkpoint in ``STEP_DIR/checkpoints``. The same command run
 subprocess (:mod:`tidal.launch.local`), in a Kubernetes pod and, once per host, in a
 multi-host JobSet (the environment says how to join: :mod:`tidal.train.distributed`).
 
+``STEP_DIR`` may be a bucket URI, the step's staging location (:mod:`tidal.storage.staging`):
+then ``spec.json`` is downloaded from it, training runs in a local work directory of this
+machine (``$TIDAL_STORAGE_CACHE/.resume/{step_id}``; it resumes only on the same machine until
+checkpoints live in the bucket), inputs are read in place from the bucket, and a finished run
+seals its outputs (the kind's checks, ``manifest.json``) and uploads them to the staging
+location, ``manifest.json`` last, for the commit task. Nothing is read from, or left for
+another task on, this machine's disk.
+
 ``--profile N`` runs N steps from the initial state and writes ``STEP_DIR/profile.json``
 (step time, tokens/s, MFU, peak memory) without reading or writing checkpoints, metrics or
 the summary, so nothing is committed.
@@ -23,11 +31,14 @@ import logging
 import sys
 from pathlib import Path
 
+from tidal.layout import SPEC_JSON as SPEC_NAME
+from tidal.layout import SUMMARY_JSON as SUMMARY_NAME
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, train (or profile), and return the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m tidal.train", description=__doc__.splitlines()[0])
-    parser.add_argument("step_dir", type=Path, help="step output directory holding spec.json")
+    parser.add_argument("step_dir", help="step output directory holding spec.json, or its staging URI in the bucket")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="testing aid: exit after completing this step (simulates preemption)")
     parser.add_argument("--profile", type=int, default=None, metavar="N",
@@ -37,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tidal").setLevel(logging.INFO)
     from tidal.settings import SettingsError, entry_point
+    from tidal.storage import StorageError
     from tidal.train.checkpoints import CheckpointMismatch
     from tidal.train.config import ConfigError
     from tidal.train.loader import DataContractError
@@ -47,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with entry_point():
             return _run(args, load_spec, profile, train)
-    except (ConfigError, DataContractError, CheckpointMismatch, SettingsError) as err:
+    except (ConfigError, DataContractError, CheckpointMismatch, SettingsError, StorageError) as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
         return 2
     except Preempted as err:
@@ -57,14 +69,45 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
     """Train or profile ``args.step_dir`` under the entry point's settings."""
-    spec = load_spec(args.step_dir)
+    from tidal.context import is_uri
+
+    location = args.step_dir
+    step_dir = _local_work_dir(location) if is_uri(location) else Path(location)
+    spec = load_spec(step_dir)
     if args.profile is not None:
-        result = profile(args.step_dir, spec, args.profile)
+        result = profile(step_dir, spec, args.profile)
         print(f"profile: {json.dumps({k: v for k, v in result.items() if k != 'environment_fingerprint'})}",
               flush=True)
-    else:
-        train(args.step_dir, spec, stop_after=args.stop_after)
+        return 0
+    train(step_dir, spec, stop_after=args.stop_after)
+    if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
+        from tidal.storage import staging
+
+        staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run")
+        staging.stage(step_dir, location)
     return 0
+
+
+def _local_work_dir(location: str) -> Path:
+    """This machine's work directory for the step staged at ``location``, holding its ``spec.json``.
+
+    Raises:
+        ConfigError: ``spec.json`` is not there (prepare did not run, or the URI is wrong).
+    """
+    from tidal.settings import current
+    from tidal.storage import uris
+    from tidal.train.config import ConfigError
+
+    try:
+        text = uris.read_bytes(uris.join(location, SPEC_NAME))
+    except FileNotFoundError:
+        raise ConfigError(f"{location}: no {SPEC_NAME} (run the step's prepare task first)") from None
+    step_id = json.loads(text)["step_id"]
+    base = Path(current().storage_cache or "~/.cache/tidal/storage").expanduser()
+    work_dir = base / ".resume" / step_id
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / SPEC_NAME).write_bytes(text)
+    return work_dir
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 
+from tidal.files import StepFiles
 from tidal.layout import SPEC_JSON as SPEC
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
@@ -46,24 +47,26 @@ class Inputs:
 
 
 def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
-    """Open the tokenizer, train and eval directories named by ``cfg`` among ``inputs``.
+    """Open the tokenizer, train and eval steps named by ``cfg`` among ``inputs`` (step name ->
+    directory or bucket URI, as ``spec.json`` records them), in place: from a bucket only the
+    metadata, the ``.npy`` headers and ``tokenizer.json`` are read here, token rows per batch.
 
     Raises:
         ConfigError: a named input step is not among ``inputs``.
         DataContractError: a tokenizer hash mismatch or malformed shard (from the loader).
     """
-    def where(name: str) -> Path:
+    def where(name: str) -> StepFiles:
         if name not in inputs:
             raise ConfigError(f"train config names input step {name!r}, but the step's inputs are "
                               f"{sorted(inputs)}")
-        return Path(inputs[name])
+        return StepFiles.open(inputs[name])  # a directory or a bucket URI: read in place
 
-    tok_dir = where(cfg.tokenizer)
-    meta = read_tokenizer_meta(tok_dir)
-    train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
-    evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok_dir)
+    tok = where(cfg.tokenizer)
+    meta = read_tokenizer_meta(tok)
+    train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
+    evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
              for src, step in sorted(cfg.eval_data.items())}
-    return Inputs(meta, train, evals, token_byte_lengths(tok_dir, int(meta["vocab_size"]), meta["tokenizer_hash"]))
+    return Inputs(meta, train, evals, token_byte_lengths(tok, int(meta["vocab_size"]), meta["tokenizer_hash"]))
 
 
 def _seed32(seed: int, purpose: int) -> int:

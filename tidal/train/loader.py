@@ -1,4 +1,4 @@
-"""Packed-token reader: memory-mapped shards, and batches that are a pure function of the step.
+"""Packed-token reader: shards read in place, and batches that are a pure function of the step.
 
 Invariant: ``BatchLoader.batch(step)`` depends only on (the shards' bytes, ``seed``,
 ``batch_size``, ``step``). Sequence positions ``step*B .. step*B+B-1`` of an endless stream
@@ -10,16 +10,24 @@ would, and every sequence is read once per epoch.
 A reader refuses data whose tokenizer hash differs from the model's tokenizer
 (docs/contracts.md, "Tokenized"), and token ids outside ``[0, vocab_size)``.
 This module imports numpy only (no JAX), so inputs are checked before JAX starts.
+
+Inputs are read in place (:class:`tidal.files.StepFiles`): on a local root the shards are
+read-only memory maps; from a bucket a batch is one ranged GET per run of consecutive rows (a
+``.npy`` is a header then row-major rows), fetched one step ahead of the trainer, and nothing
+else of the shards is downloaded.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tidal.files import StepFiles
 
 TOKEN_GLOB = "tokens-*.npy"
 META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
@@ -32,9 +40,10 @@ class DataContractError(ValueError):
     """An input directory breaks a data contract; the message names the file and the rule."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(files: StepFiles, name: str) -> dict[str, Any]:
+    path = files.uri_of(name)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(files.read_bytes(name))
     except FileNotFoundError:
         raise DataContractError(f"{path}: missing") from None
     except json.JSONDecodeError as err:
@@ -44,15 +53,16 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_tokenizer_meta(directory: str | Path) -> dict[str, Any]:
+def read_tokenizer_meta(directory: StepFiles | str | Path) -> dict[str, Any]:
     """Read ``tokenizer_meta.json`` = ``{"tokenizer_hash", "vocab_size", "eos_id"}`` of a tokenizer step.
 
     Raises:
         DataContractError: file missing/unreadable, a key missing, or ``vocab_size`` not a
             positive int.
     """
-    path = Path(directory) / TOKENIZER_META
-    meta = _read_json(path)
+    files = StepFiles.open(directory)
+    path = files.uri_of(TOKENIZER_META)
+    meta = _read_json(files, TOKENIZER_META)
     for key in ("tokenizer_hash", "vocab_size"):
         if key not in meta:
             raise DataContractError(f"{path}: missing key {key!r}")
@@ -62,30 +72,34 @@ def read_tokenizer_meta(directory: str | Path) -> dict[str, Any]:
 
 
 class TokenShards:
-    """The sequences of one tokenized/mixed step directory, as read-only memory maps.
+    """The sequences of one tokenized/mixed step, read in place: read-only memory maps on a local
+    root, range reads (:class:`tidal.files.NpyRows`) from a bucket.
 
     Attributes:
-        directory: the step output directory.
-        meta_path: its ``mixture.json`` or ``meta.json``.
+        directory: the step's location (a directory path or a bucket URI), as a string.
+        files: the step's :class:`tidal.files.StepFiles`.
+        meta_path: its ``mixture.json`` or ``meta.json`` (location string).
         seq_len: S, tokens per sequence.
         n_sequences: total sequences over all shards (shards in sorted file-name order).
         tokenizer_hash: hash of the tokenizer that produced the ids.
+        remote: True when the shards are read from a bucket.
     """
 
-    def __init__(self, directory: str | Path, *, tokenizer_hash: str, tokenizer_dir: str | Path = "?"):
-        """Open and check every ``tokens-*.npy`` shard under ``directory``.
+    def __init__(self, directory: StepFiles | str | Path, *, tokenizer_hash: str, tokenizer_dir: str | Path = "?"):
+        """Open and check every ``tokens-*.npy`` shard of the step ``directory`` (headers only).
 
         Raises:
             DataContractError: no metadata file or shards; the metadata's ``tokenizer_hash``
                 differs from ``tokenizer_hash`` (both hashes and the directory are named);
                 a shard that is not 2-D uint16/uint32 with ``seq_len`` columns.
         """
-        self.directory = Path(directory)
-        meta_path = next((self.directory / n for n in META_NAMES if (self.directory / n).is_file()), None)
-        if meta_path is None:
+        self.files = files = StepFiles.open(directory)
+        self.directory, self.remote = files.uri, files.remote
+        meta_name = next((n for n in META_NAMES if files.exists(n)), None)
+        if meta_name is None:
             raise DataContractError(f"{self.directory}: no {' or '.join(META_NAMES)} (token data metadata)")
-        self.meta_path = meta_path
-        meta = _read_json(meta_path)
+        self.meta_path = meta_path = files.uri_of(meta_name)
+        meta = _read_json(files, meta_name)
         for key in ("tokenizer_hash", "seq_len"):
             if key not in meta:
                 raise DataContractError(f"{meta_path}: missing key {key!r}")
@@ -97,16 +111,20 @@ class TokenShards:
                 f"{tokenizer_hash!r}; rule: a reader refuses data whose tokenizer hash differs "
                 f"from the model's (docs/contracts.md)")
         self.seq_len = int(meta["seq_len"])
-        paths = sorted(self.directory.glob(TOKEN_GLOB))
-        if not paths:
+        names = [n for n in files.names(TOKEN_GLOB) if "/" not in n]
+        if not names:
             raise DataContractError(f"{self.directory}: no {TOKEN_GLOB} shards")
-        self.shards: list[np.ndarray] = []
-        for path in paths:
-            arr = np.load(path, mmap_mode="r")
+        paths = [files.uri_of(n) for n in names]
+        self.shards: list[Any] = []  # np.ndarray memory maps, or tidal.files.NpyRows
+        for name, path in zip(names, paths):
+            try:
+                arr = files.array(name)
+            except ValueError as err:
+                raise DataContractError(f"{err}; rule: tokens are .npy arrays") from None
             if arr.ndim != 2 or arr.shape[1] != self.seq_len or arr.dtype not in TOKEN_DTYPES:
                 raise DataContractError(
                     f"{path}: shape {arr.shape} dtype {arr.dtype}; rule: tokens are "
-                    f"uint16/uint32 of shape [n_seq, seq_len={self.seq_len}] ({meta_path.name})")
+                    f"uint16/uint32 of shape [n_seq, seq_len={self.seq_len}] ({meta_name})")
             self.shards.append(arr)
         self.paths = paths
         counts = np.array([a.shape[0] for a in self.shards], dtype=np.int64)
@@ -115,8 +133,8 @@ class TokenShards:
         if self.n_sequences == 0:
             raise DataContractError(f"{self.directory}: shards hold no sequences")
 
-    def locate(self, index: int) -> tuple[Path, int]:
-        """(shard path, row) of global sequence ``index``."""
+    def locate(self, index: int) -> tuple[str, int]:
+        """(shard location, row) of global sequence ``index``."""
         shard = int(np.searchsorted(self._starts, index, side="right") - 1)
         return self.paths[shard], int(index - self._starts[shard])
 
@@ -159,6 +177,10 @@ def epoch_permutation(seed: int, epoch: int, n_sequences: int) -> np.ndarray:
 class BatchLoader:
     """Batches of training sequences, each a pure function of (seed, step).
 
+    When the shards are read from a bucket, :meth:`batch` starts reading batch ``step + 1`` in a
+    background thread before it returns batch ``step`` (the trainer asks for consecutive steps),
+    so the range reads overlap the training step; a batch is still a pure function of the step.
+
     Args:
         shards: the training data.
         batch_size: B, sequences per batch.
@@ -170,6 +192,8 @@ class BatchLoader:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.shards, self.batch_size, self.seed, self.vocab_size = shards, batch_size, seed, vocab_size
+        self._ahead: tuple[int, Future] | None = None
+        self._reader: ThreadPoolExecutor | None = None
 
     def indices(self, step: int) -> np.ndarray:
         """Global sequence indices ``[B]`` (int64) read at 0-based ``step``."""
@@ -182,13 +206,22 @@ class BatchLoader:
             out[mask] = epoch_permutation(self.seed, int(epoch), n)[offsets[mask]]
         return out
 
+    def _read(self, step: int) -> np.ndarray:
+        return self.shards.rows(self.indices(step), self.vocab_size)
+
     def batch(self, step: int) -> np.ndarray:
         """Token ids ``[B, seq_len]`` int32 for 0-based ``step``.
 
         Raises:
             DataContractError: a token id outside the vocabulary.
         """
-        return self.shards.rows(self.indices(step), self.vocab_size)
+        ahead, self._ahead = self._ahead, None
+        out = ahead[1].result() if ahead is not None and ahead[0] == step else self._read(step)
+        if self.shards.remote:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-batch-ahead")
+            self._ahead = (step + 1, self._reader.submit(self._read, step + 1))
+        return out
 
 
 def eval_sequences(shards: TokenShards, n_batches: int, batch_size: int,
@@ -202,7 +235,8 @@ def eval_sequences(shards: TokenShards, n_batches: int, batch_size: int,
     return [shards.rows(np.arange(i, min(i + batch_size, n)), vocab_size) for i in range(0, n, batch_size)]
 
 
-def token_byte_lengths(directory: str | Path, vocab_size: int, tokenizer_hash: str | None = None) -> np.ndarray | None:
+def token_byte_lengths(directory: StepFiles | str | Path, vocab_size: int,
+                       tokenizer_hash: str | None = None) -> np.ndarray | None:
     """UTF-8 bytes of text that each token id stands for, from ``directory/tokenizer.json``.
 
     Method (exact for tidal's tokenizers, which are all byte-level BPE, see
@@ -216,7 +250,8 @@ def token_byte_lengths(directory: str | Path, vocab_size: int, tokenizer_hash: s
     ``lengths[targets].sum()``.
 
     Args:
-        directory: the tokenizer step directory.
+        directory: the tokenizer step (a directory, a bucket URI or its StepFiles); its
+            ``tokenizer.json`` is read in place and parsed from bytes (no local copy).
         vocab_size: V; ids ``>= len(vocabulary)`` count 0 bytes.
         tokenizer_hash: when given, the file's sha256 must equal it.
 
@@ -227,14 +262,15 @@ def token_byte_lengths(directory: str | Path, vocab_size: int, tokenizer_hash: s
     Raises:
         DataContractError: the file's sha256 differs from ``tokenizer_hash``.
     """
-    path = Path(directory) / TOKENIZER_FILE
-    if not path.is_file():
+    files = StepFiles.open(directory)
+    path = files.uri_of(TOKENIZER_FILE)
+    if not files.exists(TOKENIZER_FILE):
         return None
     import hashlib
 
     from tokenizers import Tokenizer, pre_tokenizers
 
-    data = path.read_bytes()
+    data = files.read_bytes(TOKENIZER_FILE)
     digest = hashlib.sha256(data).hexdigest()
     if tokenizer_hash is not None and digest != tokenizer_hash:
         raise DataContractError(f"{path}: sha256 {digest} differs from tokenizer_hash {tokenizer_hash!r} in "

@@ -109,14 +109,15 @@ class LiveMetrics:
             contact, named ``run_name`` and tagged ``tags`` (and ``end`` it on close).
         experiment: experiment name used when ``run_id`` is None.
         run_file: where the created run's id is kept so a resumed run logs into the same run.
-        pending_dir: where rows still unsent at close are written (tracking.Tracker format).
+        pending_dir: where rows still unsent at close are written (tracking.Tracker format): a local
+            directory, or an object-store root URI (objects ``.tracking/pending/``, DESIGN.md §0).
         flush_every_s: delivery interval (seconds).
         close_timeout_s: how long :meth:`close` keeps trying to deliver (seconds).
     """
 
     def __init__(self, uri: str, run_id: str | None = None, *, experiment: str | None = None,
                  run_name: str = "train", tags: dict[str, str] | None = None, run_file: Path | None = None,
-                 pending_dir: Path | None = None, flush_every_s: float = 0.5, close_timeout_s: float = 60.0):
+                 pending_dir: Path | str | None = None, flush_every_s: float = 0.5, close_timeout_s: float = 60.0):
         for key, value in LIVE_HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         self.uri, self.run_id, self.experiment = uri, run_id, experiment
@@ -153,7 +154,11 @@ class LiveMetrics:
         if not uri or not (run_id or experiment):
             return None
         tags = {"tidal.step_id": str(spec.get("step_id", "")), "tidal.kind": "train"}
-        pending = Path(settings.tracking_pending_dir or step_dir / "mlflow-pending")
+        root = settings.storage_root
+        if not settings.tracking_pending_dir and root and "://" in root and not root.startswith("file://"):
+            pending: Path | str = root  # an object-store root: rows left unsent become objects under it
+        else:
+            pending = Path(settings.tracking_pending_dir or step_dir / "mlflow-pending")
         return cls(uri, run_id, experiment=experiment, run_name=str(spec.get("name", "train")), tags=tags,
                    run_file=step_dir / RUN_FILE, pending_dir=pending,
                    close_timeout_s=settings.tracking_flush_timeout_s)
@@ -286,11 +291,16 @@ class LiveMetrics:
         with self._lock:
             rows = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in self._metrics]
             tags = dict(self._tags)
-        tracker = Tracker(self.uri, experiment=self.experiment or "tidal", pending_dir=self.pending_dir)
+        if isinstance(self.pending_dir, str):  # the storage root: {root}/.tracking/pending/ objects, replayed by report
+            from tidal.storage import open_storage
+
+            tracker = Tracker(self.uri, experiment=self.experiment or "tidal", store=open_storage(self.pending_dir))
+        else:
+            tracker = Tracker(self.uri, experiment=self.experiment or "tidal", pending_dir=self.pending_dir)
         if self.run_id is None:
             log.warning("live tracking: MLflow never answered; %d metric rows stay in metrics.jsonl only "
                         "(no run was created)", len(rows))
             return
         tracker.buffer_metrics(self.run_id, rows, tags, RuntimeError("unreachable at the end of training"))
         log.warning("live tracking: %d metric rows and %d tags left for tracking.Tracker.replay_pending in %s",
-                    len(rows), len(tags), self.pending_dir)
+                    len(rows), len(tags), tracker.pending_where)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import count, groupby, repeat
 from operator import attrgetter
 from pathlib import Path
@@ -28,7 +29,7 @@ import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from tidal.data.clean.record import Document, clean_record, removed_row
-from tidal.data.fetch import write_parquet, write_parquet_chunks
+from tidal.data.fetch import FETCH_SCHEMA, write_parquet, write_parquet_chunks
 from tidal.data.neardup import band_entries
 from tidal.data.normalize import FILTER_RULES, NORMALIZATION_STEPS, QUARANTINE_REASONS
 from tidal.data.readers import READ_REASONS
@@ -42,6 +43,7 @@ from tidal.data.spill import (
     write_bands,
     write_spill,
 )
+from tidal.files import StepFiles
 
 if TYPE_CHECKING:
     from tidal.data.clean.config import CleanConfig
@@ -57,11 +59,17 @@ BATCH_BYTES = 1 << 20
 WRITE_ROWS = 8192
 WRITE_BYTES = 8 << 20
 READ_ROWS = 128  # rows per Arrow record batch read from raw.parquet (decoded at most this many ahead)
+# raw.parquet's column chunks are streamed through a buffer of this size per column, on demand
+# (no pre-buffering of the whole row group): a slice stops reading at its last row, so from a
+# bucket it fetches its row group's chunks up to that row (plus one buffer), not the whole group,
+# and memory holds a buffer (or one larger page) per column, not the row group's compressed chunks
+READ_BUFFER_BYTES = 4 << 20
 # Rows of one clean input element (a slice of a raw.parquet row group). Fetch writes row groups
 # of 64k rows, so without slicing a source under 64k records would be one element, cleaned by
 # one worker on a multi-worker runner. A slice is read by streaming its row group from the
 # start and skipping the rows before it (Parquet has no row offset to seek to): at most
-# 64k / 8k = 8 slices re-decode on average half a group, a few % of cleaning it.
+# 64k / 8k = 8 slices re-decode on average half a group, a few % of cleaning it (read from a
+# bucket, the skipped rows' bytes are fetched again too: about (slices + 1) / 2 times the group).
 SLICE_ROWS = 8 * BATCH_ROWS
 COUNTS_FILE = "counts.json"
 QUARANTINE_FILE = "quarantine.parquet"
@@ -96,12 +104,29 @@ def shard_of(doc_id: str, shards: int) -> int:
     return int(doc_id, 16) % shards
 
 
-def raw_slices(raw_path: str | Path, slice_rows: int | None = None) -> list[tuple[int, int, int]]:
-    """``(row group, first row in it, rows)`` of ``raw_path``: the elements the clean step's
-    first stage reads, at most ``slice_rows`` rows each (:data:`SLICE_ROWS`), every row of
-    every row group in exactly one; each is streamed in batches (:class:`CleanBatchFn`)."""
+@contextmanager
+def open_raw(raw_location: str | Path) -> Iterator[pq.ParquetFile]:
+    """``raw.parquet`` at ``raw_location`` read in place: a local path, or its URI in the bucket
+    (``s3://bucket/root/{step_id}/raw.parquet``), opened with :meth:`tidal.files.StepFiles.open_input`
+    (a plain local file on a local root; from a bucket the footer, then only the byte ranges
+    decoded, streamed through :data:`READ_BUFFER_BYTES` buffers). Nothing is downloaded whole.
+
+    Raises:
+        FileNotFoundError: naming the file.
+    """
+    files, name = StepFiles.of_file(raw_location)
+    with files.open_input(name) as source:
+        yield pq.ParquetFile(source, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+
+
+def raw_slices(raw_location: str | Path, slice_rows: int | None = None) -> list[tuple[int, int, int]]:
+    """``(row group, first row in it, rows)`` of ``raw.parquet`` at ``raw_location`` (a path or a
+    bucket URI, :func:`open_raw`: only the footer is read): the elements the clean step's first
+    stage reads, at most ``slice_rows`` rows each (:data:`SLICE_ROWS`), every row of every row
+    group in exactly one; each is streamed in batches (:class:`CleanBatchFn`)."""
     slice_rows = slice_rows or SLICE_ROWS
-    meta = pq.read_metadata(raw_path)
+    with open_raw(raw_location) as parquet:
+        meta = parquet.metadata
     return [(g, start, min(slice_rows, meta.row_group(g).num_rows - start))
             for g in range(meta.num_row_groups) for start in range(0, meta.row_group(g).num_rows, slice_rows)]
 
@@ -134,10 +159,12 @@ class DocStub(NamedTuple):
 
 
 class CleanBatchFn(beam.DoFn):
-    """``((row group, first row), [rows])`` of ``raw.parquet`` (:func:`raw_slices`), read in batches
-    of at most :data:`BATCH_ROWS` records and :data:`BATCH_BYTES` raw bytes (streamed: memory
-    holds a batch, not the row group) -> per batch
-    and shard it touches, ``(shard, spill file)`` (main output): the batch's survivors of that
+    """``((row group, first row), [rows])`` of ``raw.parquet`` (:func:`raw_slices`), read in place
+    from ``raw_location`` (a local path or a bucket URI, :func:`open_raw`: of the file only the
+    footer and that row group's chunks of the columns :func:`tidal.data.clean.record.clean_record`
+    reads, up to the slice's last row) in batches of at most :data:`BATCH_ROWS` records and
+    :data:`BATCH_BYTES` raw bytes (streamed: memory holds a batch, not the row group) -> per
+    batch and shard it touches, ``(shard, spill file)`` (main output): the batch's survivors of that
     shard written to one spill file under ``spill_dir`` (:func:`tidal.data.spill.write_spill`);
     on the ``finish`` output (module docstring) the quarantine rows, the removed (filtered)
     rows and one dict of outcome counts (``in`` included) and, with near-dedup on, on the
@@ -149,8 +176,8 @@ class CleanBatchFn(beam.DoFn):
         ValueError: for a record whose ``raw`` is null, naming the file, row group and ref.
     """
 
-    def __init__(self, raw_path: str, cfg: CleanConfig, spill_dir: str, shards: int):
-        self.raw_path = raw_path
+    def __init__(self, raw_location: str, cfg: CleanConfig, spill_dir: str, shards: int):
+        self.raw_location = raw_location
         self.cfg = cfg
         self.spill_dir = spill_dir
         self.shards = shards
@@ -162,23 +189,25 @@ class CleanBatchFn(beam.DoFn):
         seen = 0  # rows of the row group streamed past so far
         pending: list[dict[str, Any]] = []  # the batch being filled
         size = 0  # its raw bytes
-        for record_batch in pq.ParquetFile(self.raw_path).iter_batches(batch_size=READ_ROWS, row_groups=[group]):
-            seen, before = seen + record_batch.num_rows, seen
-            if seen <= first:
-                continue
-            if before >= end:
-                break
-            for row in record_batch.slice(max(0, first - before), min(end, seen) - max(first, before)).to_pylist():
-                if not isinstance(row["raw"], bytes):  # bad data in a file: ValueError, as elsewhere
-                    raise ValueError(  # noqa: TRY004
-                        f"{self.raw_path}: row group {group}, record {row['ref']!r}: 'raw' is "
-                        f"{type(row['raw']).__name__}, not bytes (fetch writes every record's bytes)")
-                # at most BATCH_ROWS records and BATCH_BYTES raw bytes, unless one record alone is larger
-                if pending and (len(pending) >= BATCH_ROWS or size + len(row["raw"]) > BATCH_BYTES):
-                    yield from self._batch(group, start, pending)
-                    start, pending, size = start + len(pending), [], 0
-                pending.append(row)
-                size += len(row["raw"])
+        with open_raw(self.raw_location) as parquet:
+            columns = [name for name in FETCH_SCHEMA.names if name in parquet.schema_arrow.names]
+            for record_batch in parquet.iter_batches(batch_size=READ_ROWS, row_groups=[group], columns=columns):
+                seen, before = seen + record_batch.num_rows, seen
+                if seen <= first:
+                    continue
+                for row in record_batch.slice(max(0, first - before), min(end, seen) - max(first, before)).to_pylist():
+                    if not isinstance(row["raw"], bytes):  # bad data in a file: ValueError, as elsewhere
+                        raise ValueError(  # noqa: TRY004
+                            f"{self.raw_location}: row group {group}, record {row['ref']!r}: 'raw' is "
+                            f"{type(row['raw']).__name__}, not bytes (fetch writes every record's bytes)")
+                    # at most BATCH_ROWS records and BATCH_BYTES raw bytes, unless one record alone is larger
+                    if pending and (len(pending) >= BATCH_ROWS or size + len(row["raw"]) > BATCH_BYTES):
+                        yield from self._batch(group, start, pending)
+                        start, pending, size = start + len(pending), [], 0
+                    pending.append(row)
+                    size += len(row["raw"])
+                if seen >= end:  # the slice's last row: read no further batch
+                    break
         if pending:
             yield from self._batch(group, start, pending)
 

@@ -54,7 +54,10 @@ Outputs (in ``out_dir``):
 Records are cleaned in batches (at most :data:`tidal.data.clean.fns.BATCH_ROWS` records and
 :data:`tidal.data.clean.fns.BATCH_BYTES` raw bytes, streamed from slices of ``raw.parquet``
 row groups), so the runner's per-element cost and the counters are paid once per batch
-(:mod:`tidal.data.clean.fns`). A batch's survivors and LSH bucket entries go to spill files
+(:mod:`tidal.data.clean.fns`). ``raw.parquet`` is read in place where the fetch step lives (a
+local directory or ``s3://…/{step_id}/raw.parquet``, :func:`tidal.data.clean.fns.open_raw`):
+the launcher reads its footer, each worker the row group and columns of its slice; nothing
+is downloaded whole. A batch's survivors and LSH bucket entries go to spill files
 (:mod:`tidal.data.spill`) and only the files' paths cross Beam's shuffles, so the in-process
 runner, which holds every shuffled collection in memory, holds no element per kept
 document. What still grows with the corpus: a removed row per filtered or duplicate record
@@ -113,6 +116,7 @@ from tidal.data.clean.fns import (
 )
 from tidal.data.fetch import RAW_FILE
 from tidal.data.neardup import NearDuplicates
+from tidal.files import StepFiles
 
 STEP_VERSION = 4
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
@@ -120,8 +124,9 @@ __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", 
            "flat_counts", "run", "shard_name", "shard_of", "summarize"]
 
 
-def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: CleanConfig) -> None:
-    """Add the clean transforms to ``pipeline``: read ``raw_path``, write into ``out_dir``.
+def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out_dir: str, cfg: CleanConfig) -> None:
+    """Add the clean transforms to ``pipeline``: read ``raw.parquet`` in place at ``raw_location``
+    (a local path or a bucket URI; workers open it there), write into ``out_dir``.
 
     Records are cleaned in batches (module docstring) and only the spill files' paths of a
     batch's documents and bucket entries cross the shuffles, so Beam's per-element cost and the
@@ -134,10 +139,9 @@ def build_pipeline(pipeline: beam.Pipeline, raw_path: str, out_dir: str, cfg: Cl
     translation, one bundle per stage on the in-process runner), so the graph has few.
     """
     spill_dir = str(Path(out_dir) / SPILL_DIR)
-    slices = create_spread(pipeline, "RawSlices", [((g, first), n) for g, first, n in raw_slices(raw_path)])
-    batches = slices | "CleanBatches" >> beam.ParDo(CleanBatchFn(raw_path, cfg, spill_dir, cfg.shards)).with_outputs(
-        FINISH_TAG, BANDS_TAG, main="docs"
-    )
+    slices = create_spread(pipeline, "RawSlices", [((g, first), n) for g, first, n in raw_slices(raw_location)])
+    batches = slices | "CleanBatches" >> beam.ParDo(
+        CleanBatchFn(raw_location, cfg, spill_dir, cfg.shards)).with_outputs(FINISH_TAG, BANDS_TAG, main="docs")
     finish = [batches[FINISH_TAG]]
     near: Any = {}  # near-dedup off: no near duplicate
     if cfg.near_dedup.enabled:
@@ -200,13 +204,15 @@ def check_files(out_dir: str | Path, counts: dict[str, Any], shards: int) -> Non
 
 
 def clean(
-    raw_path: str | Path,
+    raw_location: str | Path,
     out_dir: str | Path,
     cfg: CleanConfig,
     args: list[str] | None = None,
     log: logging.Logger | None = None,
 ) -> dict[str, Any]:
-    """Run the clean pipeline on ``raw_path`` into ``out_dir`` and check the counts.
+    """Run the clean pipeline on ``raw.parquet`` at ``raw_location`` (a local path, or a bucket URI
+    such as ``s3://bucket/root/{step_id}/raw.parquet``, read in place) into ``out_dir`` and check
+    the counts.
 
     ``args`` are Beam pipeline options (default :func:`beam_args`); the Beam counters are
     logged on ``log`` and, where the runner reports committed counters, compared with the
@@ -216,16 +222,17 @@ def clean(
         The ``counts.json`` structure.
 
     Raises:
-        FileNotFoundError: if ``raw_path`` does not exist.
+        FileNotFoundError: if ``raw_location`` does not exist.
         ValueError: if the counts do not reconcile (:func:`check_counts`, :func:`check_files`)
             or a Beam counter disagrees with them.
     """
-    raw_path, out_dir = Path(raw_path), Path(out_dir)
-    if not raw_path.is_file():
-        raise FileNotFoundError(f"clean: input {raw_path} does not exist")
+    out_dir = Path(out_dir)
+    files, name = StepFiles.of_file(raw_location)
+    if not files.exists(name):
+        raise FileNotFoundError(f"clean: input {files.uri_of(name)} does not exist")
     out_dir.mkdir(parents=True, exist_ok=True)
     pipeline = beam.Pipeline(options=PipelineOptions(args if args is not None else beam_args()))
-    build_pipeline(pipeline, str(raw_path), str(out_dir), cfg)
+    build_pipeline(pipeline, files.uri_of(name), str(out_dir), cfg)
     try:
         result = pipeline.run()
         result.wait_until_finish()
@@ -259,7 +266,8 @@ def flat_counts(counts: dict[str, Any]) -> dict[str, int]:
 
 
 def run(ctx: StepContext) -> dict:
-    """Clean the input fetch step's ``raw.parquet`` (see module docstring).
+    """Clean the input fetch step's ``raw.parquet``, read in place where that step lives (a local
+    directory or its prefix in the bucket; no local copy, see module docstring).
 
     Returns:
         :func:`summarize`'s flat summary (logged to MLflow as the step's metrics).
@@ -269,8 +277,7 @@ def run(ctx: StepContext) -> dict:
         KeyError: if the config's ``input`` is not an input of this step.
     """
     cfg = CleanConfig.model_validate(ctx.config)
-    raw_path = ctx.input_dir(cfg.input) / RAW_FILE
-    clean(raw_path, ctx.out_dir, cfg, log=ctx.log)
+    clean(ctx.input_files(cfg.input).uri_of(RAW_FILE), ctx.out_dir, cfg, log=ctx.log)
     summary = summarize(ctx.config, ctx.out_dir)
     ctx.log.info("clean %s: %s", cfg.source, summary)
     return summary

@@ -1,0 +1,179 @@
+"""The staging location: where a step computed on another machine waits for its commit.
+
+Invariant (DESIGN.md §0): a step that runs elsewhere (a training pod, a Beam job launched by
+the Beam provider) is handed only locations under the storage root, and the commit task never
+downloads step data. So the three halves meet in the bucket:
+
+1. prepare (an Airflow task) picks a fresh staging location for the attempt,
+   ``{root}/.staging/{step_id}.{token}/``, and writes what the run needs beside it, under
+   ``{root}/.staging/{step_id}.{token}.job/`` (a Beam job's ``config.json``) or into it (a
+   training step's ``spec.json``, which is one of its outputs);
+2. the run (on any machine) computes in its own local scratch, checks its outputs against the
+   kind's contract and writes ``manifest.json`` (:func:`seal`: it has the bytes, so it hashes
+   them), then uploads the directory to the staging location (:func:`stage`) and, for a Beam
+   job, its summary to ``….job/summary.json``;
+3. commit (another Airflow task) reads ``manifest.json`` (one small GET), checks the staged
+   listing against it (every file there, with its size), and publishes: server-side copies into
+   ``{root}/{step_id}/``, then ``step.json`` and the signature, ``_SUCCESS`` last
+   (:func:`publish`). Then the staging prefix is deleted.
+
+A killed run leaves only staging (never counted as committed); two attempts that both finish
+publish the same content-addressed bytes, and ``_SUCCESS`` is written only if absent.
+
+On a local root the staging location is the usual scratch directory and the commit is the
+rename of :meth:`tidal.storage.LocalStorage.commit_scratch`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tidal.context import is_uri
+from tidal.integrity.hashing import MANIFEST_NAME, write_manifest
+from tidal.kinds import kind_spec
+from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS
+from tidal.storage import uris
+from tidal.storage.base import Storage, StorageError
+
+STAGING = ".staging"
+JOB_SUFFIX = ".job"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+log = logging.getLogger("tidal.storage")
+
+
+class StagedIncomplete(StorageError):
+    """The staged outputs are missing or disagree with their manifest (nothing was committed)."""
+
+
+def new_staging(storage: Storage, step_id: str) -> str:
+    """A fresh staging location for one attempt at ``step_id``: a URI under an object-store root,
+    else a new local scratch directory (as a string)."""
+    if not is_uri(storage.uri):
+        return str(storage.new_scratch(step_id))
+    return uris.join(storage.uri, STAGING, f"{step_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:8]}") + "/"
+
+
+def resumable_staging(storage: Storage, step_id: str) -> str:
+    """The one staging location of a resumable step (training), the same for every attempt, so a
+    rerun of its launch, or of its prepare, finds what earlier attempts left there."""
+    return uris.join(storage.uri, STAGING, step_id) + "/"
+
+
+def job_location(staging: str) -> str:
+    """Where a run's own files (config, summary) live: beside the staging location, never in it."""
+    return staging.rstrip("/") + JOB_SUFFIX + ("/" if is_uri(staging) else "")
+
+
+def check_outputs(kind: str, config: dict[str, Any], work_dir: Path, *, where: str, step_id: str) -> None:
+    """The kind's output contract over a finished local directory: every ``expected_outputs(config)``
+    file exists, then the kind's ``check_outputs(config, work_dir)``.
+
+    Raises:
+        StagedIncomplete: naming the missing files; ValueError: the kind's own check failed.
+    """
+    module = kind_spec(kind).load()
+    expected = getattr(module, "expected_outputs", None)
+    if expected is not None:
+        missing = [name for name in expected(config) if not (work_dir / name).is_file()]
+        if missing:
+            raise StagedIncomplete(f"{work_dir}: {where} of {step_id} did not write {missing}; "
+                                   "nothing was committed (rerun the step)")
+    check = getattr(module, "check_outputs", None)
+    if check is not None:
+        check(config, work_dir)
+
+
+def seal(kind: str, config: dict[str, Any], work_dir: Path, *, step_id: str, where: str) -> dict[str, Any]:
+    """Check a finished run's outputs and write its ``manifest.json`` (by the process that has the bytes).
+
+    Returns:
+        The manifest (every file with size and sha256, and the root hash).
+    """
+    check_outputs(kind, config, work_dir, where=where, step_id=step_id)
+    for name in (STEP_JSON, SUCCESS, SIGNATURE_JSON):
+        (work_dir / name).unlink(missing_ok=True)
+    return write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
+
+
+def stage(work_dir: Path, staging: str) -> int:
+    """Upload a sealed directory to its staging location, ``manifest.json`` last; returns bytes sent."""
+    names = sorted(p.relative_to(work_dir).as_posix() for p in work_dir.rglob("*") if p.is_file())
+    if MANIFEST_NAME not in names:
+        raise StagedIncomplete(f"{work_dir}: not sealed (no {MANIFEST_NAME}); seal() it first")
+    sent = uris.upload_dir(work_dir, staging, [n for n in names if n != MANIFEST_NAME])
+    sent += uris.upload_dir(work_dir, staging, [MANIFEST_NAME])
+    log.info("staged %d files (%d bytes) at %s", len(names), sent, staging)
+    return sent
+
+
+def staged_manifest(staging: str, expected: list[str], *, where: str, step_id: str) -> tuple[dict[str, Any], str]:
+    """Read a staged run's manifest and check the listing against it, downloading nothing else.
+
+    Returns:
+        ``(manifest, manifest text)``.
+
+    Raises:
+        StagedIncomplete: no manifest (the run did not finish), or a file missing / of another
+            size than the manifest says, or an ``expected`` output absent from the manifest.
+    """
+    try:
+        text = uris.read_bytes(uris.join(staging, MANIFEST_NAME)).decode()
+    except FileNotFoundError:
+        raise StagedIncomplete(f"{staging}: {where} of {step_id} staged no {MANIFEST_NAME} (it did not finish); "
+                               "nothing was committed (rerun the step)") from None
+    manifest = json.loads(text)
+    sizes = uris.list_sizes(staging)
+    wrong = [e["path"] for e in manifest["files"] if sizes.get(e["path"]) != e["bytes"]]
+    files = {e["path"] for e in manifest["files"]}
+    missing = [name for name in expected if name not in files]
+    if wrong or missing:
+        raise StagedIncomplete(f"{staging}: {where} of {step_id}: files missing or of the wrong size {wrong[:10]}, "
+                               f"expected outputs not staged {missing}; nothing was committed (rerun the step)")
+    return manifest, text
+
+
+def publish(storage: Storage, staging: str, step_id: str, manifest: dict[str, Any], records: dict[str, bytes]) -> bool:
+    """Turn a staged, checked run into the committed step, ``_SUCCESS`` last (object-store roots).
+
+    Data objects and ``manifest.json`` are copied server-side (CopyObject; multipart copy for large
+    objects), then ``records`` (``step.json``, then the signature), then ``_SUCCESS`` (body: the
+    manifest root hash; written only if absent, so of two racing attempts, which publish the same
+    content-addressed bytes, one marker wins). The staging prefix is deleted afterwards.
+
+    Returns:
+        True if this call committed; False if the step was committed by another attempt first.
+
+    Raises:
+        StorageError: the root is not an object store (local roots commit by rename).
+    """
+    if not is_uri(storage.uri):
+        raise StorageError(f"publish() is for object-store roots; {storage.uri} commits by rename")
+    if storage.is_committed(step_id):
+        uris.delete_dir(staging)
+        uris.delete_dir(job_location(staging))
+        return False
+    from tidal.storage.s3 import transfer_config
+
+    bucket, src_key = uris.split(staging)
+    client = uris.client_for(staging)
+    target = storage.step_uri(step_id)
+    _, dst_key = uris.split(target)
+    config = transfer_config(storage.settings)
+    names = [e["path"] for e in manifest["files"]] + [MANIFEST_NAME]
+    for rel in names:
+        uris._call(staging, "copy", client.copy, {"Bucket": bucket, "Key": f"{src_key.rstrip('/')}/{rel}"},
+                   uris.split(target)[0], f"{dst_key.rstrip('/')}/{rel}", Config=config)
+    for name, data in records.items():
+        uris.write_bytes(uris.join(target, name), data)
+    won = uris.write_bytes(uris.join(target, SUCCESS), (manifest["root_hash"] + "\n").encode(), if_absent=True)
+    uris.delete_dir(staging)
+    uris.delete_dir(job_location(staging))
+    log.info("committed %s from %s (%d files, copied in the bucket)%s", target, staging, len(names),
+             "" if won else "; another attempt's marker was first (same content address)")
+    return won
