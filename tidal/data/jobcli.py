@@ -135,8 +135,20 @@ def materialize(uri: str) -> Path:
 
 
 def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict, name: str) -> None:
-    """Seal the finished outputs, upload them to ``location`` and write the summary beside it."""
-    staging.seal(kind, json.loads(json.dumps(config)), out_dir, step_id=name, where=f"the {kind} job")
+    """Seal the finished outputs, upload them to ``location`` and write the summary beside it.
+
+    Outputs the kind's checks refuse are kept under the root's ``.failed/`` (evidence any machine
+    reads) and the job exits with one ``error:`` line; nothing is staged.
+    """
+    try:
+        staging.seal(kind, json.loads(json.dumps(config)), out_dir, step_id=name, where=f"the {kind} job")
+    except ValueError as err:
+        from tidal.settings import current
+
+        root, step_id = staging.parse_location(location)
+        storage = open_storage(root, settings=StorageSettings(cache_dir=current().storage_cache))
+        raise SystemExit(f"error: {err}; the refused outputs were kept at "
+                         f"{storage.keep_failed(out_dir, step_id)} (never counted as committed)")
     staging.stage(out_dir, location)
     uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
                      (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())

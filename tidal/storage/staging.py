@@ -65,6 +65,18 @@ def resumable_staging(storage: Storage, step_id: str) -> str:
     return uris.join(storage.uri, STAGING, step_id) + "/"
 
 
+def parse_location(staging: str) -> tuple[str, str]:
+    """``{root}/.staging/{step_id}[.{time}.{rand}]/`` -> ``(root, step_id)``.
+
+    Raises:
+        StorageError: ``staging`` is not a staging location.
+    """
+    head, sep, tail = staging.rstrip("/").partition(f"/{STAGING}/")
+    if not sep or not tail:
+        raise StorageError(f"{staging!r} is not a staging location ({{root}}/{STAGING}/{{step_id}}...)")
+    return head, tail.split("/")[0].split(".")[0]
+
+
 def job_location(staging: str) -> str:
     """Where a run's own files (config, summary) live: beside the staging location, never in it."""
     return staging.rstrip("/") + JOB_SUFFIX + ("/" if is_uri(staging) else "")
