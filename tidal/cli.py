@@ -18,11 +18,35 @@ from tidal.settings import SettingsError, entry_point
 from tidal.settings import current as current_settings
 
 
+def _check_bucket(storage) -> None:
+    """An object-store root's bucket must exist before "not committed" can mean anything (a HEAD of a
+    marker in a missing bucket answers 404 too).
+
+    Raises:
+        StorageError: naming the bucket and the setting.
+    """
+    from tidal.storage import StorageError
+    from tidal.storage.s3 import S3Storage
+
+    if not isinstance(storage, S3Storage):
+        return
+    from botocore.exceptions import ClientError
+
+    try:
+        storage.client.head_bucket(Bucket=storage.bucket)
+    except ClientError as err:
+        if str(err.response.get("Error", {}).get("Code", "")) in ("404", "NoSuchBucket", "NotFound"):
+            raise StorageError(f"storage root {storage.uri}: bucket {storage.bucket!r} does not exist (check "
+                               "TIDAL_STORAGE_ROOT or the recipe's storage_root; tidal creates no bucket)") from None
+        raise
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
     from tidal.quality.baseline import describe_baseline
 
     pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    _check_bucket(pipe.storage)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
     problem = pipe.tracking_problem()
     if problem:  # Airflow tasks refuse to run like this (operators/run_context.py); `tidal run` only warns
@@ -77,7 +101,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             result = pipe.run(name, run_key=run_key, force=name in forced)
         except Exception as err:
-            _record_failure(pipe, name, run_key, err)
+            if type(err).__name__ != "StepBlocked":  # a step run too early did not fail: nothing to record
+                _record_failure(pipe, name, run_key, err)
             raise
         print(f"{result.status:<4} {result.step_id}  {result.seconds:.2f} s", flush=True)
     print(f"done in {time.perf_counter() - started:.1f} s; MLflow run key {run_key}")
@@ -91,8 +116,9 @@ def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
 
     try:
         step = pipe.graph[name]
-        record = build_record(err, task_id=name, run_id=run_key, recipe=pipe.recipe.name, recipe_hash=pipe.recipe_hash,
-                              step_id=step.step_id, launcher="cli")
+        record = build_record(err, dag_id="tidal-run", task_id=name, run_id=run_key, try_number=1,
+                              recipe=pipe.recipe.name, recipe_hash=pipe.recipe_hash, step_id=step.step_id,
+                              launcher="cli")
         print(f"failure recorded: {record_failure(pipe.storage, record)}", file=sys.stderr)
     except Exception as problem:  # noqa: BLE001 - the step's own error is what the user must see
         print(f"warning: the failure of {name} could not be recorded: {problem}", file=sys.stderr)
@@ -318,6 +344,7 @@ USER_ERRORS = frozenset({
     "BaselineError", "BaselineMismatch",
     "TrackingUnavailable",  # a lookup that needs MLflow (e.g. a run key), and MLflow does not answer
     "BotoCoreError", "ClientError",  # object storage unreachable, no credentials, access denied
+    "PermissionError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",  # a root or cache not writable
 })
 
 
@@ -360,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             from tidal.storage.uris import storage_hint
 
             hint = f"; {storage_hint(err)}"
+        elif isinstance(err, OSError):
+            hint = "; check that TIDAL_STORAGE_ROOT (or the recipe's storage_root) and TIDAL_STORAGE_CACHE are writable"
         print(f"error: {type(err).__name__}: {err}{hint}", file=sys.stderr)
         return 1
 

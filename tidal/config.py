@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic import Strict as StrictType
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
@@ -64,3 +64,22 @@ def problems(err: ValidationError, *, unknown: str = "unknown field", yaml_hints
         shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {_shown(got)})"
         lines.append(f"{loc}: {rule}{shown}")
     return lines
+
+
+def _endpoint_url(value: str | None) -> str | None:
+    """An S3 API endpoint: ``http(s)://host[:port]``, nothing after it (a path would silently
+    address another bucket layout: botocore prepends it to every key)."""
+    if value is None:
+        return None
+    from urllib.parse import urlparse
+
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/") \
+            or parsed.query or parsed.fragment or "@" in parsed.netloc:
+        raise ValueError("must be http(s)://host[:port] with no path, query or credentials, "
+                         "e.g. http://127.0.0.1:9000 or https://storage.googleapis.com")
+    return value.rstrip("/")
+
+
+EndpointUrl = Annotated[str | None, AfterValidator(_endpoint_url)]
+"""An S3 endpoint URL (``TIDAL_S3_ENDPOINT_URL``, the recipe's ``storage.endpoint_url``)."""

@@ -23,7 +23,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tidal.config import problems
+from tidal.config import EndpointUrl, problems
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MLFLOW_RUN_ID_ENV = "TIDAL_MLFLOW_RUN_ID"
@@ -48,7 +48,7 @@ class Settings(BaseSettings):
                                     default=None)
     storage_cache: str | None = _env("TIDAL_STORAGE_CACHE", "local cache of an object store's committed steps",
                                      default=None)
-    s3_endpoint_url: str | None = _env("TIDAL_S3_ENDPOINT_URL", "S3 endpoint; overrides storage.endpoint_url",
+    s3_endpoint_url: EndpointUrl = _env("TIDAL_S3_ENDPOINT_URL", "S3 endpoint; overrides storage.endpoint_url",
                                        default=None)
     tracking_uri: str | None = _env(TRACKING_URI_ENV, "MLflow tracking URI; overrides the recipe", default=None)
     tracking_pending_dir: str | None = _env("TIDAL_TRACKING_PENDING_DIR",

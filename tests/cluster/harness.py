@@ -309,17 +309,23 @@ class Cluster:
             "mount -o remount,bind,ro /etc/hosts",
             *(f"mkdir -p {q(d)}" for d in private),  # before / may turn read-only
         ]
-        if archives.is_dir():  # keep a handle on it: the tmpfs over ~/.cache hides the path
-            lines.append(f"exec 3< {q(str(archives))}")
+        # Kept visible, read-only, through the private tmpfs mounts: the corpora archive cache (under
+        # ~/.cache) and the checkout with its .venv when it lies under a private directory (a CI clone
+        # in /tmp or /var/tmp). A handle is taken first: the tmpfs hides the path.
+        keep = [archives] if archives.is_dir() else []
+        if any(REPO == Path(d) or Path(d) in REPO.parents for d in private):
+            keep.append(REPO)
+        for fd, path in enumerate(keep, start=3):
+            lines.append(f"exec {fd}< {q(str(path))}")
         if self.read_only:
             lines.append("mount -o remount,bind,ro /")
         lines += [f"mount -t tmpfs -o mode={'1777' if d in ('/tmp', '/var/tmp', '/dev/shm') else '755'} "
                   f"tmpfs {q(d)}" for d in private]
-        if archives.is_dir():
-            lines += [f"mkdir -p {q(str(archives))}",
-                      f"mount --no-canonicalize --bind /proc/self/fd/3 {q(str(archives))}",
-                      f"mount -o remount,bind,ro {q(str(archives))}",
-                      "exec 3<&-"]
+        for fd, path in enumerate(keep, start=3):
+            lines += [f"mkdir -p {q(str(path))}",
+                      f"mount --no-canonicalize --bind /proc/self/fd/{fd} {q(str(path))}",
+                      f"mount -o remount,bind,ro {q(str(path))}",
+                      f"exec {fd}<&-"]
         lines += [f"mkdir -p {q(STORAGE_CACHE)} /tmp/work",
                   "cd /tmp/work",
                   "trap - ERR",

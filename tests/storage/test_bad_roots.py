@@ -53,3 +53,32 @@ def test_missing_credentials_and_a_missing_bucket_name_the_setting(moto_server, 
                "AWS_SECRET_ACCESS_KEY": "t"}
     line = _one_error_line(_tidal(["run", str(TINY), "--step", "fetch-brown"], missing, tmp_path))
     assert "TIDAL_STORAGE_ROOT" in line
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:5055", "http://127.0.0.1:5055/bucket", "htp://x"])
+def test_a_malformed_endpoint_is_refused_before_any_request(tmp_path, endpoint):
+    proc = _tidal(["plan", str(TINY)], {"TIDAL_STORAGE_ROOT": "s3://tidal/root", "TIDAL_S3_ENDPOINT_URL": endpoint},
+                  tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "TIDAL_S3_ENDPOINT_URL" in errors[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("root", ["file://host/x", "file:relative"])
+def test_a_file_uri_with_a_host_is_refused(tmp_path, root):
+    line = _one_error_line(_tidal(["plan", str(TINY)], {"TIDAL_STORAGE_ROOT": root}, tmp_path))
+    assert "file:///abs/path" in line
+
+
+def test_a_job_never_writes_a_committed_prefix(tmp_path):
+    """A bucket --out must be a staging location (only the commit task writes {root}/{step_id}/)."""
+    proc = subprocess.run([sys.executable, "-m", "tidal.data.clean", "--config", "{}", "--input", "fetch-brown=s3://b/r/f/",
+                           "--out", "s3://b/r/fetch-brown-7aa5e54f3d11/"], check=False, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "staging location" in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_plan_on_a_missing_bucket_says_so(moto_server, tmp_path):
+    env = {"TIDAL_STORAGE_ROOT": "s3://no-such-bucket/root", "TIDAL_S3_ENDPOINT_URL": moto_server.endpoint,
+           "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
+    line = _one_error_line(_tidal(["plan", str(TINY)], env, tmp_path))
+    assert "no-such-bucket" in line and "does not exist" in line and "TIDAL_STORAGE_ROOT" in line

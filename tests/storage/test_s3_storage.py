@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import uuid
 
 import boto3
 import pytest
@@ -229,3 +230,53 @@ def test_cli_on_an_unreachable_bucket_prints_one_error_line(tmp_path):
     assert "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: NoCredentialsError: Unable to locate credentials; ") and "AWS_ACCESS_KEY_ID" in last
+
+
+def test_the_recipe_endpoint_reaches_inputs_read_in_place(bucket, s3_env, monkeypatch, tmp_path):
+    """Only the recipe's storage.endpoint_url names the endpoint (no TIDAL_S3_ENDPOINT_URL): the commit
+    (boto3) and the next step's in-place reads (pyarrow.fs, tidal/files.py) both reach it."""
+    from tests.e2e.slices import write_slice_recipe
+    from tidal.core.load import load_pipeline
+
+    monkeypatch.delenv("TIDAL_S3_ENDPOINT_URL")
+    recipe = write_slice_recipe(tmp_path / "r.yaml", tmp_path / "unused")
+    pipe = load_pipeline(recipe, overrides={"storage.endpoint_url": s3_env.endpoint},
+                         storage_root=f"s3://{bucket}/endpoint")
+    assert pipe.run("fetch-brown").status == "run"
+    shutil.rmtree(pipe.storage.local_dir, ignore_errors=True)  # clean must read fetch's output in the bucket
+    result = pipe.run("clean-brown")
+    assert result.status == "run" and pipe.storage.is_committed(pipe.graph["clean-brown"].step_id)
+    assert not (pipe.storage.local_dir / pipe.graph["fetch-brown"].step_id).exists()  # read in place
+
+
+def test_a_staged_run_is_committed_only_when_whole(bucket, tmp_path):
+    """commit_staged reads the manifest and the listing only: a staged file missing means nothing is
+    committed; a whole staging commits once; a second attempt's staging is then a skip, and cleared."""
+    from tidal.core.commit import OutputsIncomplete, commit_staged, now
+    from tidal.storage import staging, uris
+
+    storage = open_storage(f"s3://{bucket}/staged")
+    step = Step("writer", "fixture", {"parts": 2, "pause_s": 0.0, "fail_at": None})
+
+    def staged_run() -> str:
+        work = tmp_path / uuid.uuid4().hex
+        work.mkdir()
+        for i in range(2):
+            (work / f"part-{i}.txt").write_text(f"writer part {i}")
+        location = staging.new_staging(storage, step.step_id)
+        staging.seal(step.kind, dict(step.config), work, step_id=step.step_id, where="the test run")
+        staging.stage(work, location)
+        return location
+
+    broken = staged_run()
+    bucket_name, key = uris.split(uris.join(broken, "part-1.txt"))
+    storage.client.delete_object(Bucket=bucket_name, Key=key)
+    with pytest.raises(OutputsIncomplete, match="part-1.txt"):
+        commit_staged(step, storage, broken, {"parts": 2}, started_at=now(), seconds=0.0)
+    assert not storage.is_committed(step.step_id)
+    result = commit_staged(step, storage, staged_run(), {"parts": 2}, started_at=now(), seconds=0.0)
+    assert result.status == "run" and storage.is_committed(step.step_id)
+    assert json.loads(storage.read_text(step.step_id, "step.json"))["summary"] == {"parts": 2}
+    again = staged_run()
+    assert commit_staged(step, storage, again, {"parts": 2}, started_at=now(), seconds=0.0).status == "skip"
+    assert uris.list_sizes(again) == {}

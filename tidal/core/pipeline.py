@@ -168,12 +168,19 @@ class Pipeline:
         return self.tracker().open_step_run(parent, step.name, step.step_id, step.kind)
 
     def _live_settings(self, live_run: str | None):
-        """The settings a live-logging training subprocess gets (tidal/train/metrics.py reads them;
-        :func:`tidal.launch.local.run_entrypoint` hands them over explicitly)."""
+        """The settings a step runs under: the recipe's ``storage.endpoint_url`` when no
+        ``TIDAL_S3_ENDPOINT_URL`` is set (so inputs read in place, :mod:`tidal.files`, and a training
+        subprocess reach the same endpoint as the commit), and for a live-logging training subprocess
+        its MLflow run (tidal/train/metrics.py reads them; :func:`tidal.launch.local.run_entrypoint`
+        hands them over explicitly)."""
         settings = current_settings()
-        if live_run is None:
-            return settings
-        return settings.model_copy(update={"tracking_uri": self.tracker().uri, "mlflow_run_id": live_run})
+        update: dict[str, object] = {}
+        endpoint = getattr(getattr(self.recipe, "storage", None), "endpoint_url", None)
+        if not settings.s3_endpoint_url and endpoint:
+            update["s3_endpoint_url"] = endpoint
+        if live_run is not None:
+            update |= {"tracking_uri": self.tracker().uri, "mlflow_run_id": live_run}
+        return settings.model_copy(update=update) if update else settings
 
     def _track_failure(self, step, run_key: str, err: Exception, live_run: str | None = None) -> None:
         """Record a failed step as a nested run (status ``failed``) with the kept evidence."""

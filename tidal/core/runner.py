@@ -94,9 +94,13 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float) -> Step
         summary = module.run(ctx) or {}
     except BaseException:
         if not spec.resumable and work_dir.exists():
-            kept = storage.keep_failed(work_dir, step.step_id)
-            log.error("step %s failed; its partial output is kept at %s (never counts as committed)",
-                      step.step_id, kept)
+            if any(p.is_file() for p in work_dir.rglob("*")):
+                kept = storage.keep_failed(work_dir, step.step_id)
+                log.error("step %s failed; its partial output is kept at %s (never counts as committed)",
+                          step.step_id, kept)
+            else:
+                shutil.rmtree(work_dir, ignore_errors=True)
+                log.error("step %s failed before writing any output (nothing kept)", step.step_id)
         raise
     try:
         return commit_step(step, storage, work_dir, summary, started_at=started_at,

@@ -102,6 +102,15 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         inputs[name] = path if is_uri(path) else Path(path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     staged = is_uri(args.out)
+    if staged:
+        try:
+            staging.parse_location(args.out)  # never a committed step's prefix: only the commit writes there
+        except StorageError as err:
+            parser.error(f"--out {args.out}: {err}; a bucket --out is the staging location the step's prepare "
+                         "task handed over")
+    for name, location in inputs.items():
+        if not name:
+            parser.error(f"--input ={location}: the input needs a name (NAME=DIR or NAME=URI)")
     out_dir = Path(tempfile.mkdtemp(prefix=f"{args.name}.")) if staged else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = StepContext(
@@ -120,6 +129,17 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
             parser.error(f"{err} (give each as --input NAME=DIR)")
         except StorageError as err:
             parser.error(str(err))
+        except FileNotFoundError as err:  # an input that is not there (named by the kind's reader)
+            parser.error(str(err))
+        except Exception as err:
+            if type(err).__module__.startswith(("botocore", "boto3")):
+                from tidal.storage.uris import storage_hint
+
+                parser.error(f"{type(err).__name__}: {err}; {storage_hint(err)}")
+            raise
+        finally:
+            if staged:
+                shutil.rmtree(out_dir, ignore_errors=True)  # this machine's scratch of the job, whatever happened
     print(json.dumps(summary, indent=1, sort_keys=True))
     return summary
 

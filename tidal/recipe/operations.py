@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict
+from tidal.config import EndpointUrl, PositiveInt, Strict
 from tidal.launch.config import AcceleratorConfig, ResourceConfig
 
 __all__ = ["AcceleratorConfig", "BeamConfig", "ResourceConfig"]
@@ -97,7 +97,7 @@ class StorageConfig(Strict):
     """How step outputs reach the storage root (tidal/storage/base.py StorageSettings). Not hashed:
     where data lives and how fast it moves never change a step id."""
 
-    endpoint_url: str | None = Field(
+    endpoint_url: EndpointUrl = Field(
         default=None, description="S3 API endpoint for s3:// roots: none = AWS; https://storage.googleapis.com "
         "= GCS (HMAC keys); a MinIO URL. $TIDAL_S3_ENDPOINT_URL overrides it")
     region: str | None = Field(default=None, description="bucket region (default: boto3's, e.g. $AWS_DEFAULT_REGION)")

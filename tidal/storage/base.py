@@ -200,6 +200,9 @@ class LocalStorage:
                 f"storage root {uri!r}: scheme not supported; use a local directory, s3://bucket/prefix or "
                 "gs://bucket/prefix (MinIO and other S3 servers: s3:// with TIDAL_S3_ENDPOINT_URL)"
             )
+        if uri.startswith("file:") and not uri.startswith("file:///"):
+            raise StorageError(f"storage root {uri!r}: a file URI names an absolute local path, file:///abs/path "
+                               "(no host; a relative root is a plain path)")
         path = Path(uri.removeprefix("file://")).expanduser()
         if not path.is_absolute():
             path = (base or Path.cwd()) / path

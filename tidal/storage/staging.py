@@ -154,9 +154,10 @@ def publish(storage: Storage, staging: str, step_id: str, manifest: dict[str, An
     """Turn a staged, checked run into the committed step, ``_SUCCESS`` last (object-store roots).
 
     Data objects and ``manifest.json`` are copied server-side (CopyObject; multipart copy for large
-    objects), then ``records`` (``step.json``, then the signature), then ``_SUCCESS`` (body: the
-    manifest root hash; written only if absent, so of two racing attempts, which publish the same
-    content-addressed bytes, one marker wins). The staging prefix is deleted afterwards.
+    objects), then ``records`` (``step.json``, then the signature); the target is listed to check every
+    file is there with its size, then ``_SUCCESS`` (body: the manifest root hash; written only if
+    absent, so of two racing attempts, which publish the same content-addressed bytes, one marker
+    wins). The staging prefix is deleted afterwards.
 
     Returns:
         True if this call committed; False if the step was committed by another attempt first.
@@ -183,6 +184,12 @@ def publish(storage: Storage, staging: str, step_id: str, manifest: dict[str, An
                    uris.split(target)[0], f"{dst_key.rstrip('/')}/{rel}", Config=config)
     for name, data in records.items():
         uris.write_bytes(uris.join(target, name), data)
+    sizes = uris.list_sizes(target)  # fence: a concurrent clear of the uncommitted prefix must not pass
+    wrong = [e["path"] for e in manifest["files"] if sizes.get(e["path"]) != e["bytes"]]
+    wrong += [n for n in (MANIFEST_NAME, *records) if n not in sizes]
+    if wrong:
+        raise StagedIncomplete(f"{target}: before {SUCCESS}, these objects are missing or of the wrong size: "
+                               f"{wrong[:10]}; nothing was committed (the staged run is kept at {staging})")
     won = uris.write_bytes(uris.join(target, SUCCESS), (manifest["root_hash"] + "\n").encode(), if_absent=True)
     uris.delete_dir(staging)
     uris.delete_dir(job_location(staging))

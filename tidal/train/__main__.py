@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataContractError, CheckpointMismatch, SettingsError, StorageError) as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
         return 2
+    except (NotADirectoryError, IsADirectoryError, PermissionError) as err:  # STEP_DIR is not a step directory
+        print(f"tidal.train: error: {args.step_dir}: {err.strerror or err} ({err.filename}); give the step "
+              "directory holding spec.json, or its staging URI", file=sys.stderr, flush=True)
+        return 2
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
@@ -102,7 +106,11 @@ def _local_work_dir(location: str) -> Path:
         text = uris.read_bytes(uris.join(location, SPEC_NAME))
     except FileNotFoundError:
         raise ConfigError(f"{location}: no {SPEC_NAME} (run the step's prepare task first)") from None
-    step_id = json.loads(text)["step_id"]
+    try:
+        step_id = json.loads(text)["step_id"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise ConfigError(f"{uris.join(location, SPEC_NAME)}: not a spec written by the step's prepare task "
+                          f"({type(err).__name__}: {err})") from None
     base = Path(current().storage_cache or "~/.cache/tidal/storage").expanduser()
     work_dir = base / ".resume" / step_id
     work_dir.mkdir(parents=True, exist_ok=True)
