@@ -82,3 +82,16 @@ def test_plan_on_a_missing_bucket_says_so(moto_server, tmp_path):
            "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
     line = _one_error_line(_tidal(["plan", str(TINY)], env, tmp_path))
     assert "no-such-bucket" in line and "does not exist" in line and "TIDAL_STORAGE_ROOT" in line
+
+
+def test_a_bad_storage_root_in_the_recipe_names_the_file_and_field(tmp_path):
+    import yaml
+
+    data = yaml.safe_load(TINY.read_text())
+    data["storage_root"] = "ftp://bucket/x"
+    recipe = tmp_path / "bad-root.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = _tidal(["plan", str(recipe)], {}, tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert str(recipe) in errors[0] and "storage_root" in errors[0] and "ftp://bucket/x" in errors[0]

@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tidal.config import RecipeError
 from tidal.core.commit import StepResult, needs_run
 from tidal.core.planner import build_graph
 from tidal.core.runner import run_step
@@ -23,7 +24,7 @@ from tidal.recipe import Recipe, load_recipe
 from tidal.settings import current as current_settings
 from tidal.settings import entry_point
 from tidal.steps import StepGraph
-from tidal.storage import Storage, open_storage
+from tidal.storage import Storage, StorageError, open_storage
 from tidal.train import CHECKPOINT_MANIFEST
 
 
@@ -59,11 +60,13 @@ class Pipeline:
         recipe = load_recipe(path, overrides)
         override = storage_root or current_settings().storage_root
         settings = recipe.storage.settings()
-        storage = (
-            open_storage(override, settings=settings)
-            if override
-            else open_storage(recipe.storage_root, base=path.parent, settings=settings)
-        )
+        if override:
+            storage = open_storage(override, settings=settings)  # a StorageError names TIDAL_STORAGE_ROOT's value
+        else:
+            try:
+                storage = open_storage(recipe.storage_root, base=path.parent, settings=settings)
+            except StorageError as err:
+                raise RecipeError(f"{path}: storage_root: {err}") from None
         return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri)
 
     @cached_property

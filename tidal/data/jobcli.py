@@ -40,6 +40,13 @@ from tidal.settings import entry_point
 from tidal.storage import StorageError, StorageSettings, open_storage, staging, uris
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refusal is one line: ``error: python -m tidal.data.KIND: MESSAGE (see --help)``."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _seed(text: str) -> int:
     """An argparse type: a step seed is an integer >= 0 (:func:`tidal.steps.derive_seed` gives 63 bits)."""
     value = int(text)
@@ -57,7 +64,7 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
             traceback), or unknown arguments to a job that is not a Beam job.
     """
     prog = f"python -m {kind_spec(kind).module}"  # the command a user types (not tidal.data.clean.step)
-    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__, allow_abbrev=False)
+    parser = _Parser(prog=prog, description=module.__doc__, allow_abbrev=False)
     parser.add_argument("--config", required=True, help="step config: a JSON file, its bucket URI, or inline JSON")
     parser.add_argument("--input", action="append", default=[],
                         help="NAME=DIR or NAME=URI of an input step's committed output")
