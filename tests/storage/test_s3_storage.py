@@ -234,7 +234,7 @@ def test_cli_on_an_unreachable_bucket_prints_one_error_line(tmp_path):
 
 def test_the_recipe_endpoint_reaches_inputs_read_in_place(bucket, s3_env, monkeypatch, tmp_path):
     """Only the recipe's storage.endpoint_url names the endpoint (no TIDAL_S3_ENDPOINT_URL): the commit
-    (boto3) and the next step's in-place reads (pyarrow.fs, tidal/files.py) both reach it."""
+    (boto3) and the next step's in-place reads (pyarrow.fs, tidal/files/) both reach it."""
     from tests.e2e.slices import write_slice_recipe
     from tidal.core.load import load_pipeline
 
