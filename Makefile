@@ -16,13 +16,14 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora services services-stop demo test lint clean-demo
+.PHONY: help uv venv corpora tools services services-stop demo test lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
 	@echo "make test   run the test suite (what CI runs)"
 	@echo "make lint   ruff and the import-linter layer contracts"
 	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
+	@echo "make tools  Flink and the Beam Flink job server for the test cluster (make test runs it)"
 
 $(UV):
 	$(PY) -m pip install --quiet --user 'uv>=0.9' || $(PY) -m pip install --quiet 'uv>=0.9'
@@ -58,8 +59,13 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
-test: corpora
+test: corpora tools
 	bash .ci/services.sh run -- $(VENV)/bin/pytest -q
+
+# Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
+# for the Flink cluster of the test cluster; cached by version under ~/.cache/tidal/tools, once per machine.
+tools:
+	bash tools/flink/install.sh
 
 services:
 	bash .ci/services.sh start

@@ -23,8 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.files import is_uri
 
+SPILL_DIR = "_spill"  # a local step's intermediate files, inside its scratch dir (removed before it commits)
+SPILL_PREFIX = "spill"  # under a staged job's work prefix: the workers' intermediate files
+CHECKSUMS = "checksums"  # under a staged job's work prefix: one {"bytes", "sha256"} record per output file
+
 if TYPE_CHECKING:
     from tidal.files import StepFiles
+    from tidal.files.output import OutputDir
 
 __all__ = ["MissingInput", "StepContext", "is_uri"]
 
@@ -56,6 +61,11 @@ class StepContext:
         log: logger to report progress on.
         resolve: URI of a committed step -> a verified local copy of it, private to this process
             (the storage layer's :meth:`tidal.storage.Storage.input_dir`); needed only for URI inputs.
+        out_uri: for a job whose workers write straight to the bucket (the Beam kinds on a staged
+            run, :mod:`tidal.data.jobcli`): the attempt's staging location; ``out_dir`` is then unused
+            by those kinds. None: write into ``out_dir``.
+        work_uri: with ``out_uri``, the attempt's own prefix beside it (``….job/``) for the per-file
+            checksum records and the spill files.
     """
 
     step_id: str
@@ -68,6 +78,26 @@ class StepContext:
     seed: int | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("tidal.step"))
     resolve: Callable[[str], Path] | None = field(default=None, compare=False, repr=False)
+    out_uri: str | None = None
+    work_uri: str | None = None
+
+    def output(self) -> OutputDir:
+        """Where the step's workers write its outputs: ``out_uri`` (with checksum records under
+        ``{work_uri}/checksums``) or ``out_dir`` (:class:`tidal.files.output.OutputDir`)."""
+        from tidal.files.output import OutputDir
+
+        if self.out_uri:
+            return OutputDir(self.out_uri, checksums=f"{self.work_uri.rstrip('/')}/{CHECKSUMS}")
+        return OutputDir(self.out_dir)
+
+    def spill(self) -> OutputDir:
+        """Where the step's workers put intermediate files every worker must read: ``{work_uri}/spill``
+        in the bucket, else ``out_dir/_spill`` (removed before the step commits)."""
+        from tidal.files.output import OutputDir
+
+        if self.out_uri:
+            return OutputDir(f"{self.work_uri.rstrip('/')}/{SPILL_PREFIX}")
+        return OutputDir(Path(self.out_dir) / SPILL_DIR)
 
     def require_seed(self) -> int:
         """The step's seed, for a kind that draws random numbers.

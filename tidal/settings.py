@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     archive_cache: str | None = _env("TIDAL_ARCHIVE_CACHE", "where pinned corpus archives are cached",
                                      default=None)
     beam_args: str = _env("TIDAL_BEAM_ARGS", "extra Beam pipeline options (shell words)", default="")
+    beam_worker_image: str | None = _env("TIDAL_BEAM_WORKER_IMAGE", "images/beam-worker image for cluster "
+                                         "runners' SDK workers (--sdk_container_image)", default=None)
     recipes_dir: str | None = _env("TIDAL_RECIPES_DIR", "the recipes the DAG file and on-call page serve",
                                    default=None)
     fault_dir: str | None = _env("TIDAL_FAULT_DIR", "drills: a file named after a step makes it fail", default=None)

@@ -29,6 +29,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -101,6 +102,17 @@ def _die_with_parent(argv: list[str]) -> list[str]:
     return ["setpriv", "--pdeathsig", "KILL", *argv] if shutil.which("setpriv") else argv
 
 
+def stop_node(proc: subprocess.Popen, *, kill: bool = False) -> None:
+    """Stop a node :meth:`Node.start` booted: SIGTERM with a 10 s grace, or at once SIGKILL of its
+    whole process tree (``kill=True``: the machine is lost)."""
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return
+    _stop_group(proc)
+
+
 def _stop_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
     """SIGTERM the process group ``proc`` leads, SIGKILL after ``grace_s`` seconds, then reap it."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
@@ -117,11 +129,31 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
 
 
 class Node:
-    """One named machine of the cluster; every :meth:`run` is a fresh boot (new namespaces, empty tmpfs)."""
+    """One named machine of the cluster; every :meth:`run` or :meth:`start` is a fresh boot (new
+    namespaces, empty tmpfs).
+
+    Attributes:
+        address: the node's own loopback address (``127.0.2.N``), which the names in ``aliases``
+            resolve to on this node only, as a pod's sidecar is ``localhost`` to it alone (the network
+            namespace is shared, so a per-node service binds this address, not a port of its own).
+    """
 
     def __init__(self, cluster: Cluster, name: str):
         self.cluster = cluster
         self.name = name
+        self.address = cluster._addresses[name]
+
+    def start(self, command: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Boot the node and run ``command`` in the background (a long-running service: a Flink
+        TaskManager, a worker pool), stdout and stderr to ``log``. Stop it by its process group
+        (:func:`stop_node`): the node's namespace init dies and takes every process of the node along,
+        as losing the machine would.
+        """
+        node_env = {**self.cluster.env, **(env or {})}
+        argv = [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env), f"node:{self.name}", *command]
+        with open(log, "ab") as out:
+            return subprocess.Popen(_die_with_parent(argv), env=node_env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def run(self, command: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 600,
             check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -188,6 +220,8 @@ class Cluster:
         self.mlflow_uri = ""
         self.env: dict[str, str] = {}
         self._names: list[str] = []
+        self._addresses: dict[str, str] = {}
+        self._aliases: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._moto: MotoServer | None = None
         self._mlflow: subprocess.Popen | None = None
@@ -232,13 +266,18 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def node(self, name: str) -> Node:
+    def node(self, name: str, *, aliases: Sequence[str] = ()) -> Node:
         """The node called ``name`` (a hostname: lowercase letters, digits, '-'); it joins the hosts file.
+        ``aliases`` are hostnames that resolve to the node's own :attr:`Node.address` on that node alone
+        (``beam-worker-pool``: the SDK worker pool beside a TaskManager).
 
         Raises:
-            ValueError: ``name`` is not a valid hostname.
+            ValueError: ``name`` or an alias is not a valid hostname.
         """
-        self._add_name(name)
+        for alias in aliases:
+            if not NODE_NAME.match(alias):
+                raise ValueError(f"alias {alias!r} is not a hostname")
+        self._add_name(name, aliases)
         return Node(self, name)
 
     @property
@@ -279,20 +318,29 @@ class Cluster:
 
     # --- nodes -------------------------------------------------------------------------------
 
-    def _add_name(self, name: str) -> None:
+    def _add_name(self, name: str, aliases: Sequence[str] = ()) -> None:
         if not NODE_NAME.match(name) or name == "localhost":
             raise ValueError(f"node name {name!r} is not a hostname: use lowercase letters, digits and '-' "
                              "(at most 63, not starting or ending with '-'), e.g. 'node-a'")
         with self._lock:
-            if name in self._names:
-                return
-            self._names.append(name)
+            if name not in self._names:
+                self._names.append(name)
+                self._addresses[name] = f"127.0.2.{len(self._names)}"
+            self._aliases[name] = sorted({*self._aliases.get(name, ()), *aliases})
             lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
                      *(f"127.0.0.1 {n}" for n in self._names)]
-            # Rewrite in place (same inode): nodes already running have this file bound over /etc/hosts.
-            with open(self.hosts_file, "r+") as hosts:
-                hosts.truncate(0)
-                hosts.write("\n".join(lines) + "\n")
+            # Rewrite in place (same inode): nodes already running have these files bound over /etc/hosts.
+            files = [(None, self.hosts_file), *((n, self._hosts_of(n)) for n, a in self._aliases.items() if a)]
+            for node, path in files:
+                own = [f"{self._addresses[node]} {' '.join(self._aliases[node])}"] if node else []
+                path.touch()
+                with open(path, "r+") as hosts:
+                    hosts.truncate(0)
+                    hosts.write("\n".join([*lines, *own]) + "\n")
+
+    def _hosts_of(self, name: str) -> Path:
+        """The hosts file node ``name`` sees: its own when it has aliases, else the cluster's."""
+        return self.workdir / f"hosts.{name}" if self._aliases.get(name) else self.hosts_file
 
     def bootstrap(self, name: str, env: Mapping[str, str]) -> str:
         """The bash script node ``name`` runs as its PID 1 around ``"$@"`` (its command) in environment ``env``:
@@ -305,14 +353,15 @@ class Cluster:
             "set -eEuo pipefail",
             f"trap 'echo \"cluster node {name}: bootstrap failed: $BASH_COMMAND\" >&2; exit 125' ERR",
             f"hostname {q(name)}",
-            f"mount --bind {q(str(self.hosts_file))} /etc/hosts",
+            f"mount --bind {q(str(self._hosts_of(name)))} /etc/hosts",
             "mount -o remount,bind,ro /etc/hosts",
             *(f"mkdir -p {q(d)}" for d in private),  # before / may turn read-only
         ]
         # Kept visible, read-only, through the private tmpfs mounts: the corpora archive cache (under
         # ~/.cache) and the checkout with its .venv when it lies under a private directory (a CI clone
         # in /tmp or /var/tmp). A handle is taken first: the tmpfs hides the path.
-        keep = [archives] if archives.is_dir() else []
+        tools = Path(env.get("TIDAL_TOOLS_CACHE") or home / ".cache" / "tidal" / "tools")  # Flink, job server
+        keep = [p for p in (archives, tools) if p.is_dir()]
         if any(REPO == Path(d) or Path(d) in REPO.parents for d in private):
             keep.append(REPO)
         for fd, path in enumerate(keep, start=3):
@@ -424,4 +473,5 @@ class Cluster:
             time.sleep(0.3)
 
 
-__all__ = ["BUCKET", "Cluster", "ClusterUnavailable", "Node", "NodeError", "NodeTimeout", "namespaces_unavailable"]
+__all__ = ["BUCKET", "Cluster", "ClusterUnavailable", "Node", "NodeError", "NodeTimeout", "namespaces_unavailable",
+           "stop_node"]

@@ -44,7 +44,8 @@ if pipe.graph[name].kind == "train":
     result = remote.commit(pipe, name, started_at=prepared["started_at"], launcher="gke", workload=name,
                            run_key=run_key)
 else:
-    result = beam_job.commit(pipe, name, prepared=prepared, runner="DirectRunner", workload=name, run_key=run_key)
+    result = beam_job.commit(pipe, name, prepared=prepared, runner=pipe.recipe.beam.runner, workload=name,
+                             run_key=run_key)
 print("COMMITTED", result.status, result.step_id)
 """
 

@@ -19,6 +19,7 @@ from tidal.context import StepContext
 from tidal.data import clean, fetch
 from tidal.data.clean import fns as clean_fns
 from tidal.files import bytes_fetched
+from tidal.files.output import OutputDir
 
 ENGLISH = "The quick brown fox jumps over the lazy dog near the river bank."
 LONG = ("Rivers carry silt from the high valleys down to the wide plains where farmers have grown "
@@ -126,7 +127,7 @@ def test_a_slice_fetches_only_its_row_group_and_columns(tmp_path, monkeypatch, u
     assert bytes_fetched() - before <= 64 << 10  # the footer (the reader's 64 KiB tail read)
 
     cfg = clean.CleanConfig.model_validate({**CONFIG, "near_dedup": {"enabled": False}})
-    batch_fn = clean_fns.CleanBatchFn(raw_uri, cfg, str(tmp_path / "spill"), cfg.shards)
+    batch_fn = clean_fns.CleanBatchFn(raw_uri, cfg, OutputDir(tmp_path / "spill"), cfg.shards)
     before = bytes_fetched()
     assert list(batch_fn.process(((1, 3000), [1096])))
     fetched = bytes_fetched() - before

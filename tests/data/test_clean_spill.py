@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from tidal.data import clean, fetch, spill
 from tidal.data.clean.fns import dedup_shard, read_stubs
+from tidal.files.output import OutputDir
 
 ONE_WORKER = ["--runner=FnApiRunner", "--direct_num_workers=1"]
 PROCESSES = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -88,7 +89,7 @@ def test_a_concurrent_attempt_never_exposes_half_a_spill_file(tmp_path, monkeypa
 
     def attempt_b():
         try:
-            spill.write_spill(path, columns)
+            spill.write_spill(OutputDir(path.parent), path.name, columns)
         except BaseException as e:  # noqa: BLE001 - B's own rename may fail; that is B's retry
             errors.append(e)
 
@@ -107,14 +108,14 @@ def test_a_concurrent_attempt_never_exposes_half_a_spill_file(tmp_path, monkeypa
         return n
 
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    spill.write_spill(path, columns)  # attempt A
+    spill.write_spill(OutputDir(path.parent), path.name, columns)  # attempt A
     seen = path.read_bytes()  # what a reader of A's committed output gets
     a_done.set()
     for thread in threading.enumerate():
         if thread.name == "B":
             thread.join(10)
     monkeypatch.setattr(Path, "write_bytes", original)
-    complete = Path(spill.write_spill(tmp_path / "ref.arrow", columns)).read_bytes()
+    complete = Path(spill.write_spill(OutputDir(tmp_path), "ref.arrow", columns)).read_bytes()
     assert seen == complete, f"a reader saw {len(seen)} of {len(complete)} bytes"
 
 
@@ -125,7 +126,7 @@ def test_shard_writer_stub_memory_is_as_documented(tmp_path):
     n, paths = 20000, []
     for f in range(20):
         ids = [hashlib.sha256(f"{f}-{i}".encode()).hexdigest() for i in range(n // 20)]
-        paths.append(spill.write_spill(tmp_path / f"s00000-g{f:05d}-r000000000.arrow", {
+        paths.append(spill.write_spill(OutputDir(tmp_path), f"s00000-g{f:05d}-r000000000.arrow", {
             "id": ids, "ref": [f"cc/CC-MAIN-2024-10/segment/{f}/warc/{i:08d}" for i in range(len(ids))],
             "source": ["fineweb-edu"] * len(ids), "language": ["en"] * len(ids), "text": ["x" * 100] * len(ids)}))
     tracemalloc.start()

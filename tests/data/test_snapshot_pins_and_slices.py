@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.data.test_clean import write_raw
-from tidal.context import StepContext
+from tidal.context import SPILL_DIR, StepContext
 from tidal.data import clean, fetch, langid
 from tidal.data.clean import fns as clean_fns
 
@@ -110,7 +110,7 @@ def clean_files(tmp_path, name: str, records, config: dict, args: list[str]) -> 
     raw_dir = write_raw(tmp_path / f"raw-{name}", records)
     out = tmp_path / name
     counts = clean.clean(raw_dir / "raw.parquet", out, clean.CleanConfig.model_validate(config), args=args)
-    assert not (out / clean_fns.SPILL_DIR).exists()
+    assert not (out / SPILL_DIR).exists()
     return counts, {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 

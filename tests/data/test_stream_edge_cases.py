@@ -13,11 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.data.builders import CORPUS_WORDS, write_clean_step
-from tidal.context import StepContext
+from tidal.context import SPILL_DIR, StepContext
 from tidal.data import clean, fetch
 from tidal.data import tokenize as tokenize_step
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.token_spill import encode_shard
+from tidal.files.output import OutputDir
 
 CONFIG = {"source": "toy", "input": "fetch-toy", "normalization": "NFC", "min_chars": 20,
           "max_chars": 400, "min_letter_fraction": 0.5}
@@ -67,7 +68,7 @@ def test_document_with_null_text_is_reported_as_failed_not_a_crash(tokenizer_dir
     failed = json.loads((tmp_path / "out" / tokenize_step.FAILED_FILE).read_text())
     assert [f["id"] for f in failed] == [sha("b")] and failed[0]["error"].startswith("TypeError")
     assert summary["documents_failed"] == 1 and summary["n_documents"] == 2
-    assert not (tmp_path / "out" / tokenize_step.SPILL_DIR).exists()
+    assert not (tmp_path / "out" / SPILL_DIR).exists()
 
 
 def test_the_merge_stage_itself_removes_the_token_spills(tokenizer_dir, tmp_path):
@@ -75,12 +76,13 @@ def test_the_merge_stage_itself_removes_the_token_spills(tokenizer_dir, tmp_path
     launching process reached its own cleanup, so the job's last stage removes the spills."""
     import numpy as np
 
-    spill_dir = tmp_path / "out" / tokenize_step.SPILL_DIR
+    spill_dir = tmp_path / "out" / SPILL_DIR
     docs = [(sha("x"), np.array([5, 6, 0], dtype=np.uint32)), (sha("y"), np.array([7, 0], dtype=np.uint32))]
-    spills = [encode_shard(0, "documents-00000-of-00001.parquet", str(spill_dir), iter([(sorted(docs), [])]), [], None)]
+    spills = [encode_shard(0, "documents-00000-of-00001.parquet", OutputDir(spill_dir), iter([(sorted(docs), [])]),
+                           [], None)]
     assert spill_dir.is_dir()
     settings = {"seq_len": 2, "shards": 1, "vocab_size": 300, "tokenizer_hash": "h"}
-    tokenize_step._merge_and_write(spills, str(tmp_path / "out"), settings, spill_dir=str(spill_dir))
+    tokenize_step._merge_and_write(spills, OutputDir(tmp_path / "out"), settings, spill=OutputDir(spill_dir))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         tokenize_step.FAILED_FILE, "meta.json", "tokens-00000-of-00001.npy"]
 

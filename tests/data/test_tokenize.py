@@ -16,6 +16,7 @@ from tidal.context import StepContext
 from tidal.data import tokenize as tokenize_step
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.shards import list_shards, load_token_sequences, token_dtype
+from tidal.files.output import OutputDir
 
 EOS = "<|endoftext|>"
 
@@ -212,9 +213,10 @@ def test_streaming_merge_writes_what_numpy_save_of_the_packed_array_writes(tmp_p
     spills = []
     for k in range(shards_in):  # documents dealt to input shards by id, each shard in id order
         mine = [d for i, d in enumerate(docs) if i % shards_in == k]
-        spills.append(token_spill.encode_shard(k, f"shard{k}", str(tmp_path / "spill"), iter([(mine, [])]), [], None))
+        spills.append(token_spill.encode_shard(k, f"shard{k}", OutputDir(tmp_path / "spill"), iter([(mine, [])]),
+                                               [], None))
     out = [tmp_path / f"stream-{k}.npy" for k in range(shards_out)]
-    merged = token_spill.merge_spills(spills, out, seq_len, np.dtype(np.uint16))
+    merged = token_spill.merge_spills(spills, OutputDir(tmp_path), [p.name for p in out], seq_len, np.dtype(np.uint16))
     packed, tail = tokenize_step.pack_sequences((ids for _, ids in docs), seq_len, np.uint16)
     (tmp_path / "ref").mkdir()
     names = write_token_shards(tmp_path / "ref", packed, shards_out)
@@ -227,13 +229,14 @@ def test_streaming_merge_refuses_ids_that_do_not_fit_and_repeated_ids(tmp_path):
     from tidal.data import token_spill
 
     big = [("a" * 64, np.array([70000, 1], dtype=np.uint32))]
-    spill = token_spill.encode_shard(0, "s", str(tmp_path / "s"), iter([(big, [])]), [], None)
+    spill = token_spill.encode_shard(0, "s", OutputDir(tmp_path / "s"), iter([(big, [])]), [], None)
     with pytest.raises(ValueError, match="does not fit in uint16"):
-        token_spill.merge_spills([spill], [tmp_path / "o.npy"], 1, np.dtype(np.uint16))
+        token_spill.merge_spills([spill], OutputDir(tmp_path), ["o.npy"], 1, np.dtype(np.uint16))
     doc = [("b" * 64, np.array([1, 2], dtype=np.uint32))]
-    twice = [token_spill.encode_shard(k, "s", str(tmp_path / f"t{k}"), iter([(doc, [])]), [], None) for k in (0, 1)]
+    twice = [token_spill.encode_shard(k, "s", OutputDir(tmp_path / f"t{k}"), iter([(doc, [])]), [], None)
+             for k in (0, 1)]
     with pytest.raises(ValueError, match="appears in two document shards"):
-        token_spill.merge_spills(twice, [tmp_path / "p.npy"], 1, np.dtype(np.uint16))
+        token_spill.merge_spills(twice, OutputDir(tmp_path), ["p.npy"], 1, np.dtype(np.uint16))
 
 
 def test_encode_batches_bound_documents_and_characters(tmp_path):

@@ -87,6 +87,7 @@ class FaultPlan:
         drop_min_bytes: smallest body that counts as an upload to drop (bytes).
         log: ``(method, path)`` of every request that reached moto, in order.
         get_bytes: body bytes of every GET answer sent back (what clients fetched from the bucket).
+        put_bytes: body bytes of every PUT and POST forwarded (what clients wrote to the bucket).
     """
 
     every: int = 0
@@ -98,6 +99,7 @@ class FaultPlan:
     dropped: int = 0
     log: list[tuple[str, str]] = field(default_factory=list)
     get_bytes: int = 0
+    put_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -159,6 +161,8 @@ class FaultProxy:
                     return
                 with plan.lock:
                     plan.log.append((self.command, self.path))
+                    if self.command in ("PUT", "POST"):
+                        plan.put_bytes += len(body)
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("transfer-encoding", "content-length")}
                 headers["Content-Length"] = str(len(body))

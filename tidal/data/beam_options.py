@@ -82,6 +82,60 @@ def runner_options(runner: str, pipeline_options: Mapping[str, Any] | None = Non
     return beam_options(runner_args(runner, pipeline_options))
 
 
+FLINK_VERSION = "1.19"  # the Flink minor of the job server tools/flink/install.sh builds (Beam's runner for it)
+EXTERNAL_POOL_HOST, EXTERNAL_POOL_PORT = "beam-worker-pool", 50000  # a TaskManager's SDK worker pool sidecar
+
+
+def flink_args(flink_master: str, parallelism: int, job_server_jar: str,
+               pool: str = f"{EXTERNAL_POOL_HOST}:{EXTERNAL_POOL_PORT}") -> list[str]:
+    """Options that run a job on a Flink cluster as Flink on Kubernetes runs Beam Python: Beam's
+    ``FlinkRunner`` submits one uber jar (the job server jar with the pipeline and its artifacts
+    inside, so no TaskManager reads a file from the launcher's disk) to the JobManager's REST
+    endpoint ``flink_master`` (``host:port``), and each TaskManager hands bundles to the SDK worker
+    pool beside it at ``pool`` (``--environment_type=EXTERNAL``: the same address on every
+    TaskManager, resolved by each to its own sidecar). ``job_server_jar`` is a tool of the
+    launcher's image (``tools/flink/install.sh``), not data."""
+    return ["--runner=FlinkRunner", f"--flink_master={flink_master}", f"--flink_version={FLINK_VERSION}",
+            f"--flink_job_server_jar={job_server_jar}", "--flink_submit_uber_jar",
+            "--environment_type=EXTERNAL", f"--environment_config={pool}", f"--parallelism={parallelism}"]
+
+
+TEMP_DIR, STAGING_DIR = "beam-temp", "beam-staging"  # under a staged job's own prefix (….job/)
+
+
+def given(args: Sequence[str], option: str) -> bool:
+    """True if ``--option`` (``--option=v`` or ``--option v``) is among ``args``."""
+    return any(a == f"--{option}" or a.startswith(f"--{option}=") for a in args)
+
+
+def staged_defaults(work_uri: str, args: Sequence[str]) -> list[str]:
+    """The options a job with a bucket staging location gets unless ``args`` (with
+    ``$TIDAL_BEAM_ARGS`` before them) set them: ``--temp_location`` and ``--staging_location`` under
+    the attempt's own prefix ``work_uri`` (``{root}/.staging/{step_id}.{token}.job/``, deleted with it
+    at commit; Dataflow needs both, ``gs://``), and ``--sdk_container_image`` from
+    ``$TIDAL_BEAM_WORKER_IMAGE`` (the ``images/beam-worker`` image, where tidal is installed, so
+    workers import ``tidal.data.*`` and nothing of the launcher's session is pickled:
+    ``--no_save_main_session``, which Dataflow would otherwise default on with cloudpickle).
+    Never a local path."""
+    from tidal.settings import current
+
+    seen = [*shlex.split(current().beam_args), *args]
+    base = work_uri.rstrip("/")
+    out = []
+    if not given(seen, "temp_location"):
+        out.append(f"--temp_location={base}/{TEMP_DIR}")
+    if not given(seen, "staging_location"):
+        out.append(f"--staging_location={base}/{STAGING_DIR}")
+    if not given(seen, "save_main_session") and not given(seen, "no_save_main_session"):
+        out.append("--no_save_main_session")  # Dataflow with cloudpickle would default it on
+    image = current().beam_worker_image
+    if image and not given(seen, "sdk_container_image"):
+        out.append(f"--sdk_container_image={image}")
+        if not given(seen, "sdk_location"):
+            out.append("--sdk_location=container")  # the image's own Beam SDK: nothing to stage
+    return out
+
+
 def _values(_: bytes, values: list) -> list:
     """The items of :func:`create_spread`, whatever the ``Impulse`` element."""
     return values

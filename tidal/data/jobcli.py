@@ -10,7 +10,11 @@ Every location may be a bucket URI (how the Beam provider's prepare task hands t
 ``--input NAME=s3://…/{step_id}/`` is read in place (or downloaded, verified, into this
 process's cache when the kind needs a local copy), and ``--out s3://…/.staging/…/`` makes the job
 compute in a local scratch directory, seal it (the kind's output checks, ``manifest.json``),
-upload it there and write its summary to ``….job/summary.json`` for the commit task.
+upload it there and write its summary to ``….job/summary.json`` for the commit task. The Beam
+jobs (clean, tokenize) do not compute locally: their workers, on whatever machines the runner
+uses, write the outputs to that staging location and spill files under ``….job/spill/``; the
+job then checks them in place and writes ``manifest.json`` from the workers' checksum records
+(:func:`tidal.storage.staging.seal_staged`).
 
 Other ``--options`` of a Beam job (clean, tokenize) are Beam pipeline options
 (``--runner=DataflowRunner --project=P``); they are added after ``$TIDAL_BEAM_ARGS``
@@ -118,17 +122,27 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
     for name, location in inputs.items():
         if not name:
             parser.error(f"--input ={location}: the input needs a name (NAME=DIR or NAME=URI)")
+    from tidal.kinds import BEAM_KINDS
+
+    in_place = staged and kind in BEAM_KINDS  # the job's workers, on any machine, write to the bucket
     out_dir = Path(tempfile.mkdtemp(prefix=f"{args.name}.")) if staged else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = StepContext(
         step_id=f"{args.name}-manual", name=args.name, kind=kind, config=config,
         out_dir=out_dir, inputs=inputs, input_ids={n: f"{n}-manual" for n in inputs}, seed=args.seed,
-        resolve=materialize,
+        resolve=materialize, out_uri=args.out if in_place else None,
+        work_uri=staging.job_location(args.out) if in_place else None,
     )
+    if in_place:
+        from tidal.data.beam_options import staged_defaults
+
+        pipeline_args = [*staged_defaults(staging.job_location(args.out), pipeline_args), *pipeline_args]
     with _pipeline_options(pipeline_args), entry_point():  # read after the pipeline options joined the environment
         try:
             summary = module.run(ctx)
-            if staged:
+            if in_place:
+                _seal_in_place(kind, config, args.out, summary, args.name)
+            elif staged:
                 _stage(kind, config, out_dir, args.out, summary, args.name)
         except ValidationError as err:  # every kind's run() reads its config with its model first
             parser.error(f"--config: {config_problems(err)}")
@@ -180,6 +194,22 @@ def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict,
     uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
                      (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
     shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _seal_in_place(kind: str, config: dict, location: str, summary: dict, name: str) -> None:
+    """Seal outputs the workers wrote straight to ``location`` (:func:`tidal.storage.staging.seal_staged`)
+    and write the summary beside it. Outputs the kind's checks refuse stay where they are, never
+    counted as committed, and the job exits with one ``error:`` line naming them."""
+    from tidal.context import SPILL_PREFIX
+
+    uris.delete_dir(uris.join(staging.job_location(location), SPILL_PREFIX))  # the workers' intermediate files
+    try:
+        staging.seal_staged(kind, json.loads(json.dumps(config)), location, step_id=name, where=f"the {kind} job")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}; the refused outputs are at {location} (never counted as committed; "
+                         "its prepare task's next attempt starts a fresh location)") from None
+    uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
+                     (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
 
 
 def config_problems(err: ValidationError) -> str:

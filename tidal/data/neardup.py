@@ -122,6 +122,12 @@ def bucket_pairs(members: Iterable[str], max_bucket_size: int) -> list[tuple[str
     return [(ids[i], ids[j]) for i in range(len(ids)) for j in range(i + 1, len(ids))]
 
 
+def _star_cluster_items(grouped: tuple[object, Iterable[tuple[str, str, str, str, float]]]) -> list:
+    """``(key, edges)`` -> :func:`star_clusters`' items in id order (a module function, pickled by
+    reference: a lambda would carry the launcher's source path to every worker)."""
+    return sorted(star_clusters(grouped[1]).items())
+
+
 def star_clusters(edges: Iterable[tuple[str, str, str, str, float]]) -> dict[str, tuple[str, float]]:
     """Star clustering over verified edges ``(id_a, ref_a, id_b, ref_b, jaccard)``.
 
@@ -345,6 +351,6 @@ class NearDuplicates(beam.PTransform):
         removed = (
             verified.edges
             | "AllEdges" >> beam.GroupByKey()
-            | "StarClusters" >> beam.FlatMap(lambda kv: sorted(star_clusters(kv[1]).items()))
+            | "StarClusters" >> beam.FlatMap(_star_cluster_items)
         )
         return removed, verified[PAIR_COUNTS]

@@ -11,44 +11,42 @@ so per-document elements made the clean step's peak memory grow with the corpus.
 writers and the near-dedup stages read the files back when they need them (the Arrow files
 memory-mapped, the ``.npz`` files one partition's arrays at a time); a shard writer holds its
 shard's stubs and one row group's texts.
-Spill files live in the step's scratch directory (``_spill/``) and are removed before the
-step commits. Every file is written under a temporary name of its own attempt and renamed
-(:func:`attempt_tmp`), so a retried bundle rewrites the same bytes and a reader never sees half a file.
+Spill files live under the job's spill location (:class:`tidal.files.output.OutputDir`): the
+step's scratch directory (``_spill/``) on a local root, a prefix beside the attempt's staging
+location in the bucket otherwise, so a worker on any machine reads what another wrote; they are
+removed before the step commits. Every file is written whole or not at all (renamed into place
+locally, one upload to a bucket), so a retried bundle rewrites the same bytes and a reader never
+sees half a file. Locally the Arrow files are memory-mapped; from a bucket a file is one GET.
 """
 
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from tidal.files import StepFiles, is_uri
+from tidal.files.output import OutputDir
+
 SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
                           ("language", pa.string()), ("text", pa.string())])
 STUB_COLUMNS = ("id", "ref", "source", "language")  # what the shard writer reads before the texts
 
 
-def attempt_tmp(path: Path) -> Path:
-    """A temporary name beside ``path`` of this write attempt alone (hidden, random suffix): two
-    attempts of one bundle (a retry, a cluster runner's backup task) never write the same file,
-    so the last rename always installs a complete one."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+def _read(location: str | Path) -> pa.Buffer | pa.MemoryMappedFile:
+    """A spill file's bytes: memory-mapped locally, one GET from a bucket."""
+    if not is_uri(location):
+        return pa.memory_map(str(location), "r")
+    files, name = StepFiles.of_file(location)
+    return pa.py_buffer(files.read_bytes(name, checked=False))
 
 
-def _atomic_write(path: Path, data: bytes) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = attempt_tmp(path)
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return str(path)
-
-
-def write_spill(path: str | Path, columns: dict[str, Sequence[str]]) -> str:
-    """Write a batch's documents for one shard to ``path``: ``columns`` maps every name of
-    :data:`SPILL_SCHEMA` to a sequence of strings, all the same length. Returns ``str(path)``.
+def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) -> str:
+    """Write a batch's documents for one shard as file ``name`` of ``spill``: ``columns`` maps every
+    name of :data:`SPILL_SCHEMA` to a sequence of strings, all the same length. Returns its location.
 
     Raises:
         KeyError: if a column of :data:`SPILL_SCHEMA` is missing.
@@ -57,17 +55,17 @@ def write_spill(path: str | Path, columns: dict[str, Sequence[str]]) -> str:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
         writer.write_table(table)
-    return _atomic_write(Path(path), sink.getvalue().to_pybytes())
+    return spill.write_bytes(name, sink.getvalue().to_pybytes())
 
 
 def read_spill(path: str | Path, columns: Sequence[str] = STUB_COLUMNS) -> pa.Table:
-    """``columns`` of spill file ``path`` (memory-mapped; the table keeps the mapping open).
+    """``columns`` of the spill file at ``path`` (a local path, memory-mapped: the table keeps the
+    mapping open; or a bucket URI, read in one GET).
 
     Raises:
         FileNotFoundError: if the spill file is gone (the step's scratch was removed).
     """
-    source = pa.memory_map(str(path), "r")
-    return pa.ipc.open_file(source).read_all().select(list(columns))
+    return pa.ipc.open_file(_read(path)).read_all().select(list(columns))
 
 
 def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
@@ -81,16 +79,16 @@ def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
     return column.take(pa.array(list(rows), type=pa.int64())).combine_chunks()
 
 
-def write_bands(path: str | Path, entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
+def write_bands(spill: OutputDir, name: str, entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
     """Write a batch's LSH bucket entries (:func:`tidal.data.neardup.band_entries`: ``{partition:
     (keys uint64[m], members int32[m], ids uint8[k, 32])}``) to one uncompressed ``.npz`` file
-    at ``path``. Returns ``str(path)``."""
+    ``name`` of ``spill``. Returns its location."""
     arrays = {}
     for partition, (keys, members, ids) in entries.items():
         arrays[f"k{partition}"], arrays[f"m{partition}"], arrays[f"i{partition}"] = keys, members, ids
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    return _atomic_write(Path(path), buffer.getvalue())
+    return spill.write_bytes(name, buffer.getvalue())
 
 
 def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,5 +98,5 @@ def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray
     Raises:
         FileNotFoundError: if the file is gone; KeyError: if it holds no entry of ``partition``.
     """
-    with np.load(path) as npz:
+    with np.load(str(path) if not is_uri(path) else io.BytesIO(_read(path).to_pybytes())) as npz:
         return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"]

@@ -21,23 +21,25 @@ import contextlib
 import heapq
 import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tidal.files import StepFiles
+from tidal.files.output import OutputDir
 
 ID_DTYPE = np.dtype(np.uint32)
 CHUNK_ROWS = 4096  # output rows written per write call
 
 
-def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator[tuple[list, list]],
+def encode_shard(index: int, path: str, spill: OutputDir, encode_batches: Iterator[tuple[list, list]],
                  fallback_ids: Sequence[int], unk_id: int | None) -> dict[str, Any]:
     """Write shard ``index``'s spill from its encoded batches.
 
     Args:
         index: the input shard's number (names the spill files).
         path: the input shard (for messages only).
-        spill_dir: where the spill files go.
+        spill: where the spill files go (a local directory or a bucket prefix every worker reads).
         encode_batches: ``(encoded, failed)`` per batch in id order, as
             :func:`tidal.data.tokenize.encode_documents` returns them.
         fallback_ids, unk_id: as :func:`tidal.data.tokenize.special_token_ids`.
@@ -47,15 +49,13 @@ def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator
         "stream_tokens" (with end-of-text ids), "encoded_tokens" (without), "unknown_tokens",
         "byte_fallback_tokens", "failed": [(id, error)]}``.
     """
-    spill = Path(spill_dir)
-    spill.mkdir(parents=True, exist_ok=True)
-    tokens_path, ids_path = spill / f"tokens-{index:05d}.bin", spill / f"ids-{index:05d}.json"
+    tokens_name, ids_name = f"tokens-{index:05d}.bin", f"ids-{index:05d}.json"
     fallback = np.asarray(sorted(fallback_ids), dtype=ID_DTYPE)
     ids: list[str] = []
     lengths: list[int] = []
     failed: list[tuple[str, str]] = []
     counts = {"encoded_tokens": 0, "unknown_tokens": 0, "byte_fallback_tokens": 0}
-    with tokens_path.open("wb") as out:
+    with spill.file(tokens_name) as tokens_path, tokens_path.open("wb") as out:
         for encoded, batch_failed in encode_batches:
             failed += batch_failed
             if not encoded:
@@ -72,28 +72,29 @@ def encode_shard(index: int, path: str, spill_dir: str, encode_batches: Iterator
             out.write(stream.tobytes())
             ids += [doc_id for doc_id, _ in encoded]
             lengths += sizes.tolist()
-    ids_path.write_text(json.dumps({"source": str(path), "ids": ids, "lengths": lengths}))
-    return {"index": index, "source": str(path), "tokens": str(tokens_path), "ids": str(ids_path),
+    ids_location = spill.write_text(ids_name, json.dumps({"source": str(path), "ids": ids, "lengths": lengths}))
+    return {"index": index, "source": str(path), "tokens": spill.uri_of(tokens_name), "ids": ids_location,
             "documents": len(ids), "stream_tokens": int(sum(lengths)), "failed": failed, **counts}
 
 
 class _NpyShardWriter:
-    """Writes ``[rows, seq_len]`` arrays as consecutive ``.npy`` files of fixed row counts."""
+    """Writes ``[rows, seq_len]`` arrays as consecutive ``.npy`` files ``names`` of ``out``, of
+    fixed row counts; a file is installed when its last row is written (:meth:`OutputDir.file`)."""
 
-    def __init__(self, paths: list[Path], rows: list[int], seq_len: int, dtype: np.dtype):
-        self.paths, self.rows, self.seq_len, self.dtype = paths, rows, seq_len, dtype
+    def __init__(self, out: OutputDir, names: list[str], rows: list[int], seq_len: int, dtype: np.dtype):
+        self.out, self.names, self.rows, self.seq_len, self.dtype = out, names, rows, seq_len, dtype
         self.index, self.left, self.file = -1, 0, None
+        self.installing: contextlib.AbstractContextManager | None = None
         self._next()
 
     def _next(self) -> None:
         while True:
-            if self.file is not None:
-                self.file.close()
-                self.file = None
+            self.close()
             self.index += 1
-            if self.index >= len(self.paths):
+            if self.index >= len(self.names):
                 return
-            self.file = self.paths[self.index].open("wb")
+            self.installing = self.out.file(self.names[self.index])
+            self.file = self.installing.__enter__().open("wb")
             header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
                       "shape": (self.rows[self.index], self.seq_len)}
             np.lib.format.write_array_header_1_0(self.file, header)
@@ -110,21 +111,39 @@ class _NpyShardWriter:
                 self._next()
 
     def close(self) -> None:
+        """Install the file being written (complete or not: :func:`merge_spills` fails if rows are missing)."""
         if self.file is not None:
             self.file.close()
             self.file = None
+            installing, self.installing = self.installing, None
+            installing.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """Drop the file being written (after an error): nothing partial is installed."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+            installing, self.installing = self.installing, None
+            installing.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+
+def _open_stream(location: str) -> Any:
+    files, name = StepFiles.of_file(location)
+    return files.open_stream(name)
 
 
 def _doc_stream(spill: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
-    meta = json.loads(Path(spill["ids"]).read_text())
+    files, name = StepFiles.of_file(spill["ids"])
+    meta = json.loads(files.read_bytes(name, checked=False))
     for doc_id, length in zip(meta["ids"], meta["lengths"], strict=True):
         yield doc_id, spill["index"], length
 
 
-def merge_spills(spills: Sequence[dict[str, Any]], out_paths: list[Path], seq_len: int,
+def merge_spills(spills: Sequence[dict[str, Any]], out: OutputDir, names: list[str], seq_len: int,
                  dtype: np.dtype) -> dict[str, int]:
-    """Merge spills in ascending id order into ``len(out_paths)`` ``.npy`` shards of
-    ``[rows, seq_len]`` ``dtype`` (rows split as ``np.array_split`` does).
+    """Merge spills in ascending id order into ``len(names)`` ``.npy`` shards ``names`` of ``out``
+    of ``[rows, seq_len]`` ``dtype`` (rows split as ``np.array_split`` does). Spill files are read
+    sequentially, from a local directory or a bucket (buffered streams).
 
     Returns:
         ``{"n_sequences", "tokens_dropped_tail", "n_documents"}``.
@@ -137,7 +156,7 @@ def merge_spills(spills: Sequence[dict[str, Any]], out_paths: list[Path], seq_le
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     total = sum(s["stream_tokens"] for s in spills)
     n_sequences = total // seq_len
-    shards = len(out_paths)
+    shards = len(names)
     rows = [n_sequences // shards + (1 if k < n_sequences % shards else 0) for k in range(shards)]
     limit = np.iinfo(dtype).max
     pending: list[np.ndarray] = []
@@ -145,10 +164,10 @@ def merge_spills(spills: Sequence[dict[str, Any]], out_paths: list[Path], seq_le
     previous = previous_index = None
     sources = {s["index"]: s["source"] for s in spills}
     chunk_tokens = CHUNK_ROWS * seq_len
-    writer = _NpyShardWriter(out_paths, rows, seq_len, np.dtype(dtype))
+    writer = _NpyShardWriter(out, names, rows, seq_len, np.dtype(dtype))
     with contextlib.ExitStack() as stack:
-        stack.callback(writer.close)
-        readers = {s["index"]: stack.enter_context(Path(s["tokens"]).open("rb")) for s in spills}
+        stack.push(lambda kind, *_: writer.abort() if kind else writer.close())
+        readers = {s["index"]: stack.enter_context(_open_stream(s["tokens"])) for s in spills}
         for doc_id, index, length in heapq.merge(*(_doc_stream(s) for s in spills)):
             if previous is not None and doc_id == previous:
                 raise ValueError(f"document id {doc_id} appears in two document shards, "

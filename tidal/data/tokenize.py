@@ -41,7 +41,6 @@ and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always writt
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -66,13 +65,14 @@ from tidal.data.shards import (
 )
 from tidal.data.token_spill import encode_shard, merge_spills
 from tidal.data.tokenize_config import TokenizeConfig
+from tidal.files import StepFiles
+from tidal.files.output import OutputDir
 
 STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
 ENCODE_BATCH_DOCUMENTS = 256
 ENCODE_BATCH_CHARS = 1 << 18  # characters per encode batch (see encode_batches; CJK: ~3 tokens a character)
 ID_DTYPE = np.uint32  # token ids of encoded documents in the spills
-SPILL_DIR = "_spill"  # per-shard token spills inside the step's scratch dir, removed before commit
 
 
 def encode_documents(
@@ -196,10 +196,10 @@ class EncodeShardFn(beam.DoFn):
     object-store root, so a worker on another machine reads the shards and the tokenizer in place
     (``tokenizer_dir`` is the tokenizer step's location too)."""
 
-    def __init__(self, tokenizer_dir: str, eos_id: int, spill_dir: str, fallback_ids: list[int], unk_id: int | None):
+    def __init__(self, tokenizer_dir: str, eos_id: int, spill: OutputDir, fallback_ids: list[int], unk_id: int | None):
         self.tokenizer_dir = tokenizer_dir
         self.eos_id = eos_id
-        self.spill_dir = spill_dir
+        self.spill = spill
         self.fallback_ids = fallback_ids
         self.unk_id = unk_id
         self.tokenizer: Tokenizer | None = None
@@ -211,24 +211,23 @@ class EncodeShardFn(beam.DoFn):
         index, paths = element
         for path in paths:
             batches = (encode_documents(self.tokenizer, batch, self.eos_id) for batch in encode_batches(path))
-            yield 0, encode_shard(index, path, self.spill_dir, batches, self.fallback_ids, self.unk_id)
+            yield 0, encode_shard(index, path, self.spill, batches, self.fallback_ids, self.unk_id)
 
 
-def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[str, Any], spill_dir: str) -> None:
+def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dict[str, Any], spill: OutputDir) -> None:
     """Final single-worker stage: merge the spills by id into the token shards, write
-    ``failed_documents.json`` and ``meta.json``, then remove ``spill_dir``.
+    ``failed_documents.json`` and ``meta.json`` into ``out``, then remove the ``spill`` files.
 
     The spills are removed here, inside the job, not only by :func:`run` after it: a job
     that a Beam provider launched on a cluster is committed when the job ends (see
     :mod:`tidal.core.beam_job`), whether or not the launching process got to clean up.
     """
-    out = Path(out_dir)
     dtype = token_dtype(settings["vocab_size"])
     spills = sorted(spills, key=lambda s: s["index"])
-    paths = [out / shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
-    merged = merge_spills(spills, paths, settings["seq_len"], dtype)
+    names = [shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
+    merged = merge_spills(spills, out, names, settings["seq_len"], dtype)
     failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(f for s in spills for f in s["failed"])]
-    (out / FAILED_FILE).write_text(json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
+    out.write_text(FAILED_FILE, json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
     meta = {
         "tokenizer_hash": settings["tokenizer_hash"],
         "seq_len": settings["seq_len"],
@@ -243,14 +242,32 @@ def _merge_and_write(spills: list[dict[str, Any]], out_dir: str, settings: dict[
         "unknown_tokens": sum(s["unknown_tokens"] for s in spills),
         "byte_fallback_tokens": sum(s["byte_fallback_tokens"] for s in spills),
     }
-    (out / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    shutil.rmtree(spill_dir, ignore_errors=True)
+    out.write_text(META_NAME, json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    spill.remove()
 
 
-def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out_dir: str, settings: dict[str, Any],
-                   spill_dir: str) -> None:
+def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out: OutputDir, settings: dict[str, Any],
+                   spill: OutputDir) -> None:
     """``(0, [spill summary...])``, every shard's summary under one key -> :func:`_merge_and_write`."""
-    _merge_and_write(list(element[1]), out_dir, settings, spill_dir)
+    _merge_and_write(list(element[1]), out, settings, spill)
+
+
+def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str, eos_id: int,
+                   special: tuple[list[int], int | None], settings: dict[str, Any], out: OutputDir,
+                   spill: OutputDir) -> None:
+    """Add the tokenize transforms to ``pipeline``: encode the document shards at ``paths`` (read in
+    place) with the tokenizer at ``tokenizer_dir`` into token spills under ``spill``, then one worker
+    merges them into ``out`` (a local directory or the attempt's staging prefix in the bucket).
+    ``special`` is :func:`special_token_ids`' ``(byte-fallback ids, unknown id)``; ``settings`` holds
+    ``seq_len``, ``shards``, ``vocab_size`` and ``tokenizer_hash``. Few transforms: each is a fixed
+    cost of every run."""
+    fallback_ids, unk_id = special
+    (
+        create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
+        | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id))
+        | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
+        | "MergeAndWrite" >> beam.Map(_merge_grouped, out=out, settings=settings, spill=spill)
+    )
 
 
 def run(ctx: StepContext) -> dict:
@@ -269,20 +286,14 @@ def run(ctx: StepContext) -> dict:
     paths = [documents.uri_of(name) for name in shard_names(documents, DOCUMENTS_PREFIX, "parquet")]
     settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
                 "tokenizer_hash": tok_meta["tokenizer_hash"]}
-    spill_dir = Path(ctx.out_dir) / SPILL_DIR
+    out, spill = ctx.output(), ctx.spill()  # workers write there directly (a directory or the bucket)
     try:
         with beam.Pipeline(options=beam_options()) as pipeline:
-            (  # few transforms: each is a fixed cost of every run
-                create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
-                | "EncodeShards" >> beam.ParDo(EncodeShardFn(str(tokenizer_dir), tok_meta["eos_id"], str(spill_dir),
-                                                             fallback_ids, unk_id))
-                | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
-                | "MergeAndWrite" >> beam.Map(_merge_grouped, out_dir=str(ctx.out_dir), settings=settings,
-                                                spill_dir=str(spill_dir))
-            )
+            build_pipeline(pipeline, paths, str(tokenizer_dir), tok_meta["eos_id"], (fallback_ids, unk_id),
+                           settings, out, spill)
     finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
-    meta = json.loads((ctx.out_dir / META_NAME).read_text())
+        spill.remove()
+    meta = StepFiles.open(out.location).read_json(META_NAME)
     if meta["documents_failed"]:
         ctx.log.warning(
             "%s: %d documents failed to encode, see %s",
@@ -290,7 +301,7 @@ def run(ctx: StepContext) -> dict:
             meta["documents_failed"],
             FAILED_FILE,
         )
-    return summarize(ctx.config, ctx.out_dir)
+    return summarize(ctx.config, out.location)
 
 
 def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
@@ -299,7 +310,7 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
     cfg = TokenizeConfig.model_validate(config)
-    meta = json.loads((Path(out_dir) / META_NAME).read_text())
+    meta = StepFiles.open(out_dir).read_json(META_NAME)
     return {
         "source": cfg.source,
         **{k: v for k, v in meta.items() if k != "tokenizer_hash"},
@@ -322,15 +333,16 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     Raises:
         ValueError: naming the file and both values on a mismatch.
     """
-    out = Path(out_dir)
-    meta = json.loads((out / META_NAME).read_text())
+    files = StepFiles.open(out_dir)
+    out = files.uri
+    meta = files.read_json(META_NAME)
     shards = int(config.get("shards", 1))
     if "seq_len" in config and meta["seq_len"] != config["seq_len"]:
-        raise ValueError(f"{out / META_NAME}: seq_len {meta['seq_len']} but the step's config says {config['seq_len']}")
+        raise ValueError(f"{out}/{META_NAME}: seq_len {meta['seq_len']} but the step's config says {config['seq_len']}")
     rows = 0
     for k in range(shards):
-        path = out / shard_name(TOKENS_PREFIX, k, shards, "npy")
-        shard = np.load(path, mmap_mode="r", allow_pickle=False)  # the header only; no data is read
+        path = files.uri_of(shard_name(TOKENS_PREFIX, k, shards, "npy"))
+        shard = files.array(shard_name(TOKENS_PREFIX, k, shards, "npy"))  # the header only; no data is read
         shape, dtype = shard.shape, shard.dtype
         del shard
         if len(shape) != 2 or shape[1] != meta["seq_len"] or dtype.name != meta["dtype"]:
@@ -339,9 +351,10 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
         rows += shape[0]
     if rows != meta["n_sequences"]:
         raise ValueError(f"{out}: token shards hold {rows} sequences but {META_NAME} says {meta['n_sequences']}")
-    failed = len(json.loads((out / FAILED_FILE).read_text()))
+    failed = len(files.read_json(FAILED_FILE))
+    files.close()
     if failed != meta["documents_failed"]:
-        raise ValueError(f"{out / FAILED_FILE} lists {failed} documents but {META_NAME} says "
+        raise ValueError(f"{out}/{FAILED_FILE} lists {failed} documents but {META_NAME} says "
                          f"{meta['documents_failed']}")
 
 

@@ -324,7 +324,7 @@ class StepFiles:
         """
         digest, size = hashlib.sha256(), 0
         chunk_bytes = COPY_CHUNK_BYTES if self.remote else LOCAL_HASH_CHUNK_BYTES
-        with self._stream(name) as stream:
+        with self.open_stream(name) as stream:
             while chunk := stream.read(chunk_bytes):
                 if self.remote:
                     _count(len(chunk))
@@ -332,8 +332,9 @@ class StepFiles:
                 size += len(chunk)
         return digest.hexdigest(), size
 
-    def _stream(self, name: str) -> Any:
-        """A sequential reader of ``name`` (a plain file on a local root); FileNotFoundError names it."""
+    def open_stream(self, name: str) -> Any:
+        """A sequential reader of ``name`` (a plain file on a local root, a buffered stream from a
+        bucket: reads are not counted); FileNotFoundError names it."""
         local = self.local_path(name)
         if local is not None:
             try:
@@ -341,7 +342,7 @@ class StepFiles:
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 raise self._missing(name) from None
         try:
-            return self._fs.open_input_stream(self._path(name))
+            return self._fs.open_input_stream(self._path(name), buffer_size=COPY_CHUNK_BYTES)
         except OSError:
             if not self.exists(name):
                 raise self._missing(name) from None

@@ -82,8 +82,9 @@ def job_location(staging: str) -> str:
     return staging.rstrip("/") + JOB_SUFFIX + ("/" if is_uri(staging) else "")
 
 
-def check_outputs(kind: str, config: dict[str, Any], work_dir: Path, *, where: str, step_id: str) -> None:
-    """The kind's output contract over a finished local directory: every ``expected_outputs(config)``
+def check_outputs(kind: str, config: dict[str, Any], work_dir: Path | str, *, where: str, step_id: str) -> None:
+    """The kind's output contract over a finished run: a local directory, or the staging location its
+    workers wrote to (read in place: listing, small files, headers); every ``expected_outputs(config)``
     file exists, then the kind's ``check_outputs(config, work_dir)``.
 
     Raises:
@@ -92,7 +93,9 @@ def check_outputs(kind: str, config: dict[str, Any], work_dir: Path, *, where: s
     module = kind_spec(kind).load()
     expected = getattr(module, "expected_outputs", None)
     if expected is not None:
-        missing = [name for name in expected(config) if not (work_dir / name).is_file()]
+        present = set(uris.list_sizes(work_dir)) if is_uri(str(work_dir)) else None
+        missing = [name for name in expected(config)
+                   if (name not in present if present is not None else not (Path(work_dir) / name).is_file())]
         if missing:
             raise StagedIncomplete(f"{work_dir}: {where} of {step_id} did not write {missing}; "
                                    "nothing was committed (rerun the step)")
@@ -111,6 +114,45 @@ def seal(kind: str, config: dict[str, Any], work_dir: Path, *, step_id: str, whe
     for name in (STEP_JSON, SUCCESS, SIGNATURE_JSON):
         (work_dir / name).unlink(missing_ok=True)
     return write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
+
+
+def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str, where: str) -> dict[str, Any]:
+    """Seal a run whose workers wrote its outputs straight to ``staging`` (the Beam kinds on a cluster
+    runner, :class:`tidal.files.output.OutputDir`): check them in place (:func:`check_outputs`), then
+    build ``manifest.json`` from the listing and the checksum records the writing workers left under
+    ``….job/checksums/`` (size and sha256 of the bytes they uploaded), and write it last. No output
+    is read again to hash it; the manifest is byte-identical to :func:`seal`'s over the same files.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        StagedIncomplete: a listed file has no checksum record or another size than its record
+            (a writer that did not finish, or a stray object), or a reserved name is staged.
+        ValueError: the kind's own output check failed.
+    """
+    from tidal.context import CHECKSUMS
+    from tidal.files.output import read_checksums
+    from tidal.integrity.hashing import canonical_json, sha256_bytes
+
+    check_outputs(kind, config, staging, where=where, step_id=step_id)
+    sizes = uris.list_sizes(staging)
+    records = read_checksums(uris.join(job_location(staging), CHECKSUMS))
+    reserved = [n for n in (MANIFEST_NAME, STEP_JSON, SUCCESS, SIGNATURE_JSON) if n in sizes]
+    unrecorded = [n for n in sorted(sizes) if n not in records]
+    wrong = [n for n in sorted(sizes) if n in records and records[n]["bytes"] != sizes[n]]
+    if reserved or unrecorded or wrong:
+        raise StagedIncomplete(f"{staging}: {where} of {step_id}: reserved names staged {reserved}, files with "
+                               f"no checksum record {unrecorded[:10]}, of another size than recorded {wrong[:10]}; "
+                               "nothing was committed (rerun the step)")
+    files = [{"path": n, "bytes": sizes[n], "sha256": records[n]["sha256"]} for n in sorted(sizes)]
+    body = {"files": files, "total_bytes": sum(f["bytes"] for f in files)}
+    manifest = {**body, "root_hash": sha256_bytes(canonical_json(body).encode())}
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"  # as write_manifest writes it
+    uris.write_bytes(uris.join(staging, MANIFEST_NAME), text.encode())
+    log.info("sealed %s in place: %d files, %d bytes, root %s", staging, len(files), body["total_bytes"],
+             manifest["root_hash"][:12])
+    return manifest
 
 
 def stage(work_dir: Path, staging: str) -> int:

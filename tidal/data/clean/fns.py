@@ -13,7 +13,6 @@ the batch cleaner, the shard writer and the near-duplicate verifier emit them.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -37,13 +36,13 @@ from tidal.data.sources import ref_sort_key
 from tidal.data.spill import (
     SPILL_SCHEMA,
     STUB_COLUMNS,
-    attempt_tmp,
     read_spill,
     read_texts,
     write_bands,
     write_spill,
 )
 from tidal.files import StepFiles
+from tidal.files.output import OutputDir
 
 if TYPE_CHECKING:
     from tidal.data.clean.config import CleanConfig
@@ -91,7 +90,6 @@ REMOVED_TAG = "removed"
 SHARD_TAG = "shard"
 FINISH_TAG = "finish"  # tagged outputs
 BANDS_TAG = "bands"
-SPILL_DIR = "_spill"
 
 
 def shard_name(shard: int, shards: int) -> str:
@@ -176,10 +174,10 @@ class CleanBatchFn(beam.DoFn):
         ValueError: for a record whose ``raw`` is null, naming the file, row group and ref.
     """
 
-    def __init__(self, raw_location: str, cfg: CleanConfig, spill_dir: str, shards: int):
+    def __init__(self, raw_location: str, cfg: CleanConfig, spill: OutputDir, shards: int):
         self.raw_location = raw_location
         self.cfg = cfg
-        self.spill_dir = spill_dir
+        self.spill = spill
         self.shards = shards
 
     def process(self, element: tuple[tuple[int, int], Iterable[int]]) -> Iterable:
@@ -226,12 +224,12 @@ class CleanBatchFn(beam.DoFn):
             by_shard[shard_of(doc.id, self.shards)].append(doc)
         name = f"g{group:05d}-r{start:09d}"
         for shard, mine in sorted(by_shard.items()):
-            yield shard, write_spill(Path(self.spill_dir) / f"s{shard:05d}-{name}.arrow",
+            yield shard, write_spill(self.spill, f"s{shard:05d}-{name}.arrow",
                                      {column: [getattr(d, column) for d in mine] for column in SPILL_SCHEMA.names})
         if self.cfg.near_dedup.enabled and docs:
             entries = band_entries(((d.id, d.ref, d.text) for d in docs), self.cfg.near_dedup)
             if entries:
-                path = write_bands(Path(self.spill_dir) / f"bands-{name}.npz", entries)
+                path = write_bands(self.spill, f"bands-{name}.npz", entries)
                 for partition in sorted(entries):
                     yield beam.pvalue.TaggedOutput(BANDS_TAG, (partition, path))
         for kind, values in out.items():
@@ -322,15 +320,18 @@ def shard_chunks(kept: list[DocStub]) -> Iterable[list[DocStub]]:
     yield chunk  # an empty shard: one empty row group, as a table of no rows writes
 
 
-def write_shard(out_dir: str | Path, shard: int, shards: int, kept: list[DocStub]) -> Path:
-    """Write document shard ``shard`` of ``shards`` into ``out_dir``: the ``kept`` documents
+def write_shard(out: OutputDir, shard: int, shards: int, kept: list[DocStub]) -> str:
+    """Write document shard ``shard`` of ``shards`` into ``out``: the ``kept`` documents
     (sorted by id), their texts read from the spill files one row group at a time
-    (:func:`shard_chunks`), so memory holds one row group's texts, not the shard's. Returns the path."""
+    (:func:`shard_chunks`), so memory holds one row group's texts, not the shard's. Returns its location."""
     tables = (pa.table({"id": [d.id for d in chunk], "text": shard_texts(chunk),
                         "source": [d.source for d in chunk], "ref": [d.ref for d in chunk],
                         "language": [d.language for d in chunk]}, schema=DOCUMENT_SCHEMA)
               for chunk in shard_chunks(kept))
-    return write_parquet_chunks(tables, DOCUMENT_SCHEMA, Path(out_dir) / shard_name(shard, shards))
+    name = shard_name(shard, shards)
+    with out.file(name) as path:
+        write_parquet_chunks(tables, DOCUMENT_SCHEMA, path)
+    return out.uri_of(name)
 
 
 class WriteShardFn(beam.DoFn):
@@ -345,26 +346,28 @@ class WriteShardFn(beam.DoFn):
     documents are read from the spill files. A shard no document went to is written by :class:`FinishFn`.
     """
 
-    def __init__(self, out_dir: str, shards: int):
-        self.out_dir = out_dir
+    def __init__(self, out: OutputDir, shards: int):
+        self.out = out
         self.shards = shards
 
     def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
         shard, paths = element
         kept, removed, counts = dedup_shard(read_stubs(sorted(set(paths))), near)
-        write_shard(self.out_dir, shard, self.shards, kept)
+        write_shard(self.out, shard, self.shards, kept)
         if removed:
             yield REMOVED_TAG, removed
         yield _emit_counts(counts)
         yield SHARD_TAG, shard
 
 
-def write_rows(rows: Iterable[dict[str, Any]], path: str | Path, schema: pa.Schema) -> Path:
-    """Write row dicts (keys: ``schema``'s names) to one Parquet file at ``path``, sorted by
-    ref (:func:`tidal.data.sources.ref_sort_key`, then the ref string). Returns the path."""
+def write_rows(rows: Iterable[dict[str, Any]], out: OutputDir, name: str, schema: pa.Schema) -> str:
+    """Write row dicts (keys: ``schema``'s names) to one Parquet file ``name`` of ``out``, sorted by
+    ref (:func:`tidal.data.sources.ref_sort_key`, then the ref string). Returns its location."""
     rows = sorted(rows, key=lambda r: (ref_sort_key(r["ref"]), r["ref"]))
-    table = pa.table({name: [r[name] for r in rows] for name in schema.names}, schema=schema)
-    return write_parquet(table, Path(path))
+    table = pa.table({column: [r[column] for r in rows] for column in schema.names}, schema=schema)
+    with out.file(name) as path:
+        write_parquet(table, path)
+    return out.uri_of(name)
 
 
 def sum_counts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -406,7 +409,7 @@ class FinishFn(beam.DoFn):
     """One element (an ``Impulse``) and, as side inputs, every finish item of the job (module
     docstring), in one or more iterables -> writes the empty document shards no document
     went to, ``quarantine.parquet`` and ``removed.parquet`` (:func:`write_rows`) and
-    ``counts.json`` (the summed counts, :func:`counts_from_totals`), then removes ``spill_dir``.
+    ``counts.json`` (the summed counts, :func:`counts_from_totals`), then removes the spill files.
 
     Side inputs are complete before the element is processed, so this runs once, after every
     shard writer: the spill files are no longer needed, and removing them here, inside the job,
@@ -414,11 +417,11 @@ class FinishFn(beam.DoFn):
     (Beam's own file sinks finalize the same way: one element, the results as side inputs.)
     """
 
-    def __init__(self, out_dir: str, shards: int, rules: list[str], spill_dir: str):
-        self.out_dir = out_dir
+    def __init__(self, out: OutputDir, shards: int, rules: list[str], spill: OutputDir):
+        self.out = out
         self.shards = shards
         self.rules = rules
-        self.spill_dir = spill_dir
+        self.spill = spill
 
     def process(self, _: Any, *item_lists: Iterable) -> Iterable:
         rows: dict[str, list[dict]] = {QUARANTINE_TAG: [], REMOVED_TAG: []}
@@ -432,15 +435,11 @@ class FinishFn(beam.DoFn):
                     written.add(item[1])
                 else:
                     rows[item[0]] += item[1]
-        out = Path(self.out_dir)
         for shard in sorted(set(range(self.shards)) - written):
-            write_shard(out, shard, self.shards, [])
-        write_rows(rows[QUARANTINE_TAG], out / QUARANTINE_FILE, QUARANTINE_SCHEMA)
-        write_rows(rows[REMOVED_TAG], out / REMOVED_FILE, REMOVED_SCHEMA)
+            write_shard(self.out, shard, self.shards, [])
+        write_rows(rows[QUARANTINE_TAG], self.out, QUARANTINE_FILE, QUARANTINE_SCHEMA)
+        write_rows(rows[REMOVED_TAG], self.out, REMOVED_FILE, REMOVED_SCHEMA)
         counts = counts_from_totals(sum_counts(totals), self.rules)
-        path = out / COUNTS_FILE
-        tmp = attempt_tmp(path)
-        tmp.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
-        shutil.rmtree(self.spill_dir, ignore_errors=True)
-        yield str(path)
+        path = self.out.write_text(COUNTS_FILE, json.dumps(counts, indent=1, sort_keys=True) + "\n")
+        self.spill.remove()
+        yield path

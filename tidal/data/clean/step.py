@@ -69,8 +69,10 @@ the shard number one worker reads the shard's stubs (id, ref, language: about 36
 document, :func:`tidal.data.clean.fns.read_stubs`; a shard of 10 million documents would
 need 3.6 GB: use more ``shards``), deduplicates, sorts and writes the shard one row group at
 a time (:func:`tidal.data.clean.fns.write_shard`; at web scale a shard would be
-range-partitioned and written with ``WriteToParquet``). Workers write into ``out_dir``
-directly, so ``out_dir`` must be reachable from workers (a shared filesystem on a cluster).
+range-partitioned and written with ``WriteToParquet``). Workers write into the step's output
+location directly (:class:`tidal.files.output.OutputDir`): a local directory for the in-process
+runner, the attempt's staging prefix in the bucket for a job on a cluster runner (Flink, Dataflow),
+with the spill files under the attempt's own prefix beside it; nothing is handed over on a disk.
 Parquet writer options are fixed (:data:`tidal.data.fetch.PARQUET_OPTIONS`), so reruns
 give byte-identical files.
 
@@ -82,9 +84,7 @@ summary the step returns (logged to MLflow as the step's metrics) carries every 
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ import pyarrow.parquet as pq
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from tidal.context import StepContext
+from tidal.context import SPILL_DIR, StepContext
 from tidal.data.beam_options import beam_args, create_spread
 from tidal.data.clean.config import CleanConfig
 from tidal.data.clean.fns import (
@@ -105,7 +105,6 @@ from tidal.data.clean.fns import (
     METRICS_NAMESPACE,
     QUARANTINE_FILE,
     REMOVED_FILE,
-    SPILL_DIR,
     CleanBatchFn,
     FinishFn,
     WriteShardFn,
@@ -117,6 +116,7 @@ from tidal.data.clean.fns import (
 from tidal.data.fetch import RAW_FILE
 from tidal.data.neardup import NearDuplicates
 from tidal.files import StepFiles
+from tidal.files.output import OutputDir
 
 STEP_VERSION = 4
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
@@ -124,9 +124,12 @@ __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", 
            "flat_counts", "run", "shard_name", "shard_of", "summarize"]
 
 
-def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out_dir: str, cfg: CleanConfig) -> None:
+def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out: OutputDir, cfg: CleanConfig,
+                   spill: OutputDir | None = None) -> None:
     """Add the clean transforms to ``pipeline``: read ``raw.parquet`` in place at ``raw_location``
-    (a local path or a bucket URI; workers open it there), write into ``out_dir``.
+    (a local path or a bucket URI; workers open it there), write into ``out`` (a local directory or
+    a staging prefix in the bucket: workers write there directly), spill files into ``spill``
+    (default ``out/_spill``).
 
     Records are cleaned in batches (module docstring) and only the spill files' paths of a
     batch's documents and bucket entries cross the shuffles, so Beam's per-element cost and the
@@ -138,10 +141,10 @@ def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out_dir: str, cfg
     Every transform and every fused stage is a fixed cost of each run (construction,
     translation, one bundle per stage on the in-process runner), so the graph has few.
     """
-    spill_dir = str(Path(out_dir) / SPILL_DIR)
+    spill = spill or out.child(SPILL_DIR)
     slices = create_spread(pipeline, "RawSlices", [((g, first), n) for g, first, n in raw_slices(raw_location)])
     batches = slices | "CleanBatches" >> beam.ParDo(
-        CleanBatchFn(raw_location, cfg, spill_dir, cfg.shards)).with_outputs(FINISH_TAG, BANDS_TAG, main="docs")
+        CleanBatchFn(raw_location, cfg, spill, cfg.shards)).with_outputs(FINISH_TAG, BANDS_TAG, main="docs")
     finish = [batches[FINISH_TAG]]
     near: Any = {}  # near-dedup off: no near duplicate
     if cfg.near_dedup.enabled:
@@ -153,14 +156,14 @@ def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out_dir: str, cfg
     finish.append(
         batches.docs
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(out_dir, cfg.shards), near=near)
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out, cfg.shards), near=near)
     )
     # quarantine, removed, counts (from the data itself; the Beam counters count the same
     # events, clean() compares), spill removal: once, after every shard is written
     _ = (
         pipeline
         | "Once" >> beam.Impulse()
-        | "Finish" >> beam.ParDo(FinishFn(out_dir, cfg.shards, cfg.rule_names(), spill_dir),
+        | "Finish" >> beam.ParDo(FinishFn(out, cfg.shards, cfg.rule_names(), spill),
                                  *(beam.pvalue.AsIter(items) for items in finish))
     )
 
@@ -188,10 +191,16 @@ def check_files(out_dir: str | Path, counts: dict[str, Any], shards: int) -> Non
     Raises:
         ValueError: naming the file and both numbers on a mismatch.
     """
-    out_dir = Path(out_dir)
-    kept = sum(pq.read_metadata(out_dir / shard_name(k, shards)).num_rows for k in range(shards))
-    removed = pq.read_table(out_dir / REMOVED_FILE, columns=["outcome"]).column("outcome").to_pylist()
-    quarantined = pq.read_metadata(out_dir / QUARANTINE_FILE).num_rows
+    files = StepFiles.open(out_dir)
+
+    def metadata(name: str) -> pq.FileMetaData:
+        with files.open_input(name) as source:
+            return pq.read_metadata(source)
+
+    kept = sum(metadata(shard_name(k, shards)).num_rows for k in range(shards))
+    with files.open_input(REMOVED_FILE) as source:
+        removed = pq.read_table(source, columns=["outcome"]).column("outcome").to_pylist()
+    quarantined = metadata(QUARANTINE_FILE).num_rows
     checks = [
         ("documents shards", kept, counts["kept"]),
         (f"{REMOVED_FILE} filtered rows", removed.count("filtered"), sum(counts["filtered"].values())),
@@ -200,19 +209,22 @@ def check_files(out_dir: str | Path, counts: dict[str, Any], shards: int) -> Non
     ]
     for name, found, expected in checks:
         if found != expected:
-            raise ValueError(f"{out_dir}: {name} hold {found} records but counts.json says {expected}")
+            raise ValueError(f"{files.uri}: {name} hold {found} records but counts.json says {expected}")
 
 
 def clean(
     raw_location: str | Path,
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     cfg: CleanConfig,
     args: list[str] | None = None,
     log: logging.Logger | None = None,
+    spill: OutputDir | None = None,
 ) -> dict[str, Any]:
     """Run the clean pipeline on ``raw.parquet`` at ``raw_location`` (a local path, or a bucket URI
-    such as ``s3://bucket/root/{step_id}/raw.parquet``, read in place) into ``out_dir`` and check
-    the counts.
+    such as ``s3://bucket/root/{step_id}/raw.parquet``, read in place) into ``out_dir`` (a directory,
+    or an :class:`~tidal.files.output.OutputDir` such as a staging prefix in the bucket, which
+    the workers write to directly; spill files in ``spill``, default ``out_dir/_spill``) and
+    check the counts.
 
     ``args`` are Beam pipeline options (default :func:`beam_args`); the Beam counters are
     logged on ``log`` and, where the runner reports committed counters, compared with the
@@ -226,27 +238,29 @@ def clean(
         ValueError: if the counts do not reconcile (:func:`check_counts`, :func:`check_files`)
             or a Beam counter disagrees with them.
     """
-    out_dir = Path(out_dir)
+    out = out_dir if isinstance(out_dir, OutputDir) else OutputDir(out_dir)
+    spill = spill or out.child(SPILL_DIR)
     files, name = StepFiles.of_file(raw_location)
     if not files.exists(name):
         raise FileNotFoundError(f"clean: input {files.uri_of(name)} does not exist")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not out.remote:
+        Path(out.location).mkdir(parents=True, exist_ok=True)
     pipeline = beam.Pipeline(options=PipelineOptions(args if args is not None else beam_args()))
-    build_pipeline(pipeline, files.uri_of(name), str(out_dir), cfg)
+    build_pipeline(pipeline, files.uri_of(name), out, cfg, spill)
     try:
         result = pipeline.run()
         result.wait_until_finish()
     finally:  # the pipeline removes its spill files; this also covers a failed run
-        shutil.rmtree(out_dir / SPILL_DIR, ignore_errors=True)
+        spill.remove()
     log = log or logging.getLogger("tidal.step")
     counters = {}
     for counter in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]:
         counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + (counter.committed or 0)
     for name, value in sorted(counters.items()):
         log.info("beam counter %s.%s = %s", METRICS_NAMESPACE, name, value)
-    counts = json.loads((out_dir / COUNTS_FILE).read_text())
+    counts = StepFiles.open(out.location).read_json(COUNTS_FILE)
     check_counts(counts)
-    check_files(out_dir, counts, cfg.shards)
+    check_files(out.location, counts, cfg.shards)
     flat = flat_counts(counts)
     wrong = {k: (v, flat.get(k.replace(".", "_", 1))) for k, v in counters.items()
              if "." in k and v and flat.get(k.replace(".", "_", 1)) != v}
@@ -277,8 +291,9 @@ def run(ctx: StepContext) -> dict:
         KeyError: if the config's ``input`` is not an input of this step.
     """
     cfg = CleanConfig.model_validate(ctx.config)
-    clean(ctx.input_files(cfg.input).uri_of(RAW_FILE), ctx.out_dir, cfg, log=ctx.log)
-    summary = summarize(ctx.config, ctx.out_dir)
+    out = ctx.output()
+    clean(ctx.input_files(cfg.input).uri_of(RAW_FILE), out, cfg, log=ctx.log, spill=ctx.spill())
+    summary = summarize(ctx.config, out.location)
     ctx.log.info("clean %s: %s", cfg.source, summary)
     return summary
 
@@ -292,7 +307,7 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
     cfg = CleanConfig.model_validate(config)
-    counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
+    counts = StepFiles.open(out_dir).read_json(COUNTS_FILE)
     check_counts(counts)
     return {**flat_counts(counts), "shards": cfg.shards}
 
@@ -315,6 +330,6 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     Raises:
         ValueError: naming the file and both numbers on a mismatch.
     """
-    counts = json.loads((Path(out_dir) / COUNTS_FILE).read_text())
+    counts = StepFiles.open(out_dir).read_json(COUNTS_FILE)
     check_counts(counts)
     check_files(out_dir, counts, int(config.get("shards", 1)))
