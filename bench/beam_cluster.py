@@ -35,7 +35,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.cluster import beam_scenario as bs
 from tests.cluster import scenario as sc
 from tests.cluster.flink import FlinkCluster
-from tests.cluster.harness import BUCKET, Cluster, namespaces_unavailable
+from tests.cluster.harness import BUCKET, Cluster
 from tests.storage.servers import FaultProxy
 
 
@@ -106,11 +105,9 @@ def main() -> int:
     parser.add_argument("--scale", type=int, default=4, help="document slice multiplier (tests/e2e/slices.py)")
     parser.add_argument("--memory-scales", default="", help="e.g. 4,16: rerun 2 TaskManagers at these scales")
     args = parser.parse_args()
-    reason = namespaces_unavailable()
-    if reason:
-        print(f"error: the test cluster cannot start here: {reason}", file=sys.stderr)
+    tmp = sc.bench_workdir("beam-cluster-")
+    if tmp is None:
         return 1
-    tmp = Path(tempfile.mkdtemp(prefix="beam-cluster-", dir="/var/tmp"))
     results: dict[str, dict] = {}
     with Cluster.start(tmp / "cluster") as cluster:
         proxy = FaultProxy(int(cluster.s3_endpoint.rsplit(":", 1)[1])).start()  # counts what the workers write

@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -35,8 +36,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s beam-pool %(levelname)s %(message)s")
     # the pool starts each SDK worker as `python -c ...`: this interpreter, with tidal importable
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    from concurrent import futures
-
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16),
                          options=[("grpc.http2.max_pings_without_data", 0), ("grpc.http2.max_ping_strikes", 0)])
     pool = BeamFnExternalWorkerPoolServicer(use_process=True, state_cache_size=0, data_buffer_time_limit_ms=-1)

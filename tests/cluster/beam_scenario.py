@@ -12,7 +12,6 @@ node. The job's workers are the TaskManagers' SDK worker pools on their own node
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -95,7 +94,7 @@ def run_on_flink(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
             continue
         start = time.perf_counter()
         if kind in BEAM_KINDS:
-            result.outputs[name], result.xcoms[name] = run_task_group(cluster, recipe_text, name, root=root,
+            result.outputs[name], result.xcoms[name] = run_task_group(cluster, recipe_text, name, kind, root=root,
                                                                       run_key=run_key, index=index, tmp=tmp)
         else:
             proc = sc.on_node(cluster, f"node-{index}", recipe_text,
@@ -106,18 +105,9 @@ def run_on_flink(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
     return result
 
 
-def run_task_group(cluster: Cluster, recipe_text: str, name: str, *, root: str, run_key: str, index: int,
-                   tmp: Path, check: bool = True) -> tuple[str, dict]:
-    """Step ``name``'s ``prepare`` / ``launch`` / ``commit`` on three fresh nodes. Returns (output, XCom)."""
-    proc = sc.on_node_argv(cluster, f"prep-{index}", recipe_text, ["python", "-c", sc.PREPARE, name], root=root)
-    prepared = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))
-    out = proc.stdout + proc.stderr
-    if prepared["status"] == "run":
-        launch = sc.on_node_argv(cluster, f"launch-{index}", recipe_text,
-                                 launch_command(recipe_text, name, prepared, tmp), root=root, check=check)
-        out += launch.stdout + launch.stderr
-        if launch.returncode != 0:
-            return out, prepared
-    commit = sc.on_node_argv(cluster, f"commit-{index}", recipe_text,
-                             ["python", "-c", sc.COMMIT, name, json.dumps(prepared), run_key], root=root)
-    return out + commit.stdout + commit.stderr, prepared
+def run_task_group(cluster: Cluster, recipe_text: str, name: str, kind: str, *, root: str, run_key: str,
+                   index: int, tmp: Path, check: bool = True) -> tuple[str, dict]:
+    """Step ``name``'s ``prepare`` / ``launch`` (the provider's command, :func:`launch_command`) /
+    ``commit`` on three fresh nodes (:func:`tests.cluster.scenario.run_split`). Returns (output, XCom)."""
+    return sc.run_split(cluster, recipe_text, name, kind, root=root, run_key=run_key, index=index, check=check,
+                        launch=lambda prepared: launch_command(recipe_text, name, prepared, tmp))

@@ -134,8 +134,7 @@ class FlinkCluster:
 
     def overview(self) -> dict:
         """The JobManager's REST ``/overview`` (taskmanagers, slots, jobs)."""
-        with urllib.request.urlopen(f"http://{self.rest}/overview", timeout=5) as response:
-            return json.load(response)
+        return self.rest_get("/overview")
 
     def rest_get(self, path: str) -> dict:
         """GET ``http://{rest}{path}`` as JSON (``/jobs/overview``, ``/jobs/{id}/vertices/{vid}`` ...)."""

@@ -143,14 +143,20 @@ class Node:
         self.name = name
         self.address = cluster._addresses[name]
 
+    def _boot(self, command: Sequence[str], env: Mapping[str, str] | None) -> tuple[dict[str, str], list[str]]:
+        """The node's environment (:attr:`Cluster.env` updated with ``env``) and the argv that boots it
+        around ``command`` (new namespaces, the bootstrap script as PID 1)."""
+        node_env = {**self.cluster.env, **(env or {})}
+        return node_env, [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env), f"node:{self.name}",
+                          *command]
+
     def start(self, command: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
         """Boot the node and run ``command`` in the background (a long-running service: a Flink
         TaskManager, a worker pool), stdout and stderr to ``log``. Stop it by its process group
         (:func:`stop_node`): the node's namespace init dies and takes every process of the node along,
         as losing the machine would.
         """
-        node_env = {**self.cluster.env, **(env or {})}
-        argv = [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env), f"node:{self.name}", *command]
+        node_env, argv = self._boot(command, env)
         with open(log, "ab") as out:
             return subprocess.Popen(_die_with_parent(argv), env=node_env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -174,8 +180,7 @@ class Node:
             NodeTimeout: the command ran longer than ``timeout`` seconds (the node was killed).
             NodeError: ``check`` and the command exited non-zero (125: the node's bootstrap failed).
         """
-        node_env = {**self.cluster.env, **(env or {})}
-        argv = [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env), f"node:{self.name}", *command]
+        node_env, argv = self._boot(command, env)
         proc = subprocess.Popen(_die_with_parent(argv), env=node_env, text=True, errors="replace",
                                 stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,24 +96,33 @@ def xcom_locations(prepared: dict) -> list[str]:
     return [str(f) for f in found if f]
 
 
-def run_split(cluster: Cluster, recipe_text: str, name: str, kind: str, *, root: str, run_key: str, index: int,
-              env: dict[str, str]) -> tuple[str, dict]:
-    """One step as Airflow runs it on a cluster: prepare, launch and commit, each on a fresh node; the
-    prepare's XCom (JSON) is all the launch and commit nodes get. Returns (output, the XCom)."""
+def job_argv(name: str, kind: str, prepared: dict) -> list[str]:
+    """The launch task's command for step ``name`` from its prepare's XCom (the trainer, or the kind's job)."""
     from tidal.kinds import kind_spec
 
+    if kind == "train":
+        return ["python", "-m", "tidal.train", prepared["step_uri"]]
+    return ["python", "-m", kind_spec(kind).module, "--config", prepared["config"], "--out", prepared["out"],
+            "--name", name, *(f"--input={n}={u}" for n, u in sorted(prepared["inputs"].items()))]
+
+
+def run_split(cluster: Cluster, recipe_text: str, name: str, kind: str, *, root: str, run_key: str, index: int,
+              env: dict[str, str] | None = None, launch: Callable[[dict], list[str]] | None = None,
+              check: bool = True) -> tuple[str, dict]:
+    """One step as Airflow runs it on a cluster: prepare, launch and commit, each on a fresh node; the
+    prepare's XCom (JSON) is all the launch and commit nodes get. ``launch`` turns the XCom into the
+    launch command (default :func:`job_argv`); with ``check=False`` a failed launch returns before
+    the commit. Returns (output, the XCom)."""
     proc = on_node_argv(cluster, f"prep-{index}", recipe_text, ["python", "-c", PREPARE, name], root=root, env=env)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("XCOM"))
     prepared = json.loads(line.removeprefix("XCOM"))
     out = proc.stdout + proc.stderr
     if prepared["status"] == "run":
-        if kind == "train":
-            argv = ["python", "-m", "tidal.train", prepared["step_uri"]]
-        else:
-            argv = ["python", "-m", kind_spec(kind).module, "--config", prepared["config"], "--out", prepared["out"],
-                    "--name", name, *(f"--input={n}={u}" for n, u in sorted(prepared["inputs"].items()))]
-        proc = on_node_argv(cluster, f"launch-{index}", recipe_text, argv, root=root, env=env)
+        argv = launch(prepared) if launch else job_argv(name, kind, prepared)
+        proc = on_node_argv(cluster, f"launch-{index}", recipe_text, argv, root=root, env=env, check=check)
         out += proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            return out, prepared
     proc = on_node_argv(cluster, f"commit-{index}", recipe_text,
                         ["python", "-c", COMMIT, name, json.dumps(prepared), run_key], root=root, env=env)
     return out + proc.stdout + proc.stderr, prepared
@@ -171,6 +181,20 @@ def differences(cluster: Cluster, root: str, local_root: Path, steps: list[tuple
         elif remote[step_id] != local[step_id]:
             out[name] = f"manifest root hash {remote[step_id][:12]} != local {local[step_id][:12]}"
     return out
+
+
+def bench_workdir(prefix: str) -> Path | None:
+    """A fresh folder under /var/tmp for a cluster benchmark, or None (after one ``error:`` line) when
+    this machine cannot host the test cluster."""
+    import tempfile
+
+    from tests.cluster.harness import namespaces_unavailable
+
+    reason = namespaces_unavailable()
+    if reason:
+        print(f"error: the test cluster cannot start here: {reason}", file=sys.stderr)
+        return None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
 
 
 def run_local(recipe_text: str, tmp: Path, env: dict[str, str]) -> tuple[Path, float]:

@@ -97,7 +97,7 @@ def test_a_taskmanager_lost_mid_job_restarts_and_commits_the_same_bytes(cluster,
 
     killer = threading.Thread(target=kill_when_running, daemon=True)
     killer.start()
-    out, _ = bs.run_task_group(cluster, flink_run["text"], clean[0], root=root, run_key="flink-kill",
+    out, _ = bs.run_task_group(cluster, flink_run["text"], clean[0], "clean", root=root, run_key="flink-kill",
                                       index=900, tmp=tmp)
     killer.join(30)
     assert killed, "the TaskManager was never killed mid-job"

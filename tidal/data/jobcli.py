@@ -191,8 +191,7 @@ def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict,
         raise SystemExit(f"error: {err}; the refused outputs were kept at "
                          f"{storage.keep_failed(out_dir, step_id)} (never counted as committed)")
     staging.stage(out_dir, location)
-    uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
-                     (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
+    _write_summary(location, summary)
     shutil.rmtree(out_dir, ignore_errors=True)
 
 
@@ -208,6 +207,11 @@ def _seal_in_place(kind: str, config: dict, location: str, summary: dict, name: 
     except ValueError as err:
         raise SystemExit(f"error: {err}; the refused outputs are at {location} (never counted as committed; "
                          "its prepare task's next attempt starts a fresh location)") from None
+    _write_summary(location, summary)
+
+
+def _write_summary(location: str, summary: dict) -> None:
+    """The job's summary (what ``run`` returned) at ``….job/summary.json``, for the commit task."""
     uris.write_bytes(uris.join(staging.job_location(location), staging.SUMMARY_FILE),
                      (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode())
 

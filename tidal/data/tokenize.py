@@ -341,8 +341,9 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
         raise ValueError(f"{out}/{META_NAME}: seq_len {meta['seq_len']} but the step's config says {config['seq_len']}")
     rows = 0
     for k in range(shards):
-        path = files.uri_of(shard_name(TOKENS_PREFIX, k, shards, "npy"))
-        shard = files.array(shard_name(TOKENS_PREFIX, k, shards, "npy"))  # the header only; no data is read
+        name = shard_name(TOKENS_PREFIX, k, shards, "npy")
+        path = files.uri_of(name)
+        shard = files.array(name)  # the header only; no data is read
         shape, dtype = shard.shape, shard.dtype
         del shard
         if len(shape) != 2 or shape[1] != meta["seq_len"] or dtype.name != meta["dtype"]:

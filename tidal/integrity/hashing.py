@@ -55,8 +55,19 @@ def build_manifest(root: str | Path, exclude: tuple[str, ...] = ()) -> dict[str,
         if rel in exclude:
             continue
         files.append({"path": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
+    return manifest_of(files)
+
+
+def manifest_of(files: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of ``files`` (``{"path", "bytes", "sha256"}`` each, sorted by path): the list,
+    ``total_bytes`` and the ``root_hash`` over both (module docstring)."""
     body = {"files": files, "total_bytes": sum(f["bytes"] for f in files)}
     return {**body, "root_hash": sha256_bytes(canonical_json(body).encode())}
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    """``manifest.json``'s bytes as text: the same manifest always gives the same file."""
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
 
 def verify_manifest(root: str | Path, manifest: dict[str, Any]) -> list[str]:
@@ -85,5 +96,5 @@ def verify_manifest(root: str | Path, manifest: dict[str, Any]) -> list[str]:
 def write_manifest(root: str | Path, exclude: tuple[str, ...] = (), name: str = MANIFEST_NAME) -> dict[str, Any]:
     """Build the manifest of ``root`` and write it as ``root/name``; returns it."""
     manifest = build_manifest(root, exclude=exclude + (name,))
-    (Path(root) / name).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (Path(root) / name).write_text(manifest_text(manifest))
     return manifest

@@ -59,6 +59,7 @@ from tidal.storage.base import (
     prune,
 )
 from tidal.storage.lease import LEASES, Lease
+from tidal.storage.s3_leases import MISSING, S3LeaseStore, error_code
 
 HOLD_BEFORE_MARKER_ENV = "TIDAL_STORAGE_HOLD_BEFORE_MARKER"  # tests only: see _test_hold()
 log = logging.getLogger("tidal.storage_s3")
@@ -103,14 +104,6 @@ def transfer_config(settings: StorageSettings) -> Any:
     return TransferConfig(multipart_threshold=settings.multipart_threshold_bytes,
                           multipart_chunksize=settings.multipart_chunk_bytes,
                           max_concurrency=settings.max_concurrency, use_threads=True)
-
-
-def _error_code(err: Exception) -> str:
-    return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
-
-
-_MISSING = {"404", "NoSuchKey", "NotFound"}
-_PRECONDITION = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,7 +194,7 @@ class S3Storage:
         try:
             return self.client.head_object(Bucket=self.bucket, Key=key)
         except Exception as err:
-            if _error_code(err) in _MISSING:
+            if error_code(err) in MISSING:
                 return None
             raise
 
@@ -209,7 +202,7 @@ class S3Storage:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
         except Exception as err:
-            if _error_code(err) in _MISSING:
+            if error_code(err) in MISSING:
                 return None
             raise
 
@@ -415,7 +408,7 @@ class S3Storage:
 
     def lease(self, step_id: str) -> Lease:
         """A lease object ``{prefix}/.leases/{step_id}.json`` written with conditional PUTs."""
-        return Lease(S3LeaseStore(self.client, self.bucket, "/".join(p for p in (self.prefix, LEASES) if p)),
+        return Lease(self._lease_store(),
                      step_id, ttl_s=self.settings.lease_ttl_s)
 
     # -- objects under the root (shared state: failure catalog, failed attempts, pending tracking) --
@@ -440,7 +433,7 @@ class S3Storage:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._rel_key(rel))["Body"].read()
         except Exception as err:
-            if _error_code(err) in _MISSING:
+            if error_code(err) in MISSING:
                 return None
             raise
 
@@ -461,61 +454,6 @@ class S3Storage:
     def object_uri(self, rel: str) -> str:
         """``s3://bucket/prefix/{rel}`` (``gs://`` for a GCS root)."""
         return f"{self.uri.split('://', 1)[0]}://{self.bucket}/{self._rel_key(rel, prefix=True)}"
-
-
-class S3LeaseStore:
-    """Lease objects under ``{key_prefix}/{step_id}.json``; the version token is the ETag.
-
-    Create is ``PutObject`` with ``If-None-Match: *``, replace is ``PutObject`` with
-    ``If-Match: <ETag>`` (S3 conditional writes, GA since Aug/Nov 2024; moto ≥ 5.0.x serves
-    both). A 412 PreconditionFailed or 409 ConditionalRequestConflict means another writer won.
-    """
-
-    def __init__(self, client: Any, bucket: str, key_prefix: str):
-        self.client, self.bucket, self.key_prefix = client, bucket, key_prefix
-
-    def _key(self, step_id: str) -> str:
-        return f"{self.key_prefix}/{step_id}.json"
-
-    def _put(self, step_id: str, body: bytes, **condition: str) -> str | None:
-        try:
-            response = self.client.put_object(Bucket=self.bucket, Key=self._key(step_id), Body=body,
-                                              ContentType="application/json", **condition)
-        except Exception as err:
-            if _error_code(err) in _PRECONDITION | _MISSING:
-                return self._adopt(step_id, body)
-            raise
-        return response["ETag"]
-
-    def _adopt(self, step_id: str, body: bytes) -> str | None:
-        """After a refused conditional write: if the object holds exactly our body, our own first
-        try succeeded and a retry (after a lost response) was refused; adopt its ETag."""
-        current = self.read(step_id)
-        if current is not None and current[0] == json.loads(body):
-            return current[1]
-        return None
-
-    def create(self, step_id: str, body: bytes) -> str | None:
-        """PutObject with ``If-None-Match: *``."""
-        return self._put(step_id, body, IfNoneMatch="*")
-
-    def read(self, step_id: str) -> tuple[dict[str, Any], str] | None:
-        """GetObject: the record and its ETag, or None."""
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(step_id))
-        except Exception as err:
-            if _error_code(err) in _MISSING:
-                return None
-            raise
-        return json.loads(response["Body"].read()), response["ETag"]
-
-    def replace(self, step_id: str, body: bytes, token: str) -> str | None:
-        """PutObject with ``If-Match: <ETag>``."""
-        return self._put(step_id, body, IfMatch=token)
-
-    def remove(self, step_id: str) -> None:
-        """DeleteObject (unconditional; the lease was marked released by compare-and-swap first)."""
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(step_id))
 
 
 def _test_hold() -> None:

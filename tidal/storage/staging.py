@@ -133,7 +133,7 @@ def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str
     """
     from tidal.context import CHECKSUMS
     from tidal.files.output import read_checksums
-    from tidal.integrity.hashing import canonical_json, sha256_bytes
+    from tidal.integrity.hashing import manifest_of, manifest_text
 
     check_outputs(kind, config, staging, where=where, step_id=step_id)
     sizes = uris.list_sizes(staging)
@@ -145,13 +145,10 @@ def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str
         raise StagedIncomplete(f"{staging}: {where} of {step_id}: reserved names staged {reserved}, files with "
                                f"no checksum record {unrecorded[:10]}, of another size than recorded {wrong[:10]}; "
                                "nothing was committed (rerun the step)")
-    files = [{"path": n, "bytes": sizes[n], "sha256": records[n]["sha256"]} for n in sorted(sizes)]
-    body = {"files": files, "total_bytes": sum(f["bytes"] for f in files)}
-    manifest = {**body, "root_hash": sha256_bytes(canonical_json(body).encode())}
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"  # as write_manifest writes it
-    uris.write_bytes(uris.join(staging, MANIFEST_NAME), text.encode())
-    log.info("sealed %s in place: %d files, %d bytes, root %s", staging, len(files), body["total_bytes"],
-             manifest["root_hash"][:12])
+    manifest = manifest_of([{"path": n, "bytes": sizes[n], "sha256": records[n]["sha256"]} for n in sorted(sizes)])
+    uris.write_bytes(uris.join(staging, MANIFEST_NAME), manifest_text(manifest).encode())
+    log.info("sealed %s in place: %d files, %d bytes, root %s", staging, len(manifest["files"]),
+             manifest["total_bytes"], manifest["root_hash"][:12])
     return manifest
 
 
