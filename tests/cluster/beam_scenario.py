@@ -106,8 +106,8 @@ def run_on_flink(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
 
 
 def run_task_group(cluster: Cluster, recipe_text: str, name: str, kind: str, *, root: str, run_key: str,
-                   index: int, tmp: Path, check: bool = True) -> tuple[str, dict]:
+                   index: int, tmp: Path, check: bool = True, timeout: float = 900) -> tuple[str, dict]:
     """Step ``name``'s ``prepare`` / ``launch`` (the provider's command, :func:`launch_command`) /
     ``commit`` on three fresh nodes (:func:`tests.cluster.scenario.run_split`). Returns (output, XCom)."""
     return sc.run_split(cluster, recipe_text, name, kind, root=root, run_key=run_key, index=index, check=check,
-                        launch=lambda prepared: launch_command(recipe_text, name, prepared, tmp))
+                        timeout=timeout, launch=lambda prepared: launch_command(recipe_text, name, prepared, tmp))

@@ -108,18 +108,19 @@ def job_argv(name: str, kind: str, prepared: dict) -> list[str]:
 
 def run_split(cluster: Cluster, recipe_text: str, name: str, kind: str, *, root: str, run_key: str, index: int,
               env: dict[str, str] | None = None, launch: Callable[[dict], list[str]] | None = None,
-              check: bool = True) -> tuple[str, dict]:
+              check: bool = True, timeout: float = 900) -> tuple[str, dict]:
     """One step as Airflow runs it on a cluster: prepare, launch and commit, each on a fresh node; the
     prepare's XCom (JSON) is all the launch and commit nodes get. ``launch`` turns the XCom into the
     launch command (default :func:`job_argv`); with ``check=False`` a failed launch returns before
-    the commit. Returns (output, the XCom)."""
+    the commit; ``timeout``: seconds the launch may take (then NodeTimeout). Returns (output, the XCom)."""
     proc = on_node_argv(cluster, f"prep-{index}", recipe_text, ["python", "-c", PREPARE, name], root=root, env=env)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("XCOM"))
     prepared = json.loads(line.removeprefix("XCOM"))
     out = proc.stdout + proc.stderr
     if prepared["status"] == "run":
         argv = launch(prepared) if launch else job_argv(name, kind, prepared)
-        proc = on_node_argv(cluster, f"launch-{index}", recipe_text, argv, root=root, env=env, check=check)
+        proc = on_node_argv(cluster, f"launch-{index}", recipe_text, argv, root=root, env=env, check=check,
+                            timeout=timeout)
         out += proc.stdout + proc.stderr
         if proc.returncode != 0:
             return out, prepared

@@ -22,6 +22,7 @@ import pytest
 from tests.cluster import beam_scenario as bs
 from tests.cluster import scenario as sc
 from tests.cluster.flink import FlinkCluster
+from tests.cluster.harness import NodeTimeout
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -97,8 +98,13 @@ def test_a_taskmanager_lost_mid_job_restarts_and_commits_the_same_bytes(cluster,
 
     killer = threading.Thread(target=kill_when_running, daemon=True)
     killer.start()
-    out, _ = bs.run_task_group(cluster, flink_run["text"], clean[0], "clean", root=root, run_key="flink-kill",
-                                      index=900, tmp=tmp)
+    try:
+        out, _ = bs.run_task_group(cluster, flink_run["text"], clean[0], "clean", root=root, run_key="flink-kill",
+                                   index=900, tmp=tmp, timeout=480)
+    except NodeTimeout as err:  # what Flink made of the loss, for whoever reads the failure
+        jobs = flink.rest_get("/jobs/overview")["jobs"]
+        pytest.fail(f"the job did not finish after the TaskManager loss (killed: {killed}); jobs {jobs}\n"
+                    f"{str(err)[-3000:]}\n{flink.log_tails(6000)}")
     killer.join(30)
     assert killed, "the TaskManager was never killed mid-job"
     job = flink.rest_get(f"/jobs/{killed[0]}")

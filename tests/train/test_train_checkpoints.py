@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, pack_state, split_packed
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, pack_state, split_packed
 
 
 def state(value: float, rows: int = 4) -> dict:
@@ -169,8 +169,9 @@ def test_host_state_save_returns_before_orbax_and_reports_its_errors(tmp_path):
     assert step == 1 and blocking < written
     assert ckpt.problems(1) == []
     ckpt.save(2, {})  # returns: orbax's refusal of an empty tree happens in the worker thread ...
-    with pytest.raises(ValueError, match="empty item"):
-        ckpt.wait()  # ... and reaches the caller here
+    with pytest.raises(CheckpointSaveFailed, match="checkpoint of step 2 .*empty item") as caught:
+        ckpt.wait()  # ... and reaches the caller here, naming the checkpoint and the cause
+    assert isinstance(caught.value.__cause__, ValueError)
     assert ckpt.steps() == [1]
     ckpt.close()
     sync = Checkpointer(tmp_path / "sync", keep=1, async_save=False, host_state=True)

@@ -152,11 +152,19 @@ def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str
     return manifest
 
 
-def stage(work_dir: Path, staging: str) -> int:
-    """Upload a sealed directory to its staging location, ``manifest.json`` last; returns bytes sent."""
+def stage(work_dir: Path, staging: str, *, uploaded: tuple[str, ...] = ()) -> int:
+    """Upload a sealed directory to its staging location, ``manifest.json`` last; returns bytes sent.
+
+    Args:
+        uploaded: folders (e.g. ``checkpoints/``) whose files were uploaded there as they were
+            written, each checked against its own sha256 manifest: a file under one of them that the
+            listing has at the same size is not sent again.
+    """
     names = sorted(p.relative_to(work_dir).as_posix() for p in work_dir.rglob("*") if p.is_file())
     if MANIFEST_NAME not in names:
         raise StagedIncomplete(f"{work_dir}: not sealed (no {MANIFEST_NAME}); seal() it first")
+    there = uris.list_sizes(staging) if uploaded else {}
+    names = [n for n in names if not (n.startswith(uploaded) and there.get(n) == (work_dir / n).stat().st_size)]
     sent = uris.upload_dir(work_dir, staging, [n for n in names if n != MANIFEST_NAME])
     sent += uris.upload_dir(work_dir, staging, [MANIFEST_NAME])
     log.info("staged %d files (%d bytes) at %s", len(names), sent, staging)

@@ -6,12 +6,14 @@ subprocess (:mod:`tidal.launch.local`), in a Kubernetes pod and, once per host, 
 multi-host JobSet (the environment says how to join: :mod:`tidal.train.distributed`).
 
 ``STEP_DIR`` may be a bucket URI, the step's staging location (:mod:`tidal.storage.staging`):
-then ``spec.json`` is downloaded from it, training runs in a local work directory of this
-machine (``$TIDAL_STORAGE_CACHE/.resume/{step_id}``; it resumes only on the same machine until
-checkpoints live in the bucket), inputs are read in place from the bucket, and a finished run
-seals its outputs (the kind's checks, ``manifest.json``) and uploads them to the staging
-location, ``manifest.json`` last, for the commit task. Nothing is read from, or left for
-another task on, this machine's disk.
+then ``spec.json`` is downloaded from it, training runs in a local work directory of this process
+(``$TIDAL_STORAGE_CACHE/.resume/{step_id}``, emptied first: nothing an earlier process left on
+this machine is trusted), inputs are read in place from the bucket, every checkpoint is uploaded
+to the staging location as it is saved and a rerun on any node resumes from the newest one there
+that verifies (:mod:`tidal.train.mirror`), and a finished run seals its outputs (the kind's
+checks, ``manifest.json``) and uploads them to the staging location, ``manifest.json`` last, for
+the commit task; the checkpoints already there are not sent again. Nothing is read from, or left
+for another task on, this machine's disk.
 
 ``--profile N`` runs N steps from the initial state and writes ``STEP_DIR/profile.json``
 (step time, tokens/s, MFU, peak memory) without reading or writing checkpoints, metrics or
@@ -20,7 +22,9 @@ the summary, so nothing is committed.
 Exit codes: 0 done (``summary.json`` written, or stopped by ``--stop-after``, or profiled);
 2 bad config or input data, or a checkpoint that does not fit the model (one
 ``tidal.train: error: ...`` line naming the file and the rule); 75 preempted by SIGTERM after
-checkpointing the current step (rerun to resume); anything else is a crash with a traceback.
+checkpointing the current step (rerun to resume); 1 a checkpoint could not be saved (one
+``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
+was); anything else is a crash with a traceback.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tidal").setLevel(logging.INFO)
     from tidal.settings import SettingsError, entry_point
     from tidal.storage import StorageError
-    from tidal.train.checkpoints import CheckpointMismatch
+    from tidal.train.checkpoints import CheckpointMismatch, CheckpointSaveFailed
     from tidal.train.config import ConfigError
     from tidal.train.loader import DataContractError
     from tidal.train.preemption import EXIT_PREEMPTED, Preempted
@@ -69,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
+    except CheckpointSaveFailed as err:
+        print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
+        return 1
 
 
 def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
@@ -83,12 +90,14 @@ def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
         print(f"profile: {json.dumps({k: v for k, v in result.items() if k != 'environment_fingerprint'})}",
               flush=True)
         return 0
-    train(step_dir, spec, stop_after=args.stop_after)
+    train(step_dir, spec, stop_after=args.stop_after, mirror=location if is_uri(location) else None)
     if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
         from tidal.storage import staging
 
         staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run")
-        staging.stage(step_dir, location)
+        from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
+
+        staging.stage(step_dir, location, uploaded=(f"{CHECKPOINT_DIR}/", f"{MANIFEST_DIR}/"))
     return 0
 
 
@@ -113,6 +122,9 @@ def _local_work_dir(location: str) -> Path:
                           f"({type(err).__name__}: {err})") from None
     base = Path(current().storage_cache or "~/.cache/tidal/storage").expanduser()
     work_dir = base / ".resume" / step_id
+    import shutil
+
+    shutil.rmtree(work_dir, ignore_errors=True)  # this process's scratch: it resumes from the bucket
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / SPEC_NAME).write_bytes(text)
     return work_dir

@@ -62,9 +62,8 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from tidal.integrity.hashing import build_manifest, verify_manifest
 from tidal.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 
-CHECKPOINT_DIR = "checkpoints"
-MANIFEST_DIR = "checkpoint_manifests"
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
 
 
@@ -76,6 +75,11 @@ PACKED_KEY = "tidal_packed"
 
 class CheckpointMismatch(ValueError):
     """A verified checkpoint does not fit the model being trained (tree, shape or dtype differ)."""
+
+
+class CheckpointSaveFailed(RuntimeError):
+    """Saving a checkpoint failed (a full disk, an unreachable bucket); the message names the
+    checkpoint and the cause. Earlier checkpoints stay verified and restorable."""
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -184,6 +188,9 @@ class Checkpointer:
         async_save: write in the background (orbax async checkpointing); False waits in save().
         primary: this process writes manifests (process 0 of a multi-process run).
         on_manifest: called with each manifest once written (e.g. to tag MLflow); must not raise.
+        mirror: the step's staging location in the bucket (:mod:`tidal.train.mirror`): every
+            checkpoint is uploaded there and counts only once its manifest is; a restore takes the
+            newest checkpoint there that verifies. Single-process runs only.
         host_state: the saved arrays live in host memory and the caller neither mutates nor
             donates them before :meth:`wait` (the trainer on the CPU backend). Then the whole
             save, orbax's save call included, runs in the background thread (:meth:`save`
@@ -195,7 +202,7 @@ class Checkpointer:
     def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None, *,
                  permanent_every: int | None = None, async_save: bool = True, primary: bool = True,
                  on_manifest: Callable[[dict[str, Any]], None] | None = None,
-                 host_state: bool = False):
+                 host_state: bool = False, mirror: str | None = None):
         if keep < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
         if permanent_every is not None and permanent_every < 1:
@@ -204,6 +211,14 @@ class Checkpointer:
         self.log = log or logging.getLogger("tidal.train.checkpoints")
         self.primary, self.on_manifest = primary, on_manifest
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        if mirror is not None and jax.process_count() > 1:
+            raise CheckpointSaveFailed(
+                f"checkpoints to the bucket ({mirror}) from a {jax.process_count()}-process run are not supported "
+                "yet: every host's shards would have to reach the bucket before the checkpoint counts; "
+                "train multi-host on a root every host mounts, or on one host")
+        self.mirror = CheckpointMirror(mirror, self.log) if mirror is not None else None
+        for tmp in sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
+            self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
         policies = [pp.LatestN(keep)] + ([pp.EveryNSteps(permanent_every)] if permanent_every else [])
         # leftover tmp dirs of a save cut short by a crash are removed on start
         options = ocp.CheckpointManagerOptions(
@@ -223,6 +238,7 @@ class Checkpointer:
         # (step, seconds save() blocked the caller, seconds until orbax finished writing)
         self.save_seconds: list[tuple[int, float, float]] = []
         self._pending: tuple[int, float] = (0, 0.0)  # (step, blocking) of the save in flight
+        self._sidecars: dict[str, bytes] = {}  # uploaded with the save in flight (mirror only)
         self._written: float | None = None  # set by the background thread once orbax finished
 
     def path(self, step: int) -> Path:
@@ -237,14 +253,21 @@ class Checkpointer:
         self.manager.reload()
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, fingerprint: dict[str, Any] | None = None) -> None:
+    def save(self, step: int, state: Any, fingerprint: dict[str, Any] | None = None,
+             sidecars: dict[str, bytes] | None = None) -> None:
         """Start saving ``state`` as the checkpoint of ``step`` (completed optimizer steps).
 
         Blocks only for the previous save to finish and for the device-to-host copy (not
         even for that with ``host_state``); the files and then the manifest (with
-        ``fingerprint``) are written in the background. Call :meth:`wait` for the manifest.
+        ``fingerprint``) are written in the background, and with a mirror uploaded, ``sidecars``
+        (name -> bytes, e.g. the metrics so far) before the manifest. Call :meth:`wait` for the
+        manifest, :meth:`check` to learn of a failure without waiting.
+
+        Raises:
+            CheckpointSaveFailed: the previous save failed.
         """
         self.wait()
+        self._sidecars = dict(sidecars or {})
         start = time.perf_counter()
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
@@ -262,7 +285,7 @@ class Checkpointer:
             packed = pack_state(state)
             self._orbax_save(step, *(packed or (state,)))
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread by wait()
-            self._error = err
+            self._error = self._failed(step, err)
             return
         self._finish(step, fingerprint, start)
 
@@ -273,8 +296,13 @@ class Checkpointer:
             if self.primary:
                 manifest = {**build_manifest(self.path(step)), "step": step, "fingerprint": fingerprint}
                 _write_json_atomic(self._manifest_path(step), manifest)
-                _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
                 live = set(self.manager.all_steps())  # orbax drops pruned steps from it at save time
+                if self.mirror is not None:  # counts once its manifest is in the bucket
+                    self.mirror.upload(step, self.path(step), manifest, self._sidecars)
+                    self.log.info("checkpoint %d counts: in the bucket at %s (%d bytes, %.2f s)", step,
+                                  self.mirror.location, *self.mirror.uploads[-1][1:])
+                    self.mirror.prune(live)
+                _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
                 for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
                     if path.stem.isdigit() and int(path.stem) not in live:
                         path.unlink(missing_ok=True)
@@ -284,13 +312,29 @@ class Checkpointer:
             else:
                 self.last_manifest = {"step": step}
         except BaseException as err:  # noqa: BLE001 - re-raised in the main thread by wait()
-            self._error = err
+            self._error = self._failed(step, err)
+
+    def _failed(self, step: int, err: BaseException) -> CheckpointSaveFailed:
+        where = f"{self.path(step)}" + (f" -> {self.mirror.location}" if self.mirror is not None else "")
+        failed = CheckpointSaveFailed(f"checkpoint of step {step} ({where}) was not saved: {type(err).__name__}: "
+                                      f"{err}; earlier checkpoints are intact (rerun to resume from the newest)")
+        failed.__cause__ = err
+        return failed
+
+    def check(self) -> None:
+        """Raise at once if the save in flight has already failed; never waits.
+
+        Raises:
+            CheckpointSaveFailed: naming the checkpoint and the cause.
+        """
+        if self._job is not None and self._job.done() and self._error is not None:
+            self.wait()
 
     def wait(self) -> dict[str, Any] | None:
         """Wait for the pending save and its manifest; return the newest manifest (None: no save yet).
 
         Raises:
-            whatever the background save raised (e.g. a full disk).
+            CheckpointSaveFailed: the background save failed (e.g. a full disk, the bucket unreachable).
         """
         if self._job is not None:
             self._job.result()  # the targets record their errors in self._error
@@ -330,6 +374,8 @@ class Checkpointer:
             CheckpointMismatch: the newest verified checkpoint has another tree structure,
                 shape or dtype than ``abstract_state`` (nothing is loaded).
         """
+        if self.mirror is not None:
+            self._fetch_newest()
         rejected: list[int] = []
         chosen = None
         for step in reversed(self.steps()):
@@ -371,6 +417,22 @@ class Checkpointer:
             _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
         self.last_manifest = manifest
         return chosen, state, manifest
+
+    def _fetch_newest(self) -> None:
+        """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
+        process, maybe on a fresh node); the ones newer than it are deleted from the bucket."""
+        local = set(self.steps())
+        for step in reversed(self.mirror.steps()):
+            if step in local and not self.problems(step):
+                return
+            manifest = self.mirror.fetch(step, self.path(step))
+            if manifest is not None:
+                _write_json_atomic(self._manifest_path(step), manifest)
+                self.log.info("fetched checkpoint %d from %s (%d bytes)", step, self.mirror.location,
+                              manifest["total_bytes"])
+                return
+            if self.primary:
+                self.mirror.delete(step)
 
     def close(self) -> None:
         """Wait for pending work (re-raising its error) and release orbax resources."""

@@ -50,11 +50,14 @@ from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar, host_tree
-from tidal.train.metrics import LiveMetrics, device_memory
+from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
 
 METRICS = "metrics.jsonl"
+# uploaded beside each checkpoint in the bucket, fetched by a process that resumes from it there:
+# the loss curve so far and the MLflow run to keep logging into
+SIDECARS = (METRICS, RUN_FILE)
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -96,8 +99,13 @@ class Session:
         return self.step_dir / METRICS
 
 
-def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger) -> Session:
+def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger,
+                 mirror: str | None = None) -> Session:
     """Start live metrics, open the checkpoints and restore the newest verified one (or init).
+
+    With ``mirror`` (the step's staging location in the bucket) checkpoints go to the bucket and
+    the newest one there that verifies is restored, with the metrics written up to it
+    (:data:`SIDECARS`), so a process on a fresh node continues the same curve and MLflow run.
 
     Raises:
         CheckpointMismatch: the newest verified checkpoint belongs to another model shape
@@ -105,6 +113,10 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     """
     primary = distributed.is_primary()
     fingerprint = environment_fingerprint()
+    if mirror is not None and primary:
+        from tidal.train.mirror import CheckpointMirror
+
+        CheckpointMirror(mirror, log).fetch_sidecars(step_dir, SIDECARS)
     live = LiveMetrics.from_env(step_dir, spec) if primary else None
     if live is not None:
         live.set_tags(_live_tags(run, fingerprint))
@@ -117,7 +129,8 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     # the CPU step never donates its input state (see build), so a save may read it from the
     # background thread while the next steps run
     ckpt = Checkpointer(step_dir, run.cfg.keep_checkpoints, log, permanent_every=run.cfg.checkpoint_permanent_every,
-                        primary=primary, on_manifest=on_manifest, host_state=jax.default_backend() == "cpu")
+                        primary=primary, on_manifest=on_manifest, host_state=jax.default_backend() == "cpu",
+                        mirror=mirror)
     session = Session(run, step_dir, log, primary, fingerprint, live, ckpt)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
@@ -168,7 +181,13 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
                     hooklib.DeviceMemory(device_memory), hooklib.Evaluation(lambda params: evaluate(run, params)))
 
     def save(step: int, state: Any) -> None:
-        ckpt.save(step, state, session.fingerprint)
+        sidecars = None
+        if ckpt.mirror is not None and session.primary:  # the curve up to this checkpoint goes with it
+            if metrics_file is not None:
+                metrics_file.flush()
+            sidecars = {name: (session.step_dir / name).read_bytes() for name in SIDECARS
+                        if (session.step_dir / name).is_file()}
+        ckpt.save(step, state, session.fingerprint, sidecars)
 
     hooks = hooklib.Hooks(cfg.steps)
     hooks.add(meters.throughput.first_step, every=1)
@@ -184,6 +203,7 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
     if session.primary:
         hooks.add(hooklib.progress(cfg.steps), every=logged)
     hooks.add(hooklib.checkpoint(save), every=cfg.checkpoint_every)
+    hooks.add(lambda info: ckpt.check(), every=1, name="checkpoint_failed")  # a failed save stops the next step
     hooks.add(meters.throughput.end_loop, every=cfg.steps)  # the last step only
     hooks.add(meters.throughput.exclude, every=(cfg.eval_every, cfg.checkpoint_every))
     hooks.add(hooklib.preemption(term.agreed, save, ckpt.wait), every=1)
@@ -193,7 +213,7 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
 
 
 def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None = None,
-          log: logging.Logger | None = None) -> dict[str, Any] | None:
+          log: logging.Logger | None = None, mirror: str | None = None) -> dict[str, Any] | None:
     """Train (or resume training) as ``spec`` says, writing into ``step_dir``.
 
     Args:
@@ -201,6 +221,8 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         spec: ``{"config", "inputs": {name: dir}, "seed", ...}`` as written by ``tidal.train.run``.
         stop_after: testing aid that simulates preemption: return None right after completing
             this step (after its checkpoint, if one is due), without writing a summary.
+        mirror: the step's staging location in the bucket: checkpoints are written there and
+            resumed from there (:mod:`tidal.train.mirror`); None: only ``step_dir``.
 
     Returns:
         The summary (also written to ``summary.json`` by process 0), see :func:`summarise`.
@@ -209,11 +231,12 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         ConfigError, DataContractError: bad config or inputs, before any training.
         CheckpointMismatch: the newest verified checkpoint belongs to another model shape.
         Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
+        CheckpointSaveFailed: a checkpoint could not be written (seen at the next step).
     """
     step_dir = Path(step_dir)
     log = log or logging.getLogger("tidal.train")
     run = build(spec, where=step_dir / SPEC)
-    session = open_session(step_dir, spec, run, log)
+    session = open_session(step_dir, spec, run, log, mirror)
     if session.primary:
         _truncate_metrics(session.metrics_path, session.start)
     print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
@@ -258,7 +281,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     equal across identical runs), ``environment_fingerprint`` (JSON), ``mesh`` and, when steps
     ran in this process, ``tokens_per_second``/``step_time_s`` after the first (compiling) step,
     ``mfu`` (when the device's peak is known), ``peak_memory_bytes``, the loop's wall and CPU
-    throughput and the checkpoint save times.
+    throughput and the checkpoint save times; with checkpoints in the bucket, how many this process
+    uploaded and at what rate (``checkpoint_upload_MBps``, 10^6 bytes/s).
     """
     run, cfg, ckpt, manifest = session.run, session.run.cfg, session.ckpt, session.manifest
     last_eval = meters.evaluation.last
@@ -294,6 +318,11 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         summary["checkpoint_blocking_s_mean"] = statistics.fmean(b for _, b, _ in ckpt.save_seconds)
         summary["checkpoint_write_s_mean"] = statistics.fmean(w for _, _, w in ckpt.save_seconds)
         summary["checkpoint_bytes"] = manifest.get("total_bytes", 0)
+    uploads = ckpt.mirror.uploads if ckpt.mirror is not None else []
+    if uploads:  # checkpoints this process sent to the bucket (files + manifest, end to end)
+        summary["checkpoint_uploads"] = len(uploads)
+        seconds = max(sum(s for _, _, s in uploads), 1e-9)
+        summary["checkpoint_upload_MBps"] = sum(b for _, b, _ in uploads) / seconds / 1e6
     if session.primary:
         atomic_write_text(session.step_dir / SUMMARY, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)

@@ -1,0 +1,71 @@
+"""Training survives losing its node (issue 18): checkpoints live in the bucket, and a trainer
+started on a fresh node (empty disk) resumes from the newest one there that verifies.
+
+The slice's train step runs with an ``s3://`` root; its trainer is lost three times at steps drawn
+from a seeded generator, twice by SIGKILL of the whole node and once by SIGTERM with a 30 s grace
+(it checkpoints the step and exits 75), each time restarted on a new node; the committed step's
+parameters and whole loss curve are bitwise those of an uninterrupted run in one process on a local
+root, each SIGKILL resumed from the newest checkpoint that had reached the bucket, the SIGTERM from the
+step it stopped at, and the commit sent
+no checkpoint a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import uuid
+
+import pytest
+
+from tests.cluster import scenario as sc
+from tests.cluster import train_scenario as ts
+
+pytestmark = pytest.mark.timeout(1800)
+STEPS, EVERY = 200, 10
+
+
+def _host_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("TIDAL_STORAGE", "TIDAL_S3", "MLFLOW_", "AWS_"))}
+
+
+def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
+    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY)
+    steps = sc.step_names(text, tmp_path)
+    rng = random.Random(20261202)
+    targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
+    losses = list(zip(["SIGKILL", "SIGTERM", "SIGKILL"], targets, strict=True))
+    root = f"s3://tidal/nl-{uuid.uuid4().hex[:8]}"
+    run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path)
+    logs = "\n".join(f"--- {a.node} ({a.lost} at {a.target}) rc={a.returncode}\n{a.log[-2500:]}" for a in run.attempts)
+
+    first, *resumed = run.attempts
+    assert first.resumed_from is None and first.returncode != 0, logs
+    for before, after in zip(run.attempts, resumed, strict=False):
+        assert after.resumed_from is not None and after.resumed_from > 0, logs
+        assert f"fetched checkpoint {after.resumed_from} from {run.prepared['step_uri']}" in after.log, logs
+        if before.lost == "SIGTERM":  # checkpointed the step it stopped at, exited 75
+            assert before.returncode == 75 and before.preempted_at is not None, logs
+            assert after.resumed_from == before.preempted_at, logs
+        else:  # the newest checkpoint that counted before the kill, never an older one
+            newest = (before.counted or [before.resumed_from or 0])[-1]
+            assert after.resumed_from == newest, logs
+            # lost: the steps since it, at most checkpoint_every plus those a save in flight took
+            assert 0 <= before.last_step - after.resumed_from <= 2 * EVERY, logs
+    assert run.attempts[-1].returncode == 0 and run.attempts[-1].last_step == STEPS, logs
+    assert "COMMITTED" in run.commit_output, run.commit_output[-3000:]
+
+    local_root, _ = sc.run_local(text, tmp_path, _host_env())
+    train = [s for s in steps if s[2] == "train"]
+    differ = sc.differences(cluster, root, local_root, train)
+    assert not differ, f"the resumed run differs from an uninterrupted one: {differ}\n{logs}"
+    # the final upload sent the step's other files, not the checkpoints already in the bucket
+    manifest = json.loads(sc._bucket_file(cluster, root, train[0][1], "manifest.json"))
+    ckpt_bytes = sum(e["bytes"] for e in manifest["files"] if e["path"].startswith("checkpoints/"))
+    sent = [int(b) for b in re.findall(r"staged \d+ files \((\d+) bytes\)", run.attempts[-1].log)]
+    assert sent and ckpt_bytes > 0 and sent[-1] < ckpt_bytes, (sent, ckpt_bytes)
+    staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=root.removeprefix("s3://tidal/") + "/.staging/")
+    assert staged.get("KeyCount", 0) == 0, [o["Key"] for o in staged.get("Contents", [])][:5]

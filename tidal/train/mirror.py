@@ -1,0 +1,147 @@
+"""Checkpoints in the bucket: each finished orbax checkpoint uploaded under the step's resume prefix.
+
+A training step on an object-store root trains in a local work directory of its own process
+(emptied at start: nothing of an earlier process on this machine is trusted, DESIGN.md §0) and
+mirrors every checkpoint to the step's staging location, which is the same for every attempt
+(:func:`tidal.storage.staging.resumable_staging`)::
+
+    {staging}/checkpoints/<step>/...               the orbax checkpoint's files, as written
+    {staging}/checkpoint_manifests/<step>.json      its manifest (sizes, sha256), uploaded LAST
+    {staging}/metrics.jsonl, mlflow_run.json        sidecars as of that checkpoint, uploaded before it
+
+A checkpoint counts only once its manifest object exists: the manifest is computed from the
+files orbax wrote (sha256 of each, :func:`tidal.integrity.hashing.build_manifest`), the files are
+uploaded (multipart, parallel: :func:`tidal.storage.uris.upload_dir`), then the manifest. A process
+killed in between leaves files without a manifest, which nobody restores and the next save or the
+commit replaces. Restore (:meth:`CheckpointMirror.fetch`) downloads a checkpoint's files and checks
+every size and sha256 against its manifest before orbax reads a byte. Retention is applied in the
+bucket too (:meth:`CheckpointMirror.prune`: manifest deleted first, so a half-deleted checkpoint
+never counts), and the commit does not upload what is already there
+(:func:`tidal.storage.staging.stage` skips files the listing has at the same size).
+
+Why a local write then an upload, not orbax writing ``s3://`` itself: orbax finalises a checkpoint
+by renaming its tmp directory (``etils.epath``), which an S3 bucket has no operation for (a
+rename is a copy of every object), and orbax's ``s3://`` paths need fsspec's s3fs, which the lock
+does not carry; TensorStore's s3 kvstore reads and writes arrays fine but not orbax's directory
+steps. The upload goes through the same boto3 transfer configuration as every step output, so
+it runs at the rate of a raw upload of the same bytes (``bench/node_loss.py``:
+``ckpt_upload_vs_raw_put``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from tidal.context import is_uri
+from tidal.integrity.hashing import manifest_text, verify_manifest
+from tidal.layout import atomic_write_text
+from tidal.storage import uris
+
+CHECKPOINT_DIR = "checkpoints"
+MANIFEST_DIR = "checkpoint_manifests"
+
+
+class CheckpointMirror:
+    """The bucket side of a :class:`tidal.train.checkpoints.Checkpointer` (one training step).
+
+    Args:
+        location: the step's staging location (``s3://…/.staging/{step_id}/`` or ``gs://…``).
+        log: logger for skipped and deleted checkpoints (WARNING).
+
+    Attributes:
+        uploads: ``(step, bytes, seconds)`` of every checkpoint uploaded by this process.
+    """
+
+    def __init__(self, location: str, log: logging.Logger | None = None):
+        self.location = location.rstrip("/") + "/"
+        self.log = log or logging.getLogger("tidal.train.checkpoints")
+        self.uploads: list[tuple[int, int, float]] = []
+
+    def _checkpoint(self, step: int) -> str:
+        return uris.join(self.location, CHECKPOINT_DIR, str(step))
+
+    def _manifest(self, step: int) -> str:
+        return uris.join(self.location, MANIFEST_DIR, f"{step}.json")
+
+    def steps(self) -> list[int]:
+        """Steps whose checkpoint counts (its manifest object exists), ascending."""
+        names = uris.list_sizes(uris.join(self.location, MANIFEST_DIR))
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def upload(self, step: int, local_dir: Path, manifest: dict[str, Any], sidecars: dict[str, bytes]) -> None:
+        """Upload checkpoint ``step`` (the files of ``manifest`` under ``local_dir``), then ``sidecars``
+        (name -> bytes, beside the checkpoints), then the manifest: from then on it counts.
+
+        Raises:
+            StorageError / StorageUnreachable: an upload failed (the checkpoint does not count).
+        """
+        start = time.perf_counter()
+        sent = uris.upload_dir(local_dir, self._checkpoint(step), [e["path"] for e in manifest["files"]])
+        for name, data in sidecars.items():
+            uris.write_bytes(uris.join(self.location, name), data)
+        uris.write_bytes(self._manifest(step), manifest_text(manifest).encode())
+        self.uploads.append((step, sent, time.perf_counter() - start))
+
+    def fetch(self, step: int, local_dir: Path) -> dict[str, Any] | None:
+        """Download checkpoint ``step`` into ``local_dir`` and verify it against its manifest.
+
+        Returns:
+            The manifest, or None when it does not verify (missing or unreadable manifest, a file
+            missing or of another size or sha256): logged at WARNING, ``local_dir`` removed.
+        """
+        import shutil
+
+        try:
+            manifest = json.loads(uris.read_bytes(self._manifest(step)))
+            uris.download_dir(self._checkpoint(step), local_dir, [e["path"] for e in manifest["files"]])
+            problems = verify_manifest(local_dir, manifest)
+        except FileNotFoundError as err:
+            problems = [f"missing in the bucket: {err}"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            problems = [f"{self._manifest(step)}: unreadable manifest ({err})"]
+        if problems:
+            self.log.warning("checkpoint %s in the bucket failed verification, skipped: %s",
+                             self._checkpoint(step), "; ".join(problems[:5]))
+            shutil.rmtree(local_dir, ignore_errors=True)
+            return None
+        return manifest
+
+    def fetch_sidecars(self, local_dir: Path, names: tuple[str, ...]) -> list[str]:
+        """Download the sidecars there are (a fresh process resuming); returns the names fetched."""
+        fetched = []
+        for name in names:
+            try:
+                data = uris.read_bytes(uris.join(self.location, name))
+            except FileNotFoundError:
+                continue
+            atomic_write_text(local_dir / name, data.decode())
+            fetched.append(name)
+        return fetched
+
+    def delete(self, step: int) -> None:
+        """Remove checkpoint ``step`` from the bucket, its manifest first (it stops counting at once)."""
+        self._delete_object(self._manifest(step))
+        uris.delete_dir(self._checkpoint(step))
+
+    def _delete_object(self, location: str) -> None:
+        if not is_uri(location):
+            Path(location.removeprefix("file://")).unlink(missing_ok=True)
+            return
+        bucket, key = uris.split(location)
+        client = uris.client_for(location)
+        uris._call(location, "delete", client.delete_object, Bucket=bucket, Key=key)
+
+    def prune(self, live: set[int]) -> list[int]:
+        """Apply retention in the bucket: delete every counted checkpoint not in ``live`` (the steps
+        orbax keeps locally: newest ``keep`` and the permanent ones). Returns the steps deleted."""
+        gone = [step for step in self.steps() if step not in live]
+        for step in gone:
+            self.delete(step)
+        return gone
+
+
+__all__ = ["CHECKPOINT_DIR", "MANIFEST_DIR", "CheckpointMirror"]
