@@ -83,6 +83,9 @@ class Settings(BaseSettings):
                                                    default=None)
     alert_timeout_s: Annotated[float, Field(gt=0)] = _env("TIDAL_ALERT_TIMEOUT_S", "seconds per alert POST",
                                                           default=5.0)
+    train_watchdog_s: Annotated[float, Field(gt=0)] | None = _env(
+        "TIDAL_TRAIN_WATCHDOG_S", "seconds without a training step before the trainer dumps its stacks and exits 76",
+        default=None)
     hold_before_marker: str | None = _env(
         "TIDAL_STORAGE_HOLD_BEFORE_MARKER", "tests only: a file to create, then pause before _SUCCESS", default=None)
 

@@ -97,6 +97,20 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
+def node_address(index: int) -> str:
+    """The loopback address of the ``index``-th node named in a session (1-based): ``127.0.2.1`` ..
+    ``127.0.2.254``, then ``127.0.3.1`` ... (all of 127.0.0.0/8 is the loopback interface). A whole
+    suite names a few hundred nodes; a fourth octet past 254 would be no address at all.
+
+    Raises:
+        ValueError: ``index`` is not in 1 .. 253 * 254.
+    """
+    if not 1 <= index <= 253 * 254:
+        raise ValueError(f"node index {index} out of range")
+    third, fourth = divmod(index - 1, 254)
+    return f"127.0.{2 + third}.{1 + fourth}"
+
+
 def _die_with_parent(argv: list[str]) -> list[str]:
     """``argv`` under ``setpriv --pdeathsig KILL`` where there is setpriv: it dies if the test process does."""
     return ["setpriv", "--pdeathsig", "KILL", *argv] if shutil.which("setpriv") else argv
@@ -133,7 +147,7 @@ class Node:
     namespaces, empty tmpfs).
 
     Attributes:
-        address: the node's own loopback address (``127.0.2.N``), which the names in ``aliases``
+        address: the node's own loopback address (:func:`node_address`), which the names in ``aliases``
             resolve to on this node only, as a pod's sidecar is ``localhost`` to it alone (the network
             namespace is shared, so a per-node service binds this address, not a port of its own).
     """
@@ -330,7 +344,7 @@ class Cluster:
         with self._lock:
             if name not in self._names:
                 self._names.append(name)
-                self._addresses[name] = f"127.0.2.{len(self._names)}"
+                self._addresses[name] = node_address(len(self._names))
             self._aliases[name] = sorted({*self._aliases.get(name, ()), *aliases})
             lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
                      *(f"127.0.0.1 {n}" for n in self._names)]

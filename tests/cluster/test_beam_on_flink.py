@@ -4,9 +4,10 @@ A JobManager node and two TaskManager nodes, each with its SDK worker pool (test
 A slice of the tiny recipe (near-dedup on) runs its clean and tokenize steps through the Beam
 provider's task group, prepare / launch / commit on three fresh nodes (tests/cluster/beam_scenario.py);
 the committed outputs have the manifest root hashes of an in-process run on a local root, the jobs'
-subtasks ran on both TaskManagers, and nothing is left in staging. Then a TaskManager node is killed
-(SIGKILL of its whole process tree) in the middle of a clean job: Flink restarts the job on the
-fresh TaskManager that replaces it, and the committed output is byte-identical.
+subtasks ran on both TaskManagers, and nothing is left in staging. Then, with a third TaskManager
+node as spare capacity, a node running a subtask of a clean job is killed mid-job (SIGKILL of its
+whole process tree): Flink restarts the failed region on the TaskManagers left, and the committed
+output is byte-identical.
 """
 
 from __future__ import annotations
@@ -83,18 +84,33 @@ def test_a_taskmanager_lost_mid_job_restarts_and_commits_the_same_bytes(cluster,
     root = f"s3://tidal/flink-kill-{uuid.uuid4().hex[:8]}"
     upstream = [s for s in steps if s[2] == "fetch" and s[0].split("-", 1)[1] == clean[0].split("-", 1)[1]]
     bs.run_on_flink(cluster, flink_run["text"], upstream, root=root, run_key="flink-kill", tmp=tmp)
-    killed: list[str] = []
+    flink.add_taskmanager("flink-tm-3")  # spare capacity, registered before the job starts
+    flink.wait(3)
+    killed: list[tuple[str, str]] = []  # (job id, TaskManager)
+    errors: list[BaseException] = []
+
+    def busy_taskmanager(jid: str) -> str | None:
+        """A TaskManager running a subtask of job ``jid`` (the REST API names it by resource id)."""
+        for vertex in flink.rest_get(f"/jobs/{jid}")["vertices"]:
+            for sub in flink.rest_get(f"/jobs/{jid}/vertices/{vertex['id']}")["subtasks"]:
+                if sub.get("status") == "RUNNING" and sub.get("taskmanager-id") in flink.taskmanagers:
+                    return sub["taskmanager-id"]
+        return None
 
     def kill_when_running() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not killed:
-            running = [j for j in flink.rest_get("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
-            if running and running[0]["tasks"].get("running", 0) + running[0]["tasks"].get("finished", 0) >= 2:
-                flink.kill_taskmanager("flink-tm-2")  # the whole node: TaskManager, pool, SDK workers
-                killed.append(running[0]["jid"])
-                flink.add_taskmanager("flink-tm-3")  # its replacement, a fresh node
-                return
-            time.sleep(0.2)
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not killed:
+                running = [j for j in flink.rest_get("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
+                if running and running[0]["tasks"].get("running", 0) + running[0]["tasks"].get("finished", 0) >= 2:
+                    victim = busy_taskmanager(running[0]["jid"])
+                    if victim is not None:
+                        flink.kill_taskmanager(victim)  # the whole node: TaskManager, pool, SDK workers
+                        killed.append((running[0]["jid"], victim))
+                        return
+                time.sleep(0.2)
+        except BaseException as err:  # noqa: BLE001 - reported by the test below
+            errors.append(err)
 
     killer = threading.Thread(target=kill_when_running, daemon=True)
     killer.start()
@@ -103,11 +119,13 @@ def test_a_taskmanager_lost_mid_job_restarts_and_commits_the_same_bytes(cluster,
                                    index=900, tmp=tmp, timeout=480)
     except NodeTimeout as err:  # what Flink made of the loss, for whoever reads the failure
         jobs = flink.rest_get("/jobs/overview")["jobs"]
-        pytest.fail(f"the job did not finish after the TaskManager loss (killed: {killed}); jobs {jobs}\n"
+        pytest.fail(f"the job did not finish after the TaskManager loss (killed: {killed}, killer: {errors}); "
+                    f"jobs {jobs}\n"
                     f"{str(err)[-3000:]}\n{flink.log_tails(6000)}")
     killer.join(30)
+    assert not errors, errors
     assert killed, "the TaskManager was never killed mid-job"
-    job = flink.rest_get(f"/jobs/{killed[0]}")
+    job = flink.rest_get(f"/jobs/{killed[0][0]}")
     assert job["state"] == "FINISHED", job["state"]
     markers = sc.bucket_markers(cluster, root)
     assert markers[clean[1]] == sc.local_markers(flink_run["local_root"])[clean[1]], out[-3000:]

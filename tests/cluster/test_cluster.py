@@ -13,7 +13,7 @@ from textwrap import dedent
 
 import pytest
 
-from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout
+from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout, node_address
 
 
 def python(node, code: str, **kwargs) -> str:
@@ -40,6 +40,21 @@ def test_nodes_have_their_own_hostnames_and_resolve_each_other(cluster):
     import socket
 
     assert socket.gethostname() not in ("node-a", "node-b")  # the host's UTS namespace is untouched
+
+
+def test_node_addresses_stay_addresses_past_254_nodes(cluster):
+    # a session may name more than 254 nodes: the fourth octet must not run past 254
+    assert [node_address(i) for i in (1, 254, 255, 600)] == ["127.0.2.1", "127.0.2.254", "127.0.3.1", "127.0.4.92"]
+    with pytest.raises(ValueError):
+        node_address(0)
+    code = """
+        import socket, sys
+        server = socket.create_server((sys.argv[1], 0))
+        client = socket.create_connection(server.getsockname(), timeout=5)
+        print(server.getsockname()[0])
+    """
+    out = cluster.node("node-a").run([sys.executable, "-c", dedent(code), node_address(600)]).stdout.strip()
+    assert out == "127.0.4.92"
 
 
 def test_scratch_and_caches_do_not_outlive_a_node(cluster):

@@ -171,6 +171,9 @@ def test_two_processes_over_jax_distributed_match_one_process(setup):
     assert "joined distributed run: process 0 of 2" in outputs[0]
     assert "joined distributed run: process 1 of 2" in outputs[1]
     assert "step 1/" not in outputs[1]  # only process 0 reports progress
+    batch = RUN_CONFIG["batch_size"]  # each process read only its own half of every batch
+    assert f"process 0 of 2 reads rows 0:{batch // 2} of each batch of {batch}" in outputs[0], outputs[0][-2000:]
+    assert f"process 1 of 2 reads rows {batch // 2}:{batch} of each batch of {batch}" in outputs[1], outputs[1][-2000:]
     assert_close(losses(ctx.out_dir), want)
     summary = json.loads((ctx.out_dir / "summary.json").read_text())
     assert summary["mesh"] == "data=1 fsdp=2 tensor=1"

@@ -22,7 +22,8 @@ the summary, so nothing is committed.
 Exit codes: 0 done (``summary.json`` written, or stopped by ``--stop-after``, or profiled);
 2 bad config or input data, or a checkpoint that does not fit the model (one
 ``tidal.train: error: ...`` line naming the file and the rule); 75 preempted by SIGTERM after
-checkpointing the current step (rerun to resume); 1 a checkpoint could not be saved (one
+checkpointing the current step (rerun to resume); 76 no step finished for
+``TIDAL_TRAIN_WATCHDOG_S`` seconds (stacks dumped; :mod:`tidal.train.watchdog`); 1 a checkpoint could not be saved (one
 ``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
 was); anything else is a crash with a traceback.
 """

@@ -106,8 +106,9 @@ class Run:
         return self.cfg.batch_size * self.context
 
     def batch(self, step: int) -> jax.Array:
-        """Global batch of 0-based ``step``, laid out over ``data x fsdp``."""
-        return meshlib.put_global(self.loader.batch(step), meshlib.batch_sharding(self.mesh))
+        """Global batch of 0-based ``step``, laid out over ``data x fsdp``; each process reads only
+        its own rows of it (:func:`tidal.train.mesh.process_rows`)."""
+        return meshlib.put_global(self.loader.batch(step), meshlib.batch_sharding(self.mesh), self.cfg.batch_size)
 
     def fresh_state(self) -> Any:
         """Initial ``{"params", "opt_state"}`` from the step seed, already sharded."""
@@ -160,7 +161,11 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
         raise ConfigError(f"{where}: {err}") from None
     seq_len = data.train.seq_len
     context = seq_len - 1
-    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab)
+    rows = meshlib.process_rows(meshlib.batch_sharding(mesh), cfg.batch_size)  # this host's rows of each batch
+    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab, rows=rows)
+    if jax.process_count() > 1:
+        print(f"process {jax.process_index()} of {jax.process_count()} reads rows {rows.start}:{rows.stop} "
+              f"of each batch of {cfg.batch_size}", flush=True)
     eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
                  for src, shards in data.evals.items()}
     tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)

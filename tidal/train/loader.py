@@ -186,12 +186,16 @@ class BatchLoader:
         batch_size: B, sequences per batch.
         seed: the step seed (non-negative int, e.g. 63-bit).
         vocab_size: when given, ids are checked against it on every batch.
+        rows: the rows of each global batch this process reads (its addressable shard of the batch
+            in a multi-process run, :func:`tidal.train.mesh.process_rows`); None: all ``B``.
     """
 
-    def __init__(self, shards: TokenShards, batch_size: int, seed: int, vocab_size: int | None = None):
+    def __init__(self, shards: TokenShards, batch_size: int, seed: int, vocab_size: int | None = None,
+                 rows: slice | None = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.shards, self.batch_size, self.seed, self.vocab_size = shards, batch_size, seed, vocab_size
+        self.rows = rows if rows is not None else slice(0, batch_size)
         self._ahead: tuple[int, Future] | None = None
         self._reader: ThreadPoolExecutor | None = None
 
@@ -207,10 +211,11 @@ class BatchLoader:
         return out
 
     def _read(self, step: int) -> np.ndarray:
-        return self.shards.rows(self.indices(step), self.vocab_size)
+        return self.shards.rows(self.indices(step)[self.rows], self.vocab_size)
 
     def batch(self, step: int) -> np.ndarray:
-        """Token ids ``[B, seq_len]`` int32 for 0-based ``step``.
+        """Token ids ``[rows, seq_len]`` int32 for 0-based ``step``: rows ``self.rows`` of the global
+        ``[B, seq_len]`` batch (all of it in a one-process run).
 
         Raises:
             DataContractError: a token id outside the vocabulary.

@@ -18,6 +18,7 @@ shape, the parameter names and shapes, so every process computes the same layout
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -198,15 +199,31 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
                         "data-parallel shard")
 
 
-def put_global(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """A global :class:`jax.Array` from the full host array, which every process holds.
+def process_rows(sharding: NamedSharding, batch_size: int) -> slice:
+    """The rows of a ``[batch_size, S]`` batch laid out by ``sharding`` that this process's devices
+    hold: one contiguous range (rows go over ``data x fsdp`` in device order, and a process's devices
+    are consecutive in the mesh); all rows when its devices' rows are not one range.
+    """
+    spans = {(index[0].start or 0, batch_size if index[0].stop is None else index[0].stop)
+             for index in sharding.addressable_devices_indices_map((batch_size, 1)).values()}
+    start, stop = min(s for s, _ in spans), max(e for _, e in spans)
+    covered = sorted(spans)
+    contiguous = covered[0][0] == start and all(a[1] >= b[0] for a, b in itertools.pairwise(covered))
+    return slice(start, stop) if contiguous else slice(0, batch_size)
 
-    Each process copies only the slices its own devices need
-    (``jax.make_array_from_callback``), so this works unchanged on one or many hosts; the
-    batch loader is a pure function of the step, so every process can build the full batch.
+
+def put_global(array: np.ndarray, sharding: NamedSharding, batch_size: int | None = None) -> jax.Array:
+    """A global :class:`jax.Array` from this process's rows of it.
+
+    ``array`` is the whole host array, or (``batch_size`` given and larger than ``array``) only the
+    rows :func:`process_rows` names, which each process of a multi-host run reads for itself; the
+    global array is then assembled with ``jax.make_array_from_process_local_data``. With the whole
+    array, each process copies only the slices its own devices need.
     """
     if jax.process_count() == 1:  # one process holds every device: one transfer call
         return jax.device_put(array, sharding)
+    if batch_size is not None and array.shape[0] < batch_size:
+        return jax.make_array_from_process_local_data(sharding, array, (batch_size, *array.shape[1:]))
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 

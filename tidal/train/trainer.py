@@ -245,11 +245,15 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     term = SigtermFlag()
     hooks, meters = training_hooks(session, term, metrics_file, stop_after)
     status, state = "FAILED", session.state
+    from tidal.settings import current
+    from tidal.train.watchdog import Watchdog
+
     try:
-        with term:
+        with term, Watchdog(current().train_watchdog_s) as watchdog:
             for i in range(session.start, run.cfg.steps):
                 state, stats = run.step(state, run.batch(i), np.int32(i))
                 hooks.run(i + 1, state, stats)
+                watchdog.beat(i + 1)
             session.manifest = session.ckpt.wait() or session.manifest
         status = "FINISHED"
     except Preempted:
