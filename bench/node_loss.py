@@ -18,7 +18,8 @@ reached the bucket (the SIGTERM one from the step it stopped at) and fetched it 
 ``lost_steps_max``: the most steps re-done after one loss (the last step printed minus the step
 resumed from). ``goodput``: productive step seconds (steps x the uninterrupted run's mean step time)
 over the wall seconds of all the interrupted run's trainer attempts (process start, compile, restore,
-re-done steps and checkpoint waits are the badput). ``tokens_per_s_stream_vs_local``: tokens/s of
+re-done steps and checkpoint waits are the badput; ``goodput_uninterrupted``: the same for the
+run without losses). ``tokens_per_s_stream_vs_local``: tokens/s of
 the uninterrupted cluster run (token rows read by range requests from the bucket, checkpoints
 uploaded) over the local run's (memory-mapped shards). ``ckpt_upload_MBps``: bytes of checkpoints
 the uninterrupted run uploaded over the seconds the uploads took (10^6 B/s, while training);
@@ -100,9 +101,10 @@ def main() -> int:
               f"rc {a.returncode:>4}  {a.seconds:6.1f} s  checkpoints counted {len(a.counted)}")
     productive = args.steps * summary["step_time_s"]
     goodput = productive / sum(a.seconds for a in lossy.attempts)
+    goodput_clean = productive / sum(a.seconds for a in clean.attempts)  # start, compile, eval, commit wait
     upload = summary.get("checkpoint_upload_MBps", 0.0)
     print(f"RESULT kills=3 resumed_from_bucket={str(resumed).lower()} bitwise={str(bitwise).lower()} "
-          f"lost_steps_max={max(lost)} goodput={goodput:.3f} "
+          f"lost_steps_max={max(lost)} goodput={goodput:.3f} goodput_uninterrupted={goodput_clean:.3f} "
           f"tokens_per_s_stream_vs_local={summary['tokens_per_second'] / local['tokens_per_second']:.3f} "
           f"ckpt_upload_MBps={upload:.1f} ckpt_upload_vs_raw_put={upload / raw:.3f}")
     return 0 if bitwise and resumed else 1
