@@ -21,7 +21,10 @@ over the wall seconds of all the interrupted run's trainer attempts (process sta
 re-done steps and checkpoint waits are the badput; ``goodput_uninterrupted``: the same for the
 run without losses). ``tokens_per_s_stream_vs_local``: tokens/s of
 the uninterrupted cluster run (token rows read by range requests from the bucket, checkpoints
-uploaded) over the local run's (memory-mapped shards). ``ckpt_upload_MBps``: bytes of checkpoints
+uploaded) over the local run's (memory-mapped shards); on this one machine the S3 server (moto, Python)
+shares the trainer's cores, so ``tokens_per_cpu_s_stream_vs_local`` (tokens per CPU second of the
+trainer process, its reading and uploading threads included) says what the streaming costs the
+trainer itself. ``ckpt_upload_MBps``: bytes of checkpoints
 the uninterrupted run uploaded over the seconds the uploads took (10^6 B/s, while training);
 ``ckpt_upload_vs_raw_put``: that rate over boto3 ``put_object`` of the same files, one after the
 other, to the same server from an idle process. Needs root and PostgreSQL (``make services``).
@@ -103,9 +106,11 @@ def main() -> int:
     goodput = productive / sum(a.seconds for a in lossy.attempts)
     goodput_clean = productive / sum(a.seconds for a in clean.attempts)  # start, compile, eval, commit wait
     upload = summary.get("checkpoint_upload_MBps", 0.0)
+    cpu = summary["loop_tokens_per_cpu_second"] / local["loop_tokens_per_cpu_second"]
     print(f"RESULT kills=3 resumed_from_bucket={str(resumed).lower()} bitwise={str(bitwise).lower()} "
           f"lost_steps_max={max(lost)} goodput={goodput:.3f} goodput_uninterrupted={goodput_clean:.3f} "
           f"tokens_per_s_stream_vs_local={summary['tokens_per_second'] / local['tokens_per_second']:.3f} "
+          f"tokens_per_cpu_s_stream_vs_local={cpu:.3f} "
           f"ckpt_upload_MBps={upload:.1f} ckpt_upload_vs_raw_put={upload / raw:.3f}")
     return 0 if bitwise and resumed else 1
 

@@ -34,6 +34,9 @@ META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
 TOKENIZER_META = "tokenizer_meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
+# batches read ahead from a bucket: enough to hide a few slow range requests behind the steps, few
+# enough that the buffer stays small (PREFETCH x B x S token ids)
+PREFETCH = 4
 
 
 class DataContractError(ValueError):
@@ -177,9 +180,10 @@ def epoch_permutation(seed: int, epoch: int, n_sequences: int) -> np.ndarray:
 class BatchLoader:
     """Batches of training sequences, each a pure function of (seed, step).
 
-    When the shards are read from a bucket, :meth:`batch` starts reading batch ``step + 1`` in a
-    background thread before it returns batch ``step`` (the trainer asks for consecutive steps),
-    so the range reads overlap the training step; a batch is still a pure function of the step.
+    When the shards are read from a bucket, :meth:`batch` keeps the next :data:`PREFETCH` batches
+    being read in background threads (the trainer asks for consecutive steps), so the range reads'
+    latency overlaps the training steps; a batch is still a pure function of the step, and a
+    resumed run's first batch is read on demand.
 
     Args:
         shards: the training data.
@@ -196,7 +200,7 @@ class BatchLoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.shards, self.batch_size, self.seed, self.vocab_size = shards, batch_size, seed, vocab_size
         self.rows = rows if rows is not None else slice(0, batch_size)
-        self._ahead: tuple[int, Future] | None = None
+        self._ahead: dict[int, Future] = {}
         self._reader: ThreadPoolExecutor | None = None
 
     def indices(self, step: int) -> np.ndarray:
@@ -220,12 +224,16 @@ class BatchLoader:
         Raises:
             DataContractError: a token id outside the vocabulary.
         """
-        ahead, self._ahead = self._ahead, None
-        out = ahead[1].result() if ahead is not None and ahead[0] == step else self._read(step)
+        ahead = self._ahead.pop(step, None)
+        if any(s < step or s > step + PREFETCH for s in self._ahead):  # not consecutive: start over
+            self._ahead.clear()
+        out = ahead.result() if ahead is not None else self._read(step)
         if self.shards.remote:
             if self._reader is None:
-                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-batch-ahead")
-            self._ahead = (step + 1, self._reader.submit(self._read, step + 1))
+                self._reader = ThreadPoolExecutor(max_workers=PREFETCH, thread_name_prefix="tidal-batch-ahead")
+            for later in range(step + 1, step + 1 + PREFETCH):
+                if later not in self._ahead:
+                    self._ahead[later] = self._reader.submit(self._read, later)
         return out
 
 
