@@ -25,7 +25,8 @@ Exit codes: 0 done (``summary.json`` written, or stopped by ``--stop-after``, or
 checkpointing the current step (rerun to resume); 76 no step finished for
 ``TIDAL_TRAIN_WATCHDOG_S`` seconds (stacks dumped; :mod:`tidal.train.watchdog`); 1 a checkpoint could not be saved (one
 ``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
-was); anything else is a crash with a traceback.
+was), or the divergence guard stopped the run (one line: step, loss, verdict, batch); anything else
+is a crash with a traceback.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from tidal.storage import StorageError
     from tidal.train.checkpoints import CheckpointMismatch, CheckpointSaveFailed
     from tidal.train.config import ConfigError
+    from tidal.train.divergence import Diverged
     from tidal.train.loader import DataContractError
     from tidal.train.preemption import EXIT_PREEMPTED, Preempted
     from tidal.train.profile import profile
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
-    except CheckpointSaveFailed as err:
+    except (CheckpointSaveFailed, Diverged) as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
         return 1
 

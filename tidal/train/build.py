@@ -200,8 +200,12 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     # Donating the old state halves state memory on GPU/TPU; on CPU a checkpoint's host copy may
     # alias the device buffer, so the CPU step keeps its input.
     donate = (0,) if jax.default_backend() != "cpu" else ()
-    step = jax.jit(step_fn, in_shardings=(shardings, meshlib.batch_sharding(mesh), None),
-                   out_shardings=(shardings, replicated), donate_argnums=donate)
+    if cfg.divergence is None:
+        step = jax.jit(step_fn, in_shardings=(shardings, meshlib.batch_sharding(mesh), None),
+                       out_shardings=(shardings, replicated), donate_argnums=donate)
+    else:
+        step = _guarded_step(step_fn, cfg.divergence.action == "skip", shardings, meshlib.batch_sharding(mesh),
+                             replicated, donate)
     eval_jit = jax.jit(lambda params, batch: loss_parts(params, batch)[1]["ce"], out_shardings=replicated)
     # compiled ahead of time, once per eval batch shape, so no compilation lands inside the loop
     params_abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -217,6 +221,29 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     kind = jax.devices()[0].device_kind
     return Run(cfg, data, seed, model_cfg, seq_len, loader, eval_sets, mesh, shardings, abstract, init, key,
                step, eval_loss, schedule, peak_flops(kind, jax.device_count()))
+
+
+NO_CEILING = np.float32(np.inf)
+
+
+def _guarded_step(step_fn: Callable, skip: bool, shardings: Any, batch_layout: Any, replicated: Any,
+                  donate: tuple[int, ...]) -> Callable:
+    """The step of a run with a divergence guard (:mod:`tidal.train.divergence`): it takes the loss
+    ceiling as a fourth argument (default inf) and, with ``skip``, keeps the old state when the loss
+    or the gradient norm is not finite or the loss is above the ceiling (decided on the device, so
+    the parameters never hold that update)."""
+    import jax.numpy as jnp
+
+    def guarded(state, batch, index, ceiling):
+        new_state, stats = step_fn(state, batch, index)
+        if skip:
+            ok = jnp.isfinite(stats["loss"]) & jnp.isfinite(stats["grad_norm"]) & (stats["loss"] <= ceiling)
+            new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+        return new_state, stats
+
+    jitted = jax.jit(guarded, in_shardings=(shardings, batch_layout, None, None),
+                     out_shardings=(shardings, replicated), donate_argnums=donate)
+    return lambda state, batch, index, ceiling=NO_CEILING: jitted(state, batch, index, ceiling)
 
 
 def evaluate(run: Run, params: Any) -> dict[str, float]:

@@ -239,6 +239,7 @@ class Checkpointer:
         self.save_seconds: list[tuple[int, float, float]] = []
         self._pending: tuple[int, float] = (0, 0.0)  # (step, blocking) of the save in flight
         self._sidecars: dict[str, bytes] = {}  # uploaded with the save in flight (mirror only)
+        self._trainer: dict[str, Any] | None = None  # loop state kept in the manifest of the save in flight
         self._written: float | None = None  # set by the background thread once orbax finished
 
     def path(self, step: int) -> Path:
@@ -254,20 +255,23 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any, fingerprint: dict[str, Any] | None = None,
-             sidecars: dict[str, bytes] | None = None) -> None:
+             sidecars: dict[str, bytes] | None = None, trainer: dict[str, Any] | None = None) -> None:
         """Start saving ``state`` as the checkpoint of ``step`` (completed optimizer steps).
 
         Blocks only for the previous save to finish and for the device-to-host copy (not
         even for that with ``host_state``); the files and then the manifest (with
         ``fingerprint``) are written in the background, and with a mirror uploaded, ``sidecars``
         (name -> bytes, e.g. the metrics so far) before the manifest. Call :meth:`wait` for the
-        manifest, :meth:`check` to learn of a failure without waiting.
+        manifest, :meth:`check` to learn of a failure without waiting. ``trainer``: host-side state
+        of the loop as of this step (JSON), kept in the manifest under ``"trainer"`` (the divergence
+        guard's loss history).
 
         Raises:
             CheckpointSaveFailed: the previous save failed.
         """
         self.wait()
         self._sidecars = dict(sidecars or {})
+        self._trainer = trainer
         start = time.perf_counter()
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
@@ -295,6 +299,8 @@ class Checkpointer:
             self._written = time.perf_counter() - start
             if self.primary:
                 manifest = {**build_manifest(self.path(step)), "step": step, "fingerprint": fingerprint}
+                if self._trainer is not None:
+                    manifest["trainer"] = self._trainer
                 _write_json_atomic(self._manifest_path(step), manifest)
                 live = set(self.manager.all_steps())  # orbax drops pruned steps from it at save time
                 if self.mirror is not None:  # counts once its manifest is in the bucket

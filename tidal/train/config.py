@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_serializer, model_validator
 from pydantic import Strict as StrictType
@@ -62,6 +62,21 @@ class MeshConfig(Strict):
     tensor: PositiveInt | None = Field(default=None, description="tensor-parallel devices (heads, d_ff)")
 
 
+class DivergenceConfig(Strict):
+    """The divergence guard (:mod:`tidal.train.divergence`): what a non-finite loss or gradient norm,
+    or a loss spike, does to the run. Hashed (``skip`` changes the trajectory when it fires)."""
+
+    action: Literal["fail", "skip", "rerun"] = Field(
+        default="fail", description="fail: stop with an error; skip: drop that update; rerun: restore the last "
+        "checkpoint and redo the steps (a spike that repeats on a deterministic trainer points at the data or "
+        "the model, one that does not at the hardware)")
+    spike_factor: Annotated[float, Field(gt=1.0)] = Field(
+        default=10.0, description="a loss above this multiple of the running median of the accepted losses is a spike")
+    window: PositiveInt = Field(default=100, description="accepted losses in the running median")
+    min_history: PositiveInt = Field(default=20, description="accepted losses needed before spikes are judged")
+    max_reruns: PositiveInt = Field(default=2, description="rerun: reruns from a checkpoint before failing")
+
+
 class TrainConfig(Strict):
     """A training run: model, optimizer, steps, batch, checkpoint and eval cadence, mesh.
 
@@ -80,12 +95,14 @@ class TrainConfig(Strict):
     checkpoint_permanent_every: PositiveInt | None = Field(
         default=None, description="also keep every checkpoint whose step is a multiple of this, forever")
     mesh: MeshConfig | None = Field(default=None, description="device mesh axis sizes; null: derived")
+    divergence: DivergenceConfig | None = Field(
+        default=None, description="divergence guard (non-finite loss or grad norm, loss spikes); null: none")
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
         data = handler(self)
-        for key in ("checkpoint_permanent_every", "mesh"):
+        for key in ("checkpoint_permanent_every", "mesh", "divergence"):
             if key in data and data[key] is None:
                 del data[key]
         return data

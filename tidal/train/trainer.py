@@ -50,6 +50,8 @@ from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar, host_tree
+from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
+from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
@@ -57,7 +59,7 @@ from tidal.train.preemption import Preempted, SigtermFlag
 METRICS = "metrics.jsonl"
 # uploaded beside each checkpoint in the bucket, fetched by a process that resumes from it there:
 # the loss curve so far and the MLflow run to keep logging into
-SIDECARS = (METRICS, RUN_FILE)
+SIDECARS = (METRICS, RUN_FILE, DIVERGENCE_EVENTS)
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -93,10 +95,27 @@ class Session:
     state: Any = None
     manifest: dict[str, Any] | None = None
     changed: list[str] = field(default_factory=list)
+    abstract: Any = None  # the state's ShapeDtypeStructs with shardings (what a restore fills)
+    guard: Guard | None = None  # the divergence guard (train.divergence), None without one
 
     @property
     def metrics_path(self) -> Path:
         return self.step_dir / METRICS
+
+    def step_args(self) -> tuple:
+        """Extra arguments of the step function: the loss ceiling when a guard is on."""
+        return () if self.guard is None else (np.float32(self.guard.ceiling),)
+
+
+def _make_guard(run: Run, step_dir: Path, primary: bool, log: logging.Logger) -> Guard | None:
+    if run.cfg.divergence is None:
+        return None
+
+    def batch_ids(step: int) -> list[str]:
+        return [f"{str(path).rsplit('/', 1)[-1]}:{row}"
+                for path, row in map(run.data.train.locate, run.loader.indices(step - 1))]
+
+    return Guard(run.cfg.divergence, batch_ids, append_event(step_dir / DIVERGENCE_EVENTS) if primary else None, log)
 
 
 def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger,
@@ -131,9 +150,10 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     ckpt = Checkpointer(step_dir, run.cfg.keep_checkpoints, log, permanent_every=run.cfg.checkpoint_permanent_every,
                         primary=primary, on_manifest=on_manifest, host_state=jax.default_backend() == "cpu",
                         mirror=mirror)
-    session = Session(run, step_dir, log, primary, fingerprint, live, ckpt)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
+    session = Session(run, step_dir, log, primary, fingerprint, live, ckpt, abstract=abstract,
+                      guard=_make_guard(run, step_dir, primary, log))
     try:
         restored = ckpt.restore_latest(abstract)
     except Exception:
@@ -145,6 +165,8 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
         session.state = run.fresh_state()
         return session
     session.start, session.state, session.manifest = restored
+    if session.guard is not None:
+        session.guard.restore((session.manifest.get("trainer") or {}).get("divergence"))
     print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
     before = session.manifest.get("fingerprint")
     session.changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
@@ -187,9 +209,14 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
                 metrics_file.flush()
             sidecars = {name: (session.step_dir / name).read_bytes() for name in SIDECARS
                         if (session.step_dir / name).is_file()}
-        ckpt.save(step, state, session.fingerprint, sidecars)
+        trainer = None if session.guard is None else {"divergence": session.guard.state()}
+        ckpt.save(step, state, session.fingerprint, sidecars, trainer)
 
     hooks = hooklib.Hooks(cfg.steps)
+    if session.guard is not None:  # first: a diverged step must not be logged as good or checkpointed
+        guard = session.guard
+        hooks.add(lambda info: guard.check(info.step, host_scalar(info.stats["loss"]),
+                                           host_scalar(info.stats["grad_norm"])), every=1, name="divergence_guard")
     hooks.add(meters.throughput.first_step, every=1)
     hooks.add(hooklib.host_stats(host_scalar), every=logged)
     hooks.add(meters.throughput.measure, every=logged)
@@ -250,10 +277,18 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
 
     try:
         with term, Watchdog(current().train_watchdog_s) as watchdog:
-            for i in range(session.start, run.cfg.steps):
-                state, stats = run.step(state, run.batch(i), np.int32(i))
-                hooks.run(i + 1, state, stats)
+            i = session.start
+            while i < run.cfg.steps:
+                try:
+                    state, stats = run.step(state, run.batch(i), np.int32(i), *session.step_args())
+                    hooks.run(i + 1, state, stats)
+                except Rerun:  # train.divergence.action: rerun
+                    metrics_file = _rewind(session, metrics_file)
+                    hooks, meters = training_hooks(session, term, metrics_file, stop_after)
+                    i, state = session.start, session.state
+                    continue
                 watchdog.beat(i + 1)
+                i += 1
             session.manifest = session.ckpt.wait() or session.manifest
         status = "FINISHED"
     except Preempted:
@@ -273,6 +308,24 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                 session.live.close(status=status, end_run=status != "KILLED")
     session.state = state
     return summarise(session, meters)
+
+
+def _rewind(session: Session, metrics_file: Any) -> Any:
+    """Back to the newest verified checkpoint (or the initial state) after a divergence the guard
+    reruns: state, guard history and metrics as of that step. Returns the reopened metrics file."""
+    session.ckpt.wait()
+    restored = session.ckpt.restore_latest(session.abstract)
+    if restored is None:
+        session.start, session.state, session.manifest = 0, session.run.fresh_state(), None
+    else:
+        session.start, session.state, session.manifest = restored
+    session.guard.restore(((session.manifest or {}).get("trainer") or {}).get("divergence"))
+    print(f"rerunning from checkpoint step {session.start} after a divergence", flush=True)
+    if metrics_file is None:
+        return None
+    metrics_file.close()
+    _truncate_metrics(session.metrics_path, session.start)
+    return open(session.metrics_path, "a")
 
 
 def summarise(session: Session, meters: Meters) -> dict[str, Any]:
@@ -327,6 +380,11 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         summary["checkpoint_uploads"] = len(uploads)
         seconds = max(sum(s for _, _, s in uploads), 1e-9)
         summary["checkpoint_upload_MBps"] = sum(b for _, b, _ in uploads) / seconds / 1e6
+    events = session.step_dir / DIVERGENCE_EVENTS
+    if session.guard is not None and events.is_file():  # every process's events (a sidecar when resumed)
+        verdicts = [json.loads(line)["verdict"] for line in events.read_text().splitlines() if line.strip()]
+        summary["divergence_events"] = len(verdicts)
+        summary["updates_skipped"] = verdicts.count("update skipped")
     if session.primary:
         atomic_write_text(session.step_dir / SUMMARY, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
