@@ -90,7 +90,7 @@ def measure(cluster: Cluster, text: str, tmp: Path, label: str) -> dict:
     run = bs.run_on_flink(cluster, text, steps, root=root, run_key=f"bench-{label}", tmp=tmp,
                           only=tuple(n for n, _, k in steps if k != "fetch"))
     beam = [(n, sid, k) for n, sid, k in steps if k in bs.BEAM_KINDS]
-    inputs = sc.input_bytes(cluster, root, text, tmp)
+    inputs = sc.input_bytes(cluster, root, text, tmp, names=tuple(n for n, _, _ in beam))
     seconds = sum(run.per_step[n] for n, _, _ in beam)
     moved = sum(inputs[n] for n, _, _ in beam)
     markers = sc.bucket_markers(cluster, root)

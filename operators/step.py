@@ -52,6 +52,9 @@ def _emit_step_metrics(pipe: Any, result: Any) -> None:
     tps = result.summary.get("tokens_per_second") if result.status == "run" else None
     if isinstance(tps, int | float):
         client.gauge(m.TOKENS_PER_SECOND, float(tps), tags={"recipe": pipe.recipe.name})
+    goodput = result.summary.get("goodput") if result.status == "run" else None
+    if isinstance(goodput, int | float):
+        client.gauge(m.GOODPUT, float(goodput), tags={"recipe": pipe.recipe.name})
     client.close()
 
 

@@ -253,8 +253,10 @@ def run_on_nodes(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
     return result
 
 
-def input_bytes(cluster: Cluster, root: str, recipe_text: str, tmp: Path) -> dict[str, int]:
-    """step name -> total bytes of its committed inputs (their manifests), the denominator of bytes_read_ratio."""
+def input_bytes(cluster: Cluster, root: str, recipe_text: str, tmp: Path,
+                names: tuple[str, ...] | None = None) -> dict[str, int]:
+    """step name -> total bytes of its committed inputs (their manifests), the denominator of bytes_read_ratio;
+    for the steps ``names`` only (default: every step, all of whose inputs must be committed)."""
     from tidal.core.load import load_pipeline
 
     path = tmp / "inputs.yaml"
@@ -270,4 +272,5 @@ def input_bytes(cluster: Cluster, root: str, recipe_text: str, tmp: Path) -> dic
             sizes[step_id] = sum(entry["bytes"] for entry in json.loads(body)["files"])
         return sizes[step_id]
 
-    return {step.name: sum(total(dep.step_id) for dep in step.inputs) for step in pipe.graph}
+    return {step.name: sum(total(dep.step_id) for dep in step.inputs) for step in pipe.graph
+            if names is None or step.name in names}

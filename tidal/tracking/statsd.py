@@ -29,6 +29,7 @@ STEP_FAILED = "step.failed"                 # counter: failed step attempts
 STEP_DURATION = "step.duration"             # timer (ms): wall time of the step itself
 GATE_FAILED = "gate.failed"                 # counter: gate failures
 TOKENS_PER_SECOND = "train.tokens_per_second"  # gauge: training throughput (tokens/s)
+GOODPUT = "train.goodput"                   # gauge: productive step seconds / wall seconds of the trainer
 CHECKPOINT_AGE = "checkpoint.age_seconds"   # gauge: age of the latest checkpoint (s) when reported
 CHECKPOINT_TIME = "checkpoint.timestamp"    # gauge: unix time (s) of the latest checkpoint
 BASELINE_DIFFERENCES = "baseline.differences"  # gauge: metrics outside tolerance in the last validation

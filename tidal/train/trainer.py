@@ -29,6 +29,7 @@ end; ``profile.json`` for ``--profile N`` runs (which never write a summary or c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -52,6 +53,7 @@ from tidal.train.config import ConfigError
 from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
+from tidal.train.goodput import Goodput
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
@@ -96,6 +98,7 @@ class Session:
     manifest: dict[str, Any] | None = None
     changed: list[str] = field(default_factory=list)
     abstract: Any = None  # the state's ShapeDtypeStructs with shardings (what a restore fills)
+    goodput: Goodput = field(default_factory=Goodput)  # badput clocks (set by train: started with it)
     guard: Guard | None = None  # the divergence guard (train.divergence), None without one
 
     @property
@@ -212,6 +215,8 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
         trainer = None if session.guard is None else {"divergence": session.guard.state()}
         ckpt.save(step, state, session.fingerprint, sidecars, trainer)
 
+    save = session.goodput.timed("checkpoint", save)  # what a save blocks the loop for
+
     hooks = hooklib.Hooks(cfg.steps)
     if session.guard is not None:  # first: a diverged step must not be logged as good or checkpointed
         guard = session.guard
@@ -221,7 +226,7 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
     hooks.add(hooklib.host_stats(host_scalar), every=logged)
     hooks.add(meters.throughput.measure, every=logged)
     hooks.add(meters.memory, every=logged, name="device_memory")
-    hooks.add(meters.evaluation, every=cfg.eval_every, name="evaluate")
+    hooks.add(session.goodput.timed("eval", meters.evaluation), every=cfg.eval_every, name="evaluate")
     if metrics_file is not None:
         hooks.add(hooklib.write_line(metrics_file, lambda r: json.dumps(r, sort_keys=True)), every=logged)
     if session.live is not None:
@@ -262,8 +267,12 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     """
     step_dir = Path(step_dir)
     log = log or logging.getLogger("tidal.train")
-    run = build(spec, where=step_dir / SPEC)
-    session = open_session(step_dir, spec, run, log, mirror)
+    goodput = Goodput()
+    with goodput.timing("startup"):
+        run = build(spec, where=step_dir / SPEC)
+    with goodput.timing("restore"):
+        session = open_session(step_dir, spec, run, log, mirror)
+    session.goodput = goodput
     if session.primary:
         _truncate_metrics(session.metrics_path, session.start)
     print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
@@ -280,7 +289,10 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
             i = session.start
             while i < run.cfg.steps:
                 try:
-                    state, stats = run.step(state, run.batch(i), np.int32(i), *session.step_args())
+                    # the first step's read is inside its time, counted as compilation's
+                    with goodput.timing("data_wait") if i > session.start else contextlib.nullcontext():
+                        batch = run.batch(i)
+                    state, stats = run.step(state, batch, np.int32(i), *session.step_args())
                     hooks.run(i + 1, state, stats)
                 except Rerun:  # train.divergence.action: rerun
                     metrics_file = _rewind(session, metrics_file)
@@ -289,7 +301,8 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                     continue
                 watchdog.beat(i + 1)
                 i += 1
-            session.manifest = session.ckpt.wait() or session.manifest
+            with goodput.timing("checkpoint"):  # the last checkpoint counts before the summary
+                session.manifest = session.ckpt.wait() or session.manifest
         status = "FINISHED"
     except Preempted:
         status = "KILLED"
@@ -338,7 +351,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     equal across identical runs), ``environment_fingerprint`` (JSON), ``mesh`` and, when steps
     ran in this process, ``tokens_per_second``/``step_time_s`` after the first (compiling) step,
     ``mfu`` (when the device's peak is known), ``peak_memory_bytes``, the loop's wall and CPU
-    throughput and the checkpoint save times; with checkpoints in the bucket, how many this process
+    throughput and the checkpoint save times, ``goodput`` and ``badput_s/<cause>`` of this process
+    (:mod:`tidal.train.goodput`); with checkpoints in the bucket, how many this process
     uploaded and at what rate (``checkpoint_upload_MBps``, 10^6 bytes/s).
     """
     run, cfg, ckpt, manifest = session.run, session.run.cfg, session.ckpt, session.manifest
@@ -368,6 +382,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
             summary["eval_bpb"] = sum(bpbs) / len(bpbs)
         summary.update(last_eval)
     summary |= meters.throughput.summary(steps_after_first=cfg.steps - session.start - 1)
+    summary |= session.goodput.summary(cfg.steps - session.start, summary.get("step_time_s"),
+                                       meters.throughput.first_step_s)
     if meters.memory.peak:
         summary["peak_memory_bytes"] = meters.memory.peak
     if ckpt.save_seconds:
