@@ -241,6 +241,7 @@ class Cluster:
         self._names: list[str] = []
         self._addresses: dict[str, str] = {}
         self._aliases: dict[str, list[str]] = {}
+        self._disk_mb: dict[str, int] = {}  # node -> size of each of its private tmpfs mounts (MiB)
         self._lock = threading.Lock()
         self._moto: MotoServer | None = None
         self._mlflow: subprocess.Popen | None = None
@@ -285,10 +286,12 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def node(self, name: str, *, aliases: Sequence[str] = ()) -> Node:
+    def node(self, name: str, *, aliases: Sequence[str] = (), disk_mb: int | None = None) -> Node:
         """The node called ``name`` (a hostname: lowercase letters, digits, '-'); it joins the hosts file.
         ``aliases`` are hostnames that resolve to the node's own :attr:`Node.address` on that node alone
-        (``beam-worker-pool``: the SDK worker pool beside a TaskManager).
+        (``beam-worker-pool``: the SDK worker pool beside a TaskManager). ``disk_mb``: the size of each
+        of its private disks (/tmp, /var/cache, ~/.cache ...; default: half the memory, tmpfs's), for a
+        node whose disk is smaller than its data.
 
         Raises:
             ValueError: ``name`` or an alias is not a valid hostname.
@@ -297,6 +300,11 @@ class Cluster:
             if not NODE_NAME.match(alias):
                 raise ValueError(f"alias {alias!r} is not a hostname")
         self._add_name(name, aliases)
+        with self._lock:
+            if disk_mb is None:
+                self._disk_mb.pop(name, None)
+            else:
+                self._disk_mb[name] = int(disk_mb)
         return Node(self, name)
 
     @property
@@ -387,7 +395,8 @@ class Cluster:
             lines.append(f"exec {fd}< {q(str(path))}")
         if self.read_only:
             lines.append("mount -o remount,bind,ro /")
-        lines += [f"mount -t tmpfs -o mode={'1777' if d in ('/tmp', '/var/tmp', '/dev/shm') else '755'} "
+        size = f",size={self._disk_mb[name]}m" if name in self._disk_mb else ""
+        lines += [f"mount -t tmpfs -o mode={'1777' if d in ('/tmp', '/var/tmp', '/dev/shm') else '755'}{size} "
                   f"tmpfs {q(d)}" for d in private]
         for fd, path in enumerate(keep, start=3):
             lines += [f"mkdir -p {q(str(path))}",

@@ -5,9 +5,9 @@ The slice's train step runs with an ``s3://`` root; its trainer is lost three ti
 from a seeded generator, twice by SIGKILL of the whole node and once by SIGTERM with a 30 s grace
 (it checkpoints the step and exits 75), each time restarted on a new node; the committed step's
 parameters and whole loss curve are bitwise those of an uninterrupted run in one process on a local
-root, each SIGKILL resumed from the newest checkpoint that had reached the bucket, the SIGTERM from the
-step it stopped at, and the commit sent
-no checkpoint a second time.
+root (the last attempt on a node whose every disk is smaller than the step's inputs), each SIGKILL
+resumed from the newest checkpoint that had reached the bucket, the SIGTERM from the step it stopped
+at, and the commit sent no checkpoint a second time.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.cluster import train_scenario as ts
 
 pytestmark = pytest.mark.timeout(1800)
 STEPS, EVERY = 200, 10
+DISK_MB = 8  # the last attempt's node: every disk smaller than the step's inputs (12.5 MB)
 
 
 def _host_env() -> dict[str, str]:
@@ -39,7 +40,8 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
     targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
     losses = list(zip(["SIGKILL", "SIGTERM", "SIGKILL"], targets, strict=True))
     root = f"s3://tidal/nl-{uuid.uuid4().hex[:8]}"
-    run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path)
+    run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path,
+                             last_disk_mb=DISK_MB)
     logs = "\n".join(f"--- {a.node} ({a.lost} at {a.target}) rc={a.returncode}\n{a.log[-2500:]}" for a in run.attempts)
 
     first, *resumed = run.attempts
@@ -56,6 +58,8 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
             # lost: the steps since it, at most checkpoint_every plus those a save in flight took
             assert 0 <= before.last_step - after.resumed_from <= 2 * EVERY, logs
     assert run.attempts[-1].returncode == 0 and run.attempts[-1].last_step == STEPS, logs
+    inputs = sc.input_bytes(cluster, root, text, tmp_path, names=(run.step_name,))[run.step_name]
+    assert inputs > DISK_MB * 2**20, inputs  # it trained on a node that could not hold its data
     assert "COMMITTED" in run.commit_output, run.commit_output[-3000:]
 
     local_root, _ = sc.run_local(text, tmp_path, _host_env())

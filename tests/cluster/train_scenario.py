@@ -31,7 +31,7 @@ def train_recipe(tmp: Path, steps: int = 200, checkpoint_every: int = 10, name: 
     """The slice with a longer training of small steps, a metrics line (and a progress line) per step."""
     return sc.slice_recipe(tmp, name=name, **{"train.steps": steps, "train.checkpoint_every": checkpoint_every,
                                               "train.log_every": 1, "train.eval_every": steps,
-                                              "train.keep_checkpoints": 2})
+                                              "train.keep_checkpoints": 1})
 
 
 @dataclass
@@ -70,12 +70,12 @@ def upstream(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str
 
 
 def _attempt(cluster: Cluster, index: int, step_uri: str, root: str, workdir: Path, lost: str | None,
-             target: int | None, timeout_s: float) -> Attempt:
+             target: int | None, timeout_s: float, disk_mb: int | None = None) -> Attempt:
     attempt = Attempt(f"train-{index}", lost, target)
     log = workdir / f"{attempt.node}.log"
     log.write_bytes(b"")
     tick = time.perf_counter()
-    proc = cluster.node(attempt.node).start(["python", "-m", "tidal.train", step_uri], log=log,
+    proc = cluster.node(attempt.node, disk_mb=disk_mb).start(["python", "-m", "tidal.train", step_uri], log=log,
                                             env={"TIDAL_STORAGE_ROOT": root})
     deadline = time.monotonic() + timeout_s
     try:
@@ -113,16 +113,19 @@ def _attempt(cluster: Cluster, index: int, step_uri: str, root: str, workdir: Pa
 
 def run_with_losses(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
                     run_key: str, losses: list[tuple[str, int]], workdir: Path,
-                    timeout_s: float = 600) -> NodeLossRun:
+                    timeout_s: float = 600, last_disk_mb: int | None = None) -> NodeLossRun:
     """Upstream, prepare, one trainer attempt per entry of ``losses`` (``(signal, step)``: lost there)
-    then one that runs to the end, each on a fresh node, then the commit on another."""
+    then one that runs to the end (on a node with disks of ``last_disk_mb`` MiB, when given), each on a
+    fresh node, then the commit on another."""
     name, step_id, _ = next(s for s in steps if s[2] == "train")
     upstream(cluster, recipe_text, steps, root=root, run_key=run_key)
     proc = sc.on_node_argv(cluster, "train-prep", recipe_text, ["python", "-c", sc.PREPARE, name], root=root)
     prepared = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))
     run = NodeLossRun(root, name, step_id, prepared)
     for index, (lost, target) in enumerate([*losses, (None, None)]):
-        run.attempts.append(_attempt(cluster, index, prepared["step_uri"], root, workdir, lost, target, timeout_s))
+        disk = last_disk_mb if lost is None else None
+        run.attempts.append(_attempt(cluster, index, prepared["step_uri"], root, workdir, lost, target, timeout_s,
+                                     disk))
     proc = sc.on_node_argv(cluster, "train-commit", recipe_text,
                            ["python", "-c", sc.COMMIT, name, json.dumps(prepared), run_key], root=root)
     run.commit_output = proc.stdout + proc.stderr

@@ -20,7 +20,7 @@ import pytest
 from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make_ctx  # noqa: F401
 
 import tidal.train
-from tidal.launch.local import entrypoint_command
+from tidal.launch.local import entrypoint_command, run_entrypoint
 from tidal.train.preemption import EXIT_PREEMPTED
 
 STEPS = 24
@@ -91,3 +91,23 @@ def test_sigterm_checkpoints_the_current_step_and_exits_75(setup):
     assert f"resumed from checkpoint step {stopped} ({ctx.out_dir / 'checkpoints' / str(stopped)})" in lines
     assert losses(ctx.out_dir) == want_losses
     assert json.loads((ctx.out_dir / "summary.json").read_text())["params_sha256"] == want["params_sha256"]
+
+
+@pytest.mark.parametrize("stop", [12, 13])  # 96 sequences / 8 a batch: step 12 ends epoch 0 exactly
+def test_a_resume_at_an_epoch_boundary_and_one_step_after_reads_the_same_batches(setup, stop):
+    """A run of 30 steps (2.5 epochs) stopped at the end of the first epoch, or one step into the
+    second, and resumed: every loss and the final parameters are the uninterrupted run's, so the
+    resumed run read the uninterrupted run's batches (each epoch's permutation, from its first step)."""
+    root, inputs, _, _ = setup
+    config = dict(RUN_CONFIG, steps=30, checkpoint_every=1, eval_every=30)
+    ref = make_ctx(root / f"epochs-ref-{stop}", inputs, config)
+    tidal.train.write_spec(ref)
+    assert run_and_signal(ref.out_dir, None, signal.SIGTERM)[0] == 0
+    ctx = make_ctx(root / f"epochs-{stop}", inputs, config)
+    tidal.train.write_spec(ctx)
+    run_entrypoint(ctx.out_dir, extra_args=["--stop-after", str(stop)])
+    code, lines = run_and_signal(ctx.out_dir, None, signal.SIGTERM)
+    assert code == 0 and f"resumed from checkpoint step {stop} ({ctx.out_dir / 'checkpoints' / str(stop)})" in lines
+    assert losses(ctx.out_dir) == losses(ref.out_dir)
+    got, want = (json.loads((d / "summary.json").read_text()) for d in (ctx.out_dir, ref.out_dir))
+    assert got["params_sha256"] == want["params_sha256"]
