@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     train_watchdog_s: Annotated[float, Field(gt=0)] | None = _env(
         "TIDAL_TRAIN_WATCHDOG_S", "seconds without a training step before the trainer dumps its stacks and exits 76",
         default=None)
+    train_profile_steps: str | None = _env(
+        "TIDAL_TRAIN_PROFILE_STEPS", "FIRST:LAST training steps to trace with jax.profiler (profile_trace/)",
+        default=None)
     hold_before_marker: str | None = _env(
         "TIDAL_STORAGE_HOLD_BEFORE_MARKER", "tests only: a file to create, then pause before _SUCCESS", default=None)
 

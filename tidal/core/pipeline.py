@@ -242,7 +242,7 @@ _ARTIFACTS = {
     "mix": ("mixture.json",),
     "stats": ("stats.json", STEP_JSON),
     "gate": ("gate_result.json", "data_docs"),
-    "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON),
+    "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON, "divergence.jsonl", "profile_trace"),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
 

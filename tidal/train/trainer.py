@@ -265,8 +265,15 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
         CheckpointSaveFailed: a checkpoint could not be written (seen at the next step).
     """
+    from tidal.settings import current
+    from tidal.train.trace import StepTrace, parse_steps
+
     step_dir = Path(step_dir)
     log = log or logging.getLogger("tidal.train")
+    try:
+        trace = StepTrace(parse_steps(current().train_profile_steps), step_dir)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     goodput = Goodput()
     with goodput.timing("startup"):
         run = build(spec, where=step_dir / SPEC)
@@ -281,7 +288,6 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     term = SigtermFlag()
     hooks, meters = training_hooks(session, term, metrics_file, stop_after)
     status, state = "FAILED", session.state
-    from tidal.settings import current
     from tidal.train.watchdog import Watchdog
 
     try:
@@ -292,7 +298,9 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                     # the first step's read is inside its time, counted as compilation's
                     with goodput.timing("data_wait") if i > session.start else contextlib.nullcontext():
                         batch = run.batch(i)
+                    trace.before(i + 1)
                     state, stats = run.step(state, batch, np.int32(i), *session.step_args())
+                    trace.after(i + 1, stats)
                     hooks.run(i + 1, state, stats)
                 except Rerun:  # train.divergence.action: rerun
                     metrics_file = _rewind(session, metrics_file)
@@ -311,6 +319,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         status = "KILLED"
         return None
     finally:
+        trace.stop()
         if metrics_file is not None:
             metrics_file.close()
         try:
