@@ -35,6 +35,11 @@ multi-process run too: every process reads the packed arrays whole (plain numpy,
 :data:`PACK_MAX_BYTES`) and places only its addressable shards (:func:`unpack_state`);
 tests/train/test_distributed.py checks the result bit for bit.
 
+On an object-store root (``mirror``: the step's staging location) every finished checkpoint is
+uploaded there in the background thread, after its manifest is computed and before it counts, and
+a restore first brings the newest one there that verifies into the local directory
+(:mod:`tidal.train.mirror`); a failed save is raised at the next :meth:`Checkpointer.check`.
+
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
 exists and every file's size and sha256 match, and only into a state of exactly the same
 tree, shapes and dtypes (else :class:`CheckpointMismatch`; never a partial load). A
