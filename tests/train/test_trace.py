@@ -14,12 +14,18 @@ from tidal.launch.local import entrypoint_command
 from tidal.train.trace import parse_steps
 
 
-def test_the_chosen_steps_are_traced_into_the_step(tmp_path):
+def train_with(tmp_path, steps: int, profile_steps: str):
+    """The entrypoint on a fresh step of ``steps`` steps with TIDAL_TRAIN_PROFILE_STEPS=``profile_steps``."""
     inputs = build_inputs(tmp_path / "inputs")
-    ctx = make_ctx(tmp_path / "run", inputs, dict(CONFIG, steps=8, checkpoint_every=4, eval_every=8))
+    ctx = make_ctx(tmp_path / "run", inputs, dict(CONFIG, steps=steps, checkpoint_every=4, eval_every=steps))
     tidal.train.write_spec(ctx)
     proc = subprocess.run(entrypoint_command(ctx.out_dir), capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "TIDAL_TRAIN_PROFILE_STEPS": "3:4"})
+                          env={**os.environ, "TIDAL_TRAIN_PROFILE_STEPS": profile_steps})
+    return ctx, proc
+
+
+def test_the_chosen_steps_are_traced_into_the_step(tmp_path):
+    ctx, proc = train_with(tmp_path, 8, "3:4")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "profiler trace of steps 3..4 in" in proc.stdout
     traces = list((ctx.out_dir / "profile_trace").rglob("*.xplane.pb"))
@@ -27,11 +33,7 @@ def test_the_chosen_steps_are_traced_into_the_step(tmp_path):
 
 
 def test_a_bad_value_is_refused_before_training(tmp_path):
-    inputs = build_inputs(tmp_path / "inputs")
-    ctx = make_ctx(tmp_path / "run", inputs, dict(CONFIG, steps=4, checkpoint_every=4, eval_every=4))
-    tidal.train.write_spec(ctx)
-    proc = subprocess.run(entrypoint_command(ctx.out_dir), capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "TIDAL_TRAIN_PROFILE_STEPS": "5:2"})
+    _, proc = train_with(tmp_path, 4, "5:2")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("tidal.train: error:")]
     assert len(errors) == 1 and "TIDAL_TRAIN_PROFILE_STEPS='5:2'" in errors[0]
