@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     train_watchdog_s: Annotated[float, Field(gt=0)] | None = _env(
         "TIDAL_TRAIN_WATCHDOG_S", "seconds without a training step before the trainer dumps its stacks and exits 76",
         default=None)
+    train_peer_timeout_s: Annotated[int, Field(gt=0)] = _env(
+        "TIDAL_TRAIN_PEER_TIMEOUT_S", "seconds without a heartbeat before a multi-process run declares a "
+        "process gone (jax.distributed heartbeat_timeout_seconds)", default=100)
     train_profile_steps: str | None = _env(
         "TIDAL_TRAIN_PROFILE_STEPS", "FIRST:LAST training steps to trace with jax.profiler (profile_trace/)",
         default=None)

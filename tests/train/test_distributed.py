@@ -26,8 +26,8 @@ from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make
 import tidal.train
 from tidal.launch.local import run_entrypoint
 from tidal.train import mesh as meshlib
-from tidal.train.checkpoints import PACKED_KEY
 from tidal.train.distributed import DistributedConfigError, launch_from_env
+from tidal.train.packing import PACKED_KEY
 
 STEPS = 8
 RUN_CONFIG = dict(CONFIG, steps=STEPS, checkpoint_every=4, eval_every=4, log_every=1)

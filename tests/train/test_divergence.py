@@ -21,9 +21,9 @@ from test_train_e2e import CONFIG, build_inputs, make_ctx
 
 import tidal.train
 from tidal.launch.local import entrypoint_command
-from tidal.train.checkpoints import PACKED_KEY, split_packed
 from tidal.train.config import DivergenceConfig, TrainConfig
 from tidal.train.divergence import Diverged, Guard, Rerun
+from tidal.train.packing import PACKED_KEY, split_packed
 
 SPIKE = 5
 OPTIMIZER = dict(CONFIG["optimizer"], lr=0.9, warmup_steps=8, grad_clip=100.0)

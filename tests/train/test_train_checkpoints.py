@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, pack_state, split_packed
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed
+from tidal.train.packing import pack_state, split_packed
 
 
 def state(value: float, rows: int = 4) -> dict:

@@ -116,7 +116,7 @@ def final_params(step_dir: Path) -> dict[str, np.ndarray]:
     import jax
     import orbax.checkpoint as ocp
 
-    from tidal.train.checkpoints import PACKED_KEY, split_packed
+    from tidal.train.packing import PACKED_KEY, split_packed
 
     step = json.loads((step_dir / "summary.json").read_text())["checkpoint_step"]
     with ocp.CheckpointManager(step_dir / "checkpoints") as manager:

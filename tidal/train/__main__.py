@@ -26,7 +26,10 @@ checkpointing the current step (rerun to resume); 76 no step finished for
 ``TIDAL_TRAIN_WATCHDOG_S`` seconds (stacks dumped; :mod:`tidal.train.watchdog`); 1 a checkpoint could not be saved (one
 ``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
 was), or the divergence guard stopped the run (one line: step, loss, verdict, batch); anything else
-is a crash with a traceback.
+is a crash with a traceback. In a multi-process run every failure exits at once, without jax's
+shutdown barrier (which would wait for a peer that is gone); an unexpected one (a collective whose peer
+died) prints its traceback and one ``error:`` line and exits 1. A peer that stops without closing its
+connections is declared gone after ``TIDAL_TRAIN_PEER_TIMEOUT_S`` (default 100 s) of missed heartbeats.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from tidal.layout import SPEC_JSON as SPEC_NAME
@@ -53,6 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
                         format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tidal").setLevel(logging.INFO)
+    from tidal.train.preemption import EXIT_PREEMPTED
+
+    code = _exit_code(args)
+    if code not in (0, EXIT_PREEMPTED) and _multi_process():
+        # jax's shutdown barrier would wait for a peer that may be gone (up to its heartbeat timeout)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _multi_process() -> bool:
+    from tidal.train.distributed import launch_from_env
+
+    try:
+        return launch_from_env().mode != "single"
+    except ValueError:
+        return False
+
+
+def _exit_code(args: argparse.Namespace) -> int:
+    """Train or profile; map each known failure to its exit code and one ``error:`` line."""
     from tidal.settings import SettingsError, entry_point
     from tidal.storage import StorageError
     from tidal.train.checkpoints import CheckpointMismatch, CheckpointSaveFailed
@@ -78,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PREEMPTED
     except (CheckpointSaveFailed, Diverged) as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as err:
+        if not _multi_process():
+            raise
+        import jax
+
+        traceback.print_exc()
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"tidal.train: error: process {jax.process_index()} of {jax.process_count()}: {type(err).__name__}: "
+              f"{first}; in a multi-process run this is most often a peer process gone (see its log): rerun every "
+              "process, they resume from the newest checkpoint that counts", file=sys.stderr, flush=True)
         return 1
 
 

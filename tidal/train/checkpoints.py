@@ -24,7 +24,7 @@ cost ~35 ms of CPU per 19 MB saved on the 2-core bench host. Two layouts:
 * packed: ``{"packed": {dtype: 1-D array}}``, every leaf of that dtype concatenated in tree
   order, with the leaves' ``[key path, shape, dtype]`` list in the checkpoint's orbax custom
   metadata (``"tidal_packed"``, covered by the manifest's hashes like every file). Used for
-  a ``host_state`` save of up to :data:`PACK_MAX_BYTES`: orbax spends ~2 ms of Python CPU
+  a ``host_state`` save of up to :data:`tidal.train.packing.PACK_MAX_BYTES`: orbax spends ~2 ms of Python CPU
   per array and ~45 ms per save whatever the size, so the bench model's 65 leaves cost
   ~240 ms of CPU per save as a tree and ~90 ms packed, CPU that a CPU-only host takes from
   the training step.
@@ -38,7 +38,11 @@ tests/train/test_distributed.py checks the result bit for bit.
 On an object-store root (``mirror``: the step's staging location) every finished checkpoint is
 uploaded there in the background thread, after its manifest is computed and before it counts, and
 a restore first brings the newest one there that verifies into the local directory
-(:mod:`tidal.train.mirror`); a failed save is raised at the next :meth:`Checkpointer.check`.
+(:mod:`tidal.train.mirror`); a failed save is raised at the next :meth:`Checkpointer.check`. With a
+mirror in a multi-process run no disk is shared: each save gathers the state to every host
+(:func:`tidal.train.distributed.host_tree`, a collective) and process 0 alone writes and uploads it,
+each process being an orbax domain of its own (``active_processes={self}``: no orbax barrier spans
+hosts); a restore fetches, on every process, the checkpoint process 0 chose (a broadcast of its step).
 
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
 exists and every file's size and sha256 match, and only into a state of exactly the same
@@ -68,14 +72,9 @@ from tidal.integrity.hashing import build_manifest, verify_manifest
 from tidal.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
+from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
 
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
-
-
-# largest host_state saved packed: the packing copy costs host memory and memcpy time, and
-# above this size per-array overheads are small next to the bytes written
-PACK_MAX_BYTES = 512 * 2**20
-PACKED_KEY = "tidal_packed"
 
 
 class CheckpointMismatch(ValueError):
@@ -91,97 +90,6 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def _path_key(path: Any) -> str:
-    """``opt_state/1/0/mu/w``: a key path written the same for dicts, namedtuples and lists
-    (orbax stores namedtuples as dicts and tuples as lists)."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
-
-
-def tree_layout(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{path: (shape, dtype)}`` of every array leaf (arrays, ShapeDtypeStructs or orbax metadata)."""
-    return {_path_key(path): (tuple(int(d) for d in leaf.shape), str(leaf.dtype))
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "shape")}
-
-
-def layout_problems(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
-    """Differences between two :func:`tree_layout` results, at most ``limit`` lines."""
-    out = [f"{k}: in checkpoint, not in model" for k in sorted(set(saved) - set(wanted))]
-    out += [f"{k}: in model, not in checkpoint" for k in sorted(set(wanted) - set(saved))]
-    out += [f"{k}: checkpoint {saved[k][1]}{list(saved[k][0])} vs model {wanted[k][1]}{list(wanted[k][0])}"
-            for k in sorted(set(saved) & set(wanted)) if saved[k] != wanted[k]]
-    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
-
-
-def pack_state(state: Any, max_bytes: int = PACK_MAX_BYTES) -> tuple[dict, dict] | None:
-    """The packed layout of ``state`` (module docstring): ``(item, custom_metadata)``.
-
-    Returns None (save as a tree) when a leaf is not a numeric array (e.g. a typed PRNG
-    key, a Python scalar), key paths collide, the state is empty or over ``max_bytes``.
-    Reads every leaf into host memory (a view for CPU arrays; the packed copy is new).
-    """
-    flat = jax.tree_util.tree_flatten_with_path(state)[0]
-    if not flat:
-        return None
-    leaves, parts, total = [], {}, 0
-    for path, leaf in flat:
-        if not isinstance(leaf, jax.Array | np.ndarray) or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            return None
-        total += leaf.nbytes
-        if total > max_bytes:
-            return None
-        leaves.append([_path_key(path), [int(d) for d in leaf.shape], str(leaf.dtype)])
-        parts.setdefault(str(leaf.dtype), []).append(np.asarray(leaf).reshape(-1))
-    if len({key for key, _, _ in leaves}) != len(leaves):
-        return None
-    return {"packed": {dtype: np.concatenate(arrays) for dtype, arrays in parts.items()}}, {PACKED_KEY: leaves}
-
-
-def split_packed(packed: dict[str, np.ndarray], leaves: list) -> dict[str, np.ndarray]:
-    """``{key path: array}`` of a packed checkpoint: each leaf cut from its dtype's array at
-    the offset the leaf list implies (views, no copies).
-
-    Raises:
-        ValueError: the arrays do not hold exactly the listed leaves.
-    """
-    pieces, offsets = {}, dict.fromkeys(packed, 0)
-    for key, shape, dtype in leaves:
-        size = int(np.prod(shape, dtype=np.int64))
-        if dtype not in packed or offsets[dtype] + size > packed[dtype].size:
-            raise ValueError(f"packed checkpoint has no room for leaf {key} ({dtype}{shape})")
-        pieces[key] = packed[dtype][offsets[dtype]:offsets[dtype] + size].reshape(shape)
-        offsets[dtype] += size
-    if any(offsets[dtype] != array.size for dtype, array in packed.items()):
-        raise ValueError(f"packed checkpoint arrays hold more than its {len(leaves)} listed leaves")
-    return pieces
-
-
-def unpack_state(packed: dict[str, np.ndarray], leaves: list, abstract_state: Any) -> Any:
-    """Rebuild ``abstract_state``'s tree from a packed checkpoint's arrays and leaf list.
-
-    Each leaf (:func:`split_packed`) is placed with the abstract leaf's sharding
-    (``jax.make_array_from_callback``: each device, of any process, takes its slice); the
-    caller has checked that the layouts match.
-    """
-    pieces = split_packed(packed, leaves)
-
-    def place(path: Any, leaf: Any) -> jax.Array:
-        piece = pieces[_path_key(path)]
-        sharding = getattr(leaf, "sharding", None)
-        if sharding is None:
-            return jax.device_put(piece)
-        return jax.make_array_from_callback(piece.shape, sharding, lambda index: piece[index])
-
-    return jax.tree_util.tree_map_with_path(place, abstract_state)
-
-
 class Checkpointer:
     """Saves and restores the training-state pytree (``{"params", "opt_state"}``) under ``step_dir``.
 
@@ -195,13 +103,14 @@ class Checkpointer:
         on_manifest: called with each manifest once written (e.g. to tag MLflow); must not raise.
         mirror: the step's staging location in the bucket (:mod:`tidal.train.mirror`): every
             checkpoint is uploaded there and counts only once its manifest is; a restore takes the
-            newest checkpoint there that verifies. Single-process runs only.
+            newest checkpoint there that verifies. In a multi-process run the state is gathered to
+            every host at each save (a collective) and process 0 writes and uploads it alone.
         host_state: the saved arrays live in host memory and the caller neither mutates nor
             donates them before :meth:`wait` (the trainer on the CPU backend). Then the whole
             save, orbax's save call included, runs in the background thread (:meth:`save`
             returns at once) and states up to :data:`PACK_MAX_BYTES` are saved packed.
-            Ignored in a multi-process run (orbax's save call holds a cross-process barrier
-            that must stay in step with the training collectives) and with ``async_save=False``.
+            Ignored in a multi-process run without a mirror (orbax's save call holds a cross-process
+            barrier that must stay in step with the training collectives) and with ``async_save=False``.
     """
 
     def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None, *,
@@ -216,24 +125,30 @@ class Checkpointer:
         self.log = log or logging.getLogger("tidal.train.checkpoints")
         self.primary, self.on_manifest = primary, on_manifest
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-        if mirror is not None and jax.process_count() > 1:
-            raise CheckpointSaveFailed(
-                f"checkpoints to the bucket ({mirror}) from a {jax.process_count()}-process run are not supported "
-                "yet: every host's shards would have to reach the bucket before the checkpoint counts; "
-                "train multi-host on a root every host mounts, or on one host")
+        # multi-process to the bucket: no disk is shared, so each process is an orbax domain of its own
+        # (no cross-process barrier in orbax), the state is gathered to every host at a save and
+        # process 0 alone writes and uploads it; every process restores from its own fetched copy
+        self.gather = mirror is not None and jax.process_count() > 1
         self.mirror = CheckpointMirror(mirror, self.log) if mirror is not None else None
         for tmp in sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
             self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
         policies = [pp.LatestN(keep)] + ([pp.EveryNSteps(permanent_every)] if permanent_every else [])
         # leftover tmp dirs of a save cut short by a crash are removed on start
+        here = jax.process_index()
+        processes = (ocp.options.MultiprocessingOptions(primary_host=here, active_processes={here},
+                                                        barrier_sync_key_prefix=f"tidal-process-{here}")
+                     if self.gather else ocp.options.MultiprocessingOptions())
+        (self.step_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)  # orbax: no create= with active_processes
         options = ocp.CheckpointManagerOptions(
-            enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
-            preservation_policy=pp.AnyPreservationPolicy(policies))
+            enable_async_checkpointing=async_save, create=not self.gather, cleanup_tmp_directories=True,
+            preservation_policy=pp.AnyPreservationPolicy(policies), multiprocessing_options=processes)
         # the handler is named up front so a fresh process can read a checkpoint's metadata;
         # uncompressed: see the module docstring
-        self.manager = ocp.CheckpointManager(self.step_dir / CHECKPOINT_DIR, options=options,
-                                             item_handlers=ocp.PyTreeCheckpointHandler(use_compression=False))
-        self.host_state = bool(host_state) and async_save and jax.process_count() == 1
+        self.manager = ocp.CheckpointManager(
+            self.step_dir / CHECKPOINT_DIR, options=options,
+            item_handlers=ocp.PyTreeCheckpointHandler(use_compression=False, multiprocessing_options=processes))
+        # a gathered state is a fresh host copy nobody mutates: it is saved like a host_state one
+        self.host_state = ((bool(host_state) and jax.process_count() == 1) or self.gather) and async_save
         # one long-lived worker: handing it a save costs no thread start, which under
         # CPU contention can take tens of ms of the caller's time
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-checkpoint")
@@ -278,6 +193,14 @@ class Checkpointer:
         self._sidecars = dict(sidecars or {})
         self._trainer = trainer
         start = time.perf_counter()
+        if self.gather:  # a collective: every process calls save at the same step
+            from tidal.train.distributed import host_tree
+
+            state = host_tree(state)
+            if not self.primary:  # process 0 writes it; here only its step is known
+                self._pending = (step, time.perf_counter() - start)
+                self.last_manifest = {"step": step}
+                return
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
         else:
@@ -431,19 +354,44 @@ class Checkpointer:
 
     def _fetch_newest(self) -> None:
         """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
-        process, maybe on a fresh node); the ones newer than it are deleted from the bucket."""
+        process, maybe on a fresh node); the ones newer than it are deleted from the bucket. In a
+        multi-process run process 0 chooses and every other process fetches that one.
+
+        Raises:
+            CheckpointMismatch: the checkpoint process 0 chose does not verify on this process.
+        """
+        chosen = self._fetch_verified() if self.primary or not self.gather else None
+        if not self.gather:
+            return
+        from jax.experimental import multihost_utils
+
+        agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
+        if self.primary or agreed < 0:
+            return
+        if self._fetch_one(agreed) is None:
+            raise CheckpointMismatch(f"checkpoint {agreed} at {self.mirror.location} verified on process 0 but "
+                                     f"not on process {jax.process_index()}; rule: every process restores the "
+                                     "same verified checkpoint")
+
+    def _fetch_verified(self) -> int | None:
+        """The step of the newest checkpoint there that verifies, fetched unless already here."""
         local = set(self.steps())
         for step in reversed(self.mirror.steps()):
             if step in local and not self.problems(step):
-                return
-            manifest = self.mirror.fetch(step, self.path(step))
-            if manifest is not None:
-                _write_json_atomic(self._manifest_path(step), manifest)
-                self.log.info("fetched checkpoint %d from %s (%d bytes)", step, self.mirror.location,
-                              manifest["total_bytes"])
-                return
+                return step
+            if self._fetch_one(step) is not None:
+                return step
             if self.primary:
                 self.mirror.delete(step)
+        return None
+
+    def _fetch_one(self, step: int) -> dict[str, Any] | None:
+        manifest = self.mirror.fetch(step, self.path(step))
+        if manifest is not None:
+            _write_json_atomic(self._manifest_path(step), manifest)
+            self.log.info("fetched checkpoint %d from %s (%d bytes)", step, self.mirror.location,
+                          manifest["total_bytes"])
+        return manifest
 
     def close(self) -> None:
         """Wait for pending work (re-raising its error) and release orbax resources."""

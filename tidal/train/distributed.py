@@ -96,8 +96,13 @@ def initialize(env: Mapping[str, str] | None = None) -> Launch:
     if launch.mode == "tpu":
         jax.distributed.initialize()
     else:
-        jax.distributed.initialize(coordinator_address=launch.coordinator,
-                                   num_processes=launch.num_processes, process_id=launch.process_id)
+        from tidal.settings import current
+
+        # a process gone is seen within the heartbeat timeout (jax's default: 100 s), then every other
+        # process is terminated by the coordination service
+        jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.num_processes,
+                                   process_id=launch.process_id,
+                                   heartbeat_timeout_seconds=current().train_peer_timeout_s)
     log.info("joined distributed run: process %d of %d (%s)", jax.process_index(), jax.process_count(),
              launch.mode)
     return launch

@@ -1,0 +1,68 @@
+"""Multi-host training survives losing a node (issue 18, item 4): two processes over
+``jax.distributed`` (gloo), each on its own node of the test cluster, an ``s3://`` root and no shared
+disk. Each checkpoint is gathered to every host and written to the bucket by process 0
+(tidal/train/checkpoints.py); when a node is SIGKILLed the other process exits within a bounded
+time, both restart on fresh nodes, each fetches the checkpoint process 0 chose from the bucket, and
+the run's parameters and whole loss curve are bitwise those of an uninterrupted two-host run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import uuid
+
+import pytest
+
+from tests.cluster import multihost_scenario as mh
+from tests.cluster import scenario as sc
+from tests.cluster import train_scenario as ts
+
+pytestmark = pytest.mark.timeout(1800)
+STEPS, EVERY = 60, 10
+WATCHDOG_S = 60  # no step for this long: a process exits 76 (tidal/train/watchdog.py)
+PEER_TIMEOUT_S = 20  # missed heartbeats for this long: a process is gone (TIDAL_TRAIN_PEER_TIMEOUT_S)
+
+
+def test_two_hosts_lose_a_node_each_time_and_resume_from_the_bucket_bitwise(cluster, tmp_path):
+    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY, name="tiny_mh")
+    steps = sc.step_names(text, tmp_path)
+    name = next(s[0] for s in steps if s[2] == "train")
+    root = f"s3://tidal/mh-{uuid.uuid4().hex[:8]}"
+    ts.upstream(cluster, text, steps, root=root, run_key="mh")
+    proc = sc.on_node_argv(cluster, "mh-prep", text, ["python", "-c", sc.PREPARE, name], root=root)
+    prepared = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))
+    step_uri = prepared["step_uri"]
+
+    reference_uri = f"{root}/reference-run"
+    mh.copy_spec(cluster, step_uri, reference_uri)
+    ref = mh.run_hosts(cluster, "mh-ref", reference_uri, root, tmp_path, watchdog_s=WATCHDOG_S)
+    assert ref.returncodes == [0, 0], ref.describe()
+    want = mh.staged_result(cluster, reference_uri)
+    assert want["mesh"] == "data=1 fsdp=2 tensor=1" and len(want["curve"]) == STEPS, want["mesh"]
+
+    rng = random.Random(20261203)
+    first, second = sorted(rng.sample(range(EVERY + 2, STEPS - 10), 2))
+    attempts = [mh.run_hosts(cluster, "mh-a", step_uri, root, tmp_path, lose=1, target=first, watchdog_s=WATCHDOG_S),
+                mh.run_hosts(cluster, "mh-b", step_uri, root, tmp_path, lose=0, target=second, watchdog_s=WATCHDOG_S),
+                mh.run_hosts(cluster, "mh-c", step_uri, root, tmp_path, watchdog_s=WATCHDOG_S)]
+    logs = "\n".join(a.describe() for a in attempts)
+    for lost in attempts[:2]:
+        survivor = 1 - lost.lost
+        # the other host noticed within the peer timeout and exited with an error, not a hang
+        assert lost.survivor_exit_s is not None and lost.survivor_exit_s < PEER_TIMEOUT_S + 15, logs
+        assert lost.returncodes[survivor] not in (0, None), logs
+    assert attempts[0].resumed_from == [None, None], logs
+    for before, after in itertools.pairwise(attempts):
+        newest = before.counted[-1]  # the newest checkpoint that had reached the bucket
+        assert after.resumed_from == [newest, newest], logs
+        assert all(f"fetched checkpoint {newest} from {step_uri}" in log for log in after.logs), logs
+        assert 0 <= before.last_step - newest <= 2 * EVERY, logs
+    assert attempts[-1].returncodes == [0, 0] and attempts[-1].last_step == STEPS, logs
+    got = mh.staged_result(cluster, step_uri)
+    assert got == want, f"the resumed two-host run differs from an uninterrupted one\n{logs}"
+
+    proc = sc.on_node_argv(cluster, "mh-commit", text, ["python", "-c", sc.COMMIT, name, json.dumps(prepared), "mh"],
+                           root=root)
+    assert "COMMITTED" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
