@@ -11,8 +11,10 @@ import re
 from pathlib import Path
 
 from airflow.sdk import DAG
+from airflow.task.trigger_rule import TriggerRule
 
 from operators.dag_args import SCHEDULE_START, pipeline_dag_args
+from operators.plan import PLAN_TASK_ID, TidalPlanOperator
 from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepOperator
 
 __all__ = ["SCHEDULE_START", "broken_recipe_dag", "build_dag", "build_dags", "pipeline_dag_args", "recipe_doc_md"]
@@ -61,7 +63,10 @@ def build_dag(recipe_path: Path) -> DAG:
     beam_kinds: tuple[str, ...] = ()
     if recipe.beam.launcher == "provider":  # tidal.core.beam_job imports the runner: only when needed
         from tidal.kinds import BEAM_KINDS as beam_kinds
+    # auto_register=False: a DAG whose building fails half-way must not be registered (the
+    # DagBag would pick it up from the with-block); build_dags returns the finished ones
     with DAG(
+        auto_register=False,
         **pipeline_dag_args(graph, recipe),
         dag_id=f"tidal_{recipe.name}",
         description=recipe.description or f"tidal recipe {recipe.name}",
@@ -81,9 +86,23 @@ def build_dag(recipe_path: Path) -> DAG:
         for step in graph:
             for dep in step.inputs:
                 tasks[dep.name] >> tasks[step.name]
+        # committed steps are skipped by the scheduler, without a worker each (operators/plan.py)
+        entry = {name: _entry_tasks(task) for name, task in tasks.items()}
+        for roots in entry.values():
+            for root in roots:
+                root.trigger_rule = TriggerRule.NONE_FAILED  # an input skipped (committed) is no reason to skip
+        plan = TidalPlanOperator(task_id=PLAN_TASK_ID, recipe_path=str(recipe_path),
+                                 entry_tasks={name: [t.task_id for t in roots] for name, roots in entry.items()})
+        plan >> list(tasks.values())
         report = TidalReportOperator(task_id="report", recipe_path=str(recipe_path))
         list(tasks.values()) >> report
     return dag
+
+
+def _entry_tasks(task_or_group) -> list:
+    """The tasks that start a step: its task, or the roots of its task group."""
+    roots = getattr(task_or_group, "roots", None)
+    return list(roots) if roots is not None else [task_or_group]
 
 
 def _gke_train_group(**kwargs):
@@ -117,6 +136,7 @@ def build_dags(recipes_dir: Path) -> dict[str, DAG]:
             dag = build_dag(path)
             if dag.dag_id in dags:
                 raise ValueError(f"{path}: DAG id {dag.dag_id!r} is already defined by {sources[dag.dag_id]}")
+            _check_serializes(dag)
         except Exception as err:  # noqa: BLE001 - any recipe error: show it, keep the other DAGs
             log.error("recipe %s is broken: %s", path, err)
             dag = broken_recipe_dag(path, f"{type(err).__name__}: {err}")
@@ -125,10 +145,22 @@ def build_dags(recipes_dir: Path) -> dict[str, DAG]:
     return dags
 
 
+def _check_serializes(dag: DAG) -> None:
+    """Serialize ``dag`` as the dag-processor will, so that a DAG it would refuse becomes a broken-recipe
+    DAG here instead of failing the whole file. Only where Airflow's serializer is already loaded
+    (the dag-processor, ``airflow dags test``): importing it costs ~4 s, too much for a bare parse."""
+    import sys
+
+    module = sys.modules.get("airflow.serialization.serialized_objects")
+    if module is not None:
+        module.DagSerialization.serialize_dag(dag)
+
+
 def broken_recipe_dag(path: Path, error: str) -> DAG:
     """A one-task DAG that shows why ``path`` could not become a pipeline DAG."""
     stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
     with DAG(
+        auto_register=False,
         dag_id=f"tidal_broken_{stem}",
         description=f"recipe {path.name} is invalid",
         schedule=None,

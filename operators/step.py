@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperator
 from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
 
 __all__ = ["SIGNING_CONN_ID", "BrokenRecipeOperator", "InjectedFault", "TidalReportOperator", "TidalStepOperator",
-           "check_fault", "export_signing_key", "pipeline_for_run", "run_key_of"]
+           "check_fault", "emit_step_metrics", "export_signing_key", "pipeline_for_run", "run_key_of"]
 
 
 class InjectedFault(RuntimeError):
@@ -39,8 +39,16 @@ def check_fault(step_name: str) -> None:
         raise InjectedFault(f"injected fault for step {step_name!r}: {text or '(no text)'}")
 
 
+def emit_step_metrics(pipe: Any, result: Any, log: Any) -> None:
+    """StatsD: steps run/skipped, step duration, training throughput (tidal/tracking/statsd.py).
+    Never raises: a metrics failure is a WARNING on ``log``, not a failed step."""
+    try:
+        _emit_step_metrics(pipe, result)
+    except Exception as err:  # noqa: BLE001 - metrics never fail a step
+        log.warning("metrics not sent: %s", err)
+
+
 def _emit_step_metrics(pipe: Any, result: Any) -> None:
-    """StatsD: steps run/skipped, step duration, training throughput (tidal/tracking/statsd.py)."""
     from tidal.tracking import statsd as m
 
     client = m.StatsdClient.from_env()
@@ -106,10 +114,7 @@ class TidalStepOperator(BaseOperator):
         export_signing_key()
         result = pipe.run(self.step_name, run_key=run_key_of(context), force=self.step_name in force_steps)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
-        try:
-            _emit_step_metrics(pipe, result)
-        except Exception as err:  # noqa: BLE001 - metrics never fail a step
-            self.log.warning("metrics not sent: %s", err)
+        emit_step_metrics(pipe, result, self.log)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

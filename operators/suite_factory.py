@@ -32,6 +32,7 @@ def build_suite_dag(suite_path: Path) -> DAG:
     graph = build_suite_graph(suite, base)
     grid = train_step_names(graph)
     with DAG(
+        auto_register=False,
         **pipeline_dag_args(graph),
         dag_id=f"tidal_{suite.name}",
         description=suite.description or f"tidal scaling suite {suite.name}",

@@ -4,6 +4,7 @@ beside its code and the recipe compose them."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -56,7 +57,7 @@ def problems(err: ValidationError, *, unknown: str = "unknown field", yaml_hints
     """
     lines = []
     for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = ".".join(_loc_part(part) for part in item["loc"]) or "(top level)"
         got = item.get("input")
         rule = unknown if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
         if yaml_hints and isinstance(got, str) and _looks_numeric(got):
@@ -64,6 +65,15 @@ def problems(err: ValidationError, *, unknown: str = "unknown field", yaml_hints
         shown = "" if isinstance(got, dict) or item["type"] == "missing" else f" (got {_shown(got)})"
         lines.append(f"{loc}: {rule}{shown}")
     return lines
+
+
+def _loc_part(part: object) -> str:
+    """A part of a field path as written, or its cut ``repr`` when it is a user's key that is no plain
+    name (a space, markup, a NUL, 300 characters: the line stays one short line)."""
+    text = str(part)
+    if text == "[key]":
+        return "(name)"
+    return text if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text) else _shown(text)
 
 
 def _endpoint_url(value: str | None) -> str | None:

@@ -57,6 +57,18 @@ def dags_test(env: dict) -> tuple[subprocess.CompletedProcess, float]:
     return proc, time.perf_counter() - started
 
 
+def task_states(env: dict) -> dict[str, str]:
+    """``{task id: state}`` of the newest DAG run, read from Airflow's metadata database."""
+    import sqlite3
+
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        [(run_id,)] = db.execute("SELECT run_id FROM dag_run WHERE dag_id = 'tidal_tiny_ci' "
+                                 "ORDER BY id DESC LIMIT 1").fetchall()
+        rows = db.execute("SELECT task_id, state FROM task_instance WHERE dag_id = 'tidal_tiny_ci' AND run_id = ?",
+                          (run_id,)).fetchall()
+    return dict(rows)
+
+
 def parent_and_children(pipe):
     from mlflow.tracking import MlflowClient
 
@@ -135,6 +147,10 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     _, parents, children = parent_and_children(pipe)
     assert len(parents) == 2
     assert {c.data.tags["tidal.status"] for c in children.values()} == {"skip"}
+    # ... written by the planning task alone: no step task of the cached run got a worker
+    states = task_states(airflow_env["env"])
+    assert states.pop("plan") == "success" and states.pop("report") == "success", states
+    assert set(states.values()) == {"skipped"} and len(states) == len(list(pipe.graph)), states
 
     # A failing gate fails the DAG run with a readable summary; upstream data steps are reused.
     data = yaml.safe_load(airflow_env["recipe"].read_text())

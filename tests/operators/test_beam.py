@@ -117,10 +117,10 @@ def test_dataflow_variant_renders_the_provider_operator_arguments(tmp_path, tiny
         assert commit.trigger_rule == "none_failed_min_one_success"
         assert isinstance(launch, ProviderOperator)
         assert launch.provider_class == "operators.beam_provider:BeamRunPythonPipelineOperator"
-    assert dag.task_dict["clean-brown.prepare"].upstream_task_ids == {"fetch-brown"}
-    assert dag.task_dict["tokenize-udhr.prepare"].upstream_task_ids == {"clean-udhr.commit", "tokenizer"}
+    assert dag.task_dict["clean-brown.prepare"].upstream_task_ids == {"fetch-brown", "plan"}
+    assert dag.task_dict["tokenize-udhr.prepare"].upstream_task_ids == {"clean-udhr.commit", "plan", "tokenizer"}
     assert dag.task_dict["tokenizer"].upstream_task_ids == {"clean-brown.commit", "clean-gcide.commit",
-                                                            "clean-songci.commit"}
+                                                            "clean-songci.commit", "plan"}
     assert type(dag.task_dict["mix"]).__name__ == "TidalStepOperator"  # only Beam kinds change
 
     step = graph["tokenize-udhr"]

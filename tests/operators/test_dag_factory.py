@@ -20,6 +20,7 @@ print(elapsed)
 print(",".join(heavy))
 print(";".join(f"{t.task_id}<{','.join(sorted(t.upstream_task_ids))}" for t in dag.tasks))
 print(dag.params["force_steps"])
+print(",".join(sorted({t.trigger_rule for t in dag.tasks if t.task_id not in ("plan", "report")})))
 """
 
 
@@ -27,13 +28,17 @@ def test_dag_file_parses_fast_without_heavy_imports():
     out = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
     ).stdout.strip().splitlines()
-    elapsed, heavy, edges = float(out[-4]), out[-3], out[-2]
+    elapsed, heavy, edges, rules = float(out[-5]), out[-4], out[-3], out[-1]
     assert heavy == ""
     assert elapsed < 2.0  # generous bound; the figure itself is reported by bench, not asserted tight
     tasks = dict(item.split("<") for item in edges.split(";"))
-    assert tasks["train"] == "gate,mix,tokenize-udhr,tokenizer"
-    assert tasks["clean-brown"] == "fetch-brown"
-    assert "report" in tasks and len(tasks["report"].split(",")) == len(tasks) - 1
+    assert tasks["train"] == "gate,mix,plan,tokenize-udhr,tokenizer"
+    assert tasks["clean-brown"] == "fetch-brown,plan"
+    # the planning task is the root, upstream of every step (operators/plan.py)
+    steps = {t: up for t, up in tasks.items() if t not in ("plan", "report")}
+    assert tasks["plan"] == "" and all("plan" in up.split(",") for up in steps.values())
+    assert "report" in tasks and len(tasks["report"].split(",")) == len(tasks) - 2
+    assert rules == "none_failed"  # a skipped (committed) input is no reason to skip a step
 
 
 def test_a_broken_recipe_does_not_hide_the_others(tmp_path):
@@ -59,3 +64,42 @@ def test_a_broken_recipe_does_not_hide_the_others(tmp_path):
     assert "train.steps: Input should be greater than 0" in lines["tidal_broken_b_bad"]
     assert "'tidal_tiny' is already defined by" in lines["tidal_broken_c_same"]
     assert lines["tidal_broken_b_bad"].split()[2] == "1"
+
+
+def test_a_hostile_source_name_is_one_broken_dag_and_every_other_dag_serializes(tmp_path):
+    """Issue 22, item 1: a source name with a space, a colon, '..' or markup used to leave a half-built DAG
+    registered that failed serialization, and then no DAG of the folder could be triggered."""
+    import shutil
+
+    import yaml
+
+    from tests.conftest import TINY
+
+    shutil.copy(TINY, tmp_path / "a_tiny.yaml")
+    for stem, name in (("b_space", "my source"), ("c_dots", "../up"), ("d_markup", "<b>x</b>")):
+        data = yaml.safe_load(TINY.read_text())
+        data["name"] = stem
+        data["sources"][name] = data["sources"].pop("brown")
+        data["mixture"]["weights"][name] = data["mixture"]["weights"].pop("brown")
+        (tmp_path / f"{stem}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    probe = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "from airflow.serialization.serialized_objects import DagSerialization\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "print('ERRORS', sorted(bag.import_errors))\n"
+        "for dag_id, dag in sorted(bag.dags.items()):\n"
+        "    DagSerialization.serialize_dag(dag)\n"
+        "    print('DAG', dag_id, len(dag.tasks), (dag.doc_md or '').replace(chr(10), ' ')[:800])\n"
+    )
+    import os
+
+    env = {**os.environ, "TIDAL_RECIPES_DIR": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         check=True, env=env).stdout.strip().splitlines()
+    assert "ERRORS []" in out, out
+    lines = {line.split()[1]: line for line in out if line.startswith("DAG ")}
+    assert set(lines) == {"tidal_tiny", "tidal_broken_b_space", "tidal_broken_c_dots", "tidal_broken_d_markup"}
+    assert int(lines["tidal_tiny"].split()[2]) > 17  # the whole pipeline, beside the broken ones
+    assert "sources.'my source'.(name): String should match pattern" in lines["tidal_broken_b_space"]
+    assert "sources.'../up'.(name)" in lines["tidal_broken_c_dots"]

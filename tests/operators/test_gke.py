@@ -98,7 +98,8 @@ def test_single_host_variant_renders_a_valid_hardened_pod(tmp_path, tiny_data):
 
     dag = build_dag(write_recipe(tmp_path, tiny_data, "pod", POD))
     prepare, launch, commit = (dag.task_dict[f"train.{t}"] for t in ("prepare", "launch", "commit"))
-    assert prepare.upstream_task_ids == {"gate", "mix", "tokenize-udhr", "tokenizer"}
+    assert prepare.upstream_task_ids == {"gate", "mix", "plan", "tokenize-udhr", "tokenizer"}
+    assert prepare.trigger_rule == "none_failed" and "train.prepare" in dag.task_dict["plan"].entry_tasks["train"]
     assert launch.upstream_task_ids == {"train.prepare"}
     assert commit.upstream_task_ids == {"train.prepare", "train.launch"}
     assert commit.trigger_rule == "none_failed_min_one_success"

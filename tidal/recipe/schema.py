@@ -19,6 +19,12 @@ from tidal.recipe.data import EvaluationConfig, Source
 from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
 from tidal.recipe.training import TrainSection
 
+# A source's name becomes step names (``fetch-<name>``), task ids, path components, metric keys
+# (``eval_loss/<name>``) and MLflow run names: letters, digits, '_' and '-', starting with a letter
+# or digit, at most 64 characters (no space, ':', '/', '.', markup or NUL; so no '..' either).
+SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+SourceName = Annotated[str, Field(pattern=SOURCE_NAME_PATTERN)]
+
 
 class Recipe(Strict):
     """A whole pretraining recipe: sources, data steps, gate, training."""
@@ -27,7 +33,8 @@ class Recipe(Strict):
     version: PositiveInt = Field(description="bump when the recipe's intent changes")
     description: str = ""
     seed: Annotated[int, StrictType(), Field(ge=0)] = Field(description="every step seed derives from it")
-    sources: dict[str, Source] = Field(min_length=1)
+    sources: dict[SourceName, Source] = Field(
+        min_length=1, description=f"source name -> source; names match {SOURCE_NAME_PATTERN}")
     intended_use: list[Use] = Field(
         min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
         "each (tidal/quality/licences.py; not hashed)"
