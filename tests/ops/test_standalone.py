@@ -25,7 +25,6 @@ DATA_STEPS = ["fetch-brown", "fetch-udhr", "clean-brown", "clean-udhr", "tokeniz
               "tokenize-udhr"]
 # A committed step is skipped after one `stat` of its marker; on an idle machine that takes
 # milliseconds. 0.5 s leaves room for a loaded shared machine and is still "well under a second".
-SKIP_SECONDS_MAX = 0.5
 
 
 def test_dag_processor_reports_no_import_errors(airflow_server):
@@ -75,7 +74,8 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     assert run["state"] == "failed", states
     assert states["stats"] == "failed"
     assert states["gate"] == states["train"] == "upstream_failed"
-    assert all(states[s] == "success" for s in [*DATA_STEPS, "mix"]), states
+    # data steps committed by an earlier test's run are skipped by the plan task, without a worker
+    assert all(states[s] in ("success", "skipped") for s in DATA_STEPS) and states["mix"] == "success", states
     assert airflow_server.xcom(CI_DAG, run_id, "mix")["step_id"] == pipe.graph["mix"].step_id
 
     # the failure catalog, the alert and the StatsD counters saw it
@@ -108,7 +108,7 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     rerun = {name for name, ti in tis.items() if ti["try_number"] > tries_before[name]}
     assert rerun == {"stats", "gate", "train", "report"}, {n: (tries_before[n], ti["try_number"])
                                                            for n, ti in tis.items()}
-    assert all(tis[name]["try_number"] == 1 for name in [*DATA_STEPS, "mix"])
+    assert all(tis[name]["try_number"] <= 1 for name in DATA_STEPS) and tis["mix"]["try_number"] == 1
     for name in ("stats", "gate", "train"):
         out = airflow_server.xcom(CI_DAG, run_id, name)
         assert out["status"] == "run" and out["step_id"] == pipe.graph[name].step_id, (name, out)
@@ -120,9 +120,10 @@ def test_a_plain_run_skips_committed_steps_in_well_under_a_second(airflow_server
     airflow_server.api("POST", f"/dags/{CI_DAG}/dagRuns", json={"dag_run_id": run_id, "logical_date": None})
     run = airflow_server.wait_run(CI_DAG, run_id)
     assert run["state"] == "success", airflow_server.task_states(CI_DAG, run_id)
-    for name in DATA_STEPS:  # committed by the earlier run (the seed does not reach them)
-        out = airflow_server.xcom(CI_DAG, run_id, name)
-        assert out["status"] == "skip" and out["seconds"] < SKIP_SECONDS_MAX, (name, out)
+    states = airflow_server.task_states(CI_DAG, run_id)
+    # committed by the earlier run (the seed does not reach them): skipped by the plan task, no worker each
+    assert all(states[name] == "skipped" for name in DATA_STEPS), states
+    assert states["plan"] == "success", states
 
 
 def _baseline(airflow_server) -> subprocess.CompletedProcess:
@@ -144,11 +145,9 @@ def test_backfill_of_the_scheduled_recipe_reuses_every_step_and_passes_the_basel
         run = airflow_server.wait_run(NIGHTLY_DAG, run_id)
         assert run["state"] == "success", airflow_server.task_states(NIGHTLY_DAG, run_id)
         tis = airflow_server.task_instances(NIGHTLY_DAG, run_id)
-        for name in tis:
-            if name == "report":
-                continue
-            out = airflow_server.xcom(NIGHTLY_DAG, run_id, name)
-            assert out["status"] == "skip" and out["seconds"] < SKIP_SECONDS_MAX, (run_id, name, out)
+        # every step committed: the plan task skipped them all, none got a worker
+        steps = {name: ti["state"] for name, ti in tis.items() if name not in ("plan", "report")}
+        assert set(steps.values()) == {"skipped"} and tis["plan"]["state"] == "success", (run_id, steps)
         log = airflow_server.task_log(NIGHTLY_DAG, run_id, "report", tis["report"]["try_number"])
         assert "every metric within tolerance" in log, log[-3000:]
 
