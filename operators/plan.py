@@ -54,8 +54,8 @@ class TidalPlanOperator(BaseBranchOperator):
         if dry_run:
             compute = [step.name for step in pipe.graph]
         else:
-            compute = [step.name for step in pipe.graph
-                       if step.name in force_steps or pipe.status(step.name) != "skip"]
+            compute = [step.name for step in pipe.graph  # one commit check per step, not its inputs' too
+                       if step.name in force_steps or not pipe.storage.is_committed(step.step_id)]
         skipped = [step.name for step in pipe.graph if step.name not in compute]
         if skipped:
             export_signing_key()

@@ -360,9 +360,10 @@ class Checkpointer:
         Raises:
             CheckpointMismatch: the checkpoint process 0 chose does not verify on this process.
         """
-        chosen = self._fetch_verified() if self.primary or not self.gather else None
         if not self.gather:
+            self._fetch_verified()
             return
+        chosen = self._fetch_verified() if self.primary else None
         from jax.experimental import multihost_utils
 
         agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
