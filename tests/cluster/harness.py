@@ -234,6 +234,7 @@ class Cluster:
         self._mlflow: subprocess.Popen | None = None
         self._db_created = False
         self._services_state: Path | None = None  # set when this cluster ran .ci/services.sh start
+        self._shared: list[Path] = []  # folders every node sees read-only (share_read_only)
 
     @classmethod
     def start(cls, workdir: Path, *, nodes: Iterable[str] = (), read_only: bool = True,
@@ -293,6 +294,12 @@ class Cluster:
             else:
                 self._disk_mb[name] = int(disk_mb)
         return Node(self, name)
+
+    def share_read_only(self, folder: Path) -> None:
+        """Let every node booted from now on see ``folder`` read-only at the same path, also where it lies
+        under a node's private /tmp or /var/tmp: what an image carries (a DAG bundle, the recipes)."""
+        with self._lock:
+            self._shared.append(Path(folder).resolve())
 
     @property
     def backend_store_uri(self) -> str:
@@ -375,7 +382,7 @@ class Cluster:
         # ~/.cache) and the checkout with its .venv when it lies under a private directory (a CI clone
         # in /tmp or /var/tmp). A handle is taken first: the tmpfs hides the path.
         tools = Path(env.get("TIDAL_TOOLS_CACHE") or home / ".cache" / "tidal" / "tools")  # Flink, job server
-        keep = [p for p in (archives, tools) if p.is_dir()]
+        keep = [p for p in (archives, tools, *self._shared) if p.is_dir()]
         if any(REPO == Path(d) or Path(d) in REPO.parents for d in private):
             keep.append(REPO)
         for fd, path in enumerate(keep, start=3):

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from tests.ops.airflow_api import AirflowApi
 from tests.ops.recipes import write_ops_recipe
 
 VENV_BIN = Path(sys.executable).parent
@@ -136,81 +137,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Airflow:
+class Airflow(AirflowApi):
     """A running standalone server: its URL, a token-authenticated REST client, its environment."""
 
     def __init__(self, base: Path, env: dict[str, str], port: int, receivers: Receivers):
+        super().__init__(f"http://127.0.0.1:{port}", ADMIN_PASSWORD, base / "standalone.log")
         self.base, self.env, self.receivers = base, env, receivers
-        self.url = f"http://127.0.0.1:{port}"
         self.recipes = base / "recipes"
         self.storage = base / "storage"
         self.faults = base / "faults"
-        self.log_file = base / "standalone.log"
-        self.token: str | None = None
-
-    def login(self) -> str:
-        """A JWT from ``POST /auth/token`` (simple auth manager user ``admin``)."""
-        import requests
-
-        response = requests.post(f"{self.url}/auth/token", json={"username": "admin", "password": ADMIN_PASSWORD},
-                                 timeout=60)
-        assert response.status_code == 201, response.text
-        self.token = response.json()["access_token"]
-        return self.token
-
-    def api(self, method: str, path: str, expect: int | None = 200, **kwargs: Any) -> Any:
-        """Call ``/api/v2{path}`` with the bearer token; check the status when ``expect`` is set."""
-        import requests
-
-        headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
-        response = requests.request(method, f"{self.url}/api/v2{path}", timeout=120, headers=headers, **kwargs)
-        if expect is not None:
-            assert response.status_code == expect, f"{method} {path}: {response.status_code} {response.text[:2000]}"
-        return response
-
-    def wait_run(self, dag_id: str, run_id: str, states: tuple[str, ...] = ("success", "failed"),
-                 timeout_s: float = 900) -> dict[str, Any]:
-        """Poll a DAG run until its state is one of ``states``; fails with the server log tail on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
-            if run["state"] in states:
-                return run
-            time.sleep(3)
-        raise AssertionError(f"{dag_id} {run_id} not in {states} after {timeout_s} s; last state "
-                             f"{run['state']}; TIs: {self.task_states(dag_id, run_id)}\n{self.log_tail()}")
-
-    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
-        """task_id -> task instance (state, try_number, duration, ...) of one run."""
-        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
-        return {ti["task_id"]: ti for ti in tis["task_instances"]}
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
-        return {k: v["state"] for k, v in self.task_instances(dag_id, run_id).items()}
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
-        """The task's return value (deserialized)."""
-        entry = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value",
-                         params={"deserialize": "true"}).json()
-        value = entry["value"]
-        return json.loads(value) if isinstance(value, str) and value.startswith("{") else value
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
-        """The text of a task attempt's log."""
-        response = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                            params={"full_content": "true"}, headers={"Accept": "application/json"})
-        content = response.json().get("content")
-        if isinstance(content, list):  # structured entries: event, level, error_detail, ...
-            return "\n".join(json.dumps(c) if isinstance(c, dict) else str(c) for c in content)
-        return str(content)
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """Run an ``airflow`` CLI command against the same metadata DB."""
         return subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
                               timeout=timeout, check=False, cwd=REPO)
-
-    def log_tail(self, chars: int = 6000) -> str:
-        return self.log_file.read_text(errors="replace")[-chars:] if self.log_file.exists() else "(no log)"
 
 
 @pytest.fixture(scope="session")
