@@ -16,11 +16,12 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora tools services services-stop demo test lint clean-demo
+.PHONY: help uv venv corpora tools services services-stop demo cluster-demo test lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
 	@echo "make test   run the test suite (what CI runs)"
+	@echo "make cluster-demo   the tiny recipe through Airflow in production shape (Celery workers on nodes; root)"
 	@echo "make lint   ruff and the import-linter layer contracts"
 	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
 	@echo "make tools  Flink and the Beam Flink job server for the test cluster (make test runs it)"
@@ -56,6 +57,13 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 	    | grep -v "TidalStepOperator.*run " | sed -E 's/ +\[[a-z_.]+\] loc=.*$$//; s/^[0-9T:.-]+Z \[[a-z ]+\] //' | cut -c1-160 | tail -45; \
 	  echo "== airflow dags test finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
 	  $(VENV)/bin/tidal report $(RECIPE); exit $$rc
+
+# Production shape on one machine (tests/cluster/demo.py): scheduler, dag-processor, api-server and
+# triggerer on PostgreSQL, CeleryExecutor on Redis, two Celery workers each on a node of the test
+# cluster, MLflow and an s3:// root on the loopback S3 server; everything stopped by process group.
+# CLUSTER_DEMO_ARGS: --recipe slice (shorter), --hold SECONDS (keep the UIs up after the run).
+cluster-demo: corpora tools
+	bash .ci/services.sh run -- $(VENV)/bin/python -m tests.cluster.demo $(CLUSTER_DEMO_ARGS)
 
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).

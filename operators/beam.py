@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow.sdk import TaskGroup
 
+from operators.assets import emit_step_asset, step_alias
 from operators.gke import ProviderOperator, TidalCommitOperator, TidalPrepareOperator
 from operators.step import run_key_of
 
@@ -67,9 +68,11 @@ class BeamCommitOperator(TidalCommitOperator):
 
         export_signing_key()  # the commit signs step.json and manifest.json (tidal/integrity/signing.py)
         prepared = context["ti"].xcom_pull(task_ids=self.prepare_task_id, key="prepared")
-        result = commit(pipeline_for_run(self.recipe_path, context), self.step_name, prepared=prepared,
-                        runner=self.runner, workload=self.workload, run_key=run_key_of(context))
+        pipe = pipeline_for_run(self.recipe_path, context)
+        result = commit(pipe, self.step_name, prepared=prepared, runner=self.runner, workload=self.workload,
+                        run_key=run_key_of(context))
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
+        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 
@@ -147,7 +150,7 @@ def beam_step_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
                                                                        prepare_task_id=f"{prefix}prepare"))
         commit = BeamCommitOperator(task_id="commit", recipe_path=recipe_path, step_name=step.name,
                                     prepare_task_id=f"{prefix}prepare", workload=job_name(step),
-                                    runner=recipe.beam.runner)
+                                    runner=recipe.beam.runner, outlets=[step_alias(recipe.name, step.name)])
         prepare >> launch >> commit
         prepare >> commit
     return group

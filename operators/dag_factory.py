@@ -13,6 +13,7 @@ from pathlib import Path
 from airflow.sdk import DAG
 from airflow.task.trigger_rule import TriggerRule
 
+from operators.assets import step_alias
 from operators.dag_args import SCHEDULE_START, pipeline_dag_args
 from operators.plan import PLAN_TASK_ID, TidalPlanOperator
 from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepOperator
@@ -76,7 +77,7 @@ def build_dag(recipe_path: Path) -> DAG:
         tasks = {
             step.name: TidalStepOperator(
                 task_id=step.name, recipe_path=str(recipe_path), step_name=step.name,
-                doc_md=f"step `{step.step_id}` ({step.kind})",
+                doc_md=f"step `{step.step_id}` ({step.kind})", outlets=[step_alias(recipe.name, step.name)],
             )
             if not (step.kind == "train" and recipe.train.resources.launcher == "gke")
             and step.kind not in beam_kinds

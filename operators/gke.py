@@ -35,6 +35,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
+from operators.assets import emit_step_asset, step_alias
 from operators.run_context import run_key_of
 from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV
 from tidal.settings import TRACKING_URI_ENV as URI_ENV
@@ -217,6 +218,7 @@ class TidalCommitOperator(BaseOperator):
         # recorded here, not by commit(), so that the pod's live run is completed, not duplicated
         pipe.record(result, run_key_of(context), live_run=live_run, complete_history=True)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
+        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 
@@ -292,7 +294,8 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
         prepare = TidalPrepareOperator(task_id="prepare", recipe_path=recipe_path, step_name=step.name,
                                        launch_task_id=launch_id, commit_task_id=f"{prefix}commit")
         commit = TidalCommitOperator(task_id="commit", recipe_path=recipe_path, step_name=step.name,
-                                     prepare_task_id=f"{prefix}prepare", workload=name)
+                                     prepare_task_id=f"{prefix}prepare", workload=name,
+                                     outlets=[step_alias(recipe.name, step.name)])
         if single:
             launch = ProviderOperator(task_id="launch", provider_class=POD_OPERATOR,
                                       operator_kwargs=pod_operator_kwargs(manifest))

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from operators.assets import emit_step_asset
 from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
 
 __all__ = ["SIGNING_CONN_ID", "BrokenRecipeOperator", "InjectedFault", "TidalReportOperator", "TidalStepOperator",
@@ -115,6 +116,7 @@ class TidalStepOperator(BaseOperator):
         result = pipe.run(self.step_name, run_key=run_key_of(context), force=self.step_name in force_steps)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         emit_step_metrics(pipe, result, self.log)
+        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 
@@ -126,6 +128,9 @@ class TidalReportOperator(BaseOperator):
     run (without overrides) differs from it beyond tolerance (tidal/quality/baseline.py): the error
     lists each metric with expected, got and tolerance. It also sends the checkpoint-age
     StatsD gauges.
+
+    Returns (XCom): ``steps_run``, ``steps_skipped``, ``tokens_seen`` and ``baseline``: None (the
+    recipe has none), ``"within tolerance"`` or ``"not compared: overrides"``.
     """
 
     template_fields = ("recipe_path",)
@@ -157,13 +162,17 @@ class TidalReportOperator(BaseOperator):
         _emit_checkpoint_metrics(pipe)
         if report["missing"]:
             raise AirflowFailException(f"steps not committed: {report['missing']}")
+        baseline = None
         if getattr(pipe.recipe, "baseline", None) is not None:
             overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))
             if overrides:
                 self.log.info("baseline not compared: this run overrides %s", sorted(overrides))
+                baseline = "not compared: overrides"
             else:
                 _compare_baseline(pipe, self.log)
-        return {k: v for k, v in report.items() if k in ("steps_run", "steps_skipped", "tokens_seen")}
+                baseline = "within tolerance"
+        summary = {k: v for k, v in report.items() if k in ("steps_run", "steps_skipped", "tokens_seen")}
+        return {**summary, "baseline": baseline}
 
 
 def _compare_baseline(pipe: Any, log: Any) -> None:

@@ -1,0 +1,70 @@
+"""Airflow Assets of committed steps: every task that commits a step emits one asset event.
+
+A step's URI is known only at run time (the run's overrides change step ids, and the storage root
+is the worker's setting), so each committing task declares an asset *alias* as its outlet,
+``tidal_<recipe>.<step>``, and adds to it, when the step was computed and committed by this task,
+the event of the asset whose URI is the committed step's (``s3://bucket/prefix/<step id>/`` or
+``file:///root/<step id>``) with ``extra`` = step id, manifest root hash, kind, recipe and run key.
+A step found committed already (status ``skip``) emits nothing: nothing new exists.
+
+Consumers (a DAG with ``schedule=checkpoint_alias(recipe)``) are triggered by those events, but
+Airflow can merge events of tasks that finish together into one run of the consumer, so a
+consumer must find the committed steps from storage (the bucket), not from its triggering events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Asset, AssetAlias
+
+__all__ = ["asset_uri", "checkpoint_alias", "emit_step_asset", "step_alias"]
+
+
+def step_alias(recipe_name: str, step_name: str) -> AssetAlias:
+    """The asset alias a step's committing task adds its event to: ``tidal_<recipe>.<step>``."""
+    return AssetAlias(name=f"tidal_{recipe_name}.{step_name}")
+
+
+def checkpoint_alias(recipe_name: str, train_step: str = "train") -> AssetAlias:
+    """The alias of a recipe's training step (its committed output holds the checkpoints)."""
+    return step_alias(recipe_name, train_step)
+
+
+def asset_uri(storage_uri: str) -> str:
+    """A committed step's location as an Asset URI: object stores as they are (no trailing ``/``),
+    a local path as ``file://`` + absolute path (Airflow keeps URIs without a scheme unnormalized)."""
+    uri = storage_uri.rstrip("/")
+    return uri if "://" in uri else f"file://{uri}"
+
+
+def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any) -> dict[str, Any] | None:
+    """Add the asset event of ``result``'s step to its alias, if this task committed it.
+
+    Args:
+        context: the task's Airflow context (``outlet_events``).
+        pipe: the run's :class:`tidal.core.pipeline.Pipeline`.
+        result: the step's :class:`tidal.core.commit.StepResult`.
+        run_key: the MLflow run key of the DAG run.
+
+    Returns:
+        The event's ``{"uri", "extra"}``, or None when nothing was committed here (status ``skip``).
+        Never raises for a missing record: the step is committed; its event is a WARNING on ``log``.
+    """
+    import json
+
+    events = context.get("outlet_events")
+    if result.status != "run" or events is None:  # None: called outside a task runner (no outlets)
+        return None
+    step = pipe.graph[result.name]
+    try:
+        record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
+    except (OSError, ValueError) as err:
+        log.warning("asset event of %s not emitted: step.json unreadable: %s", step.step_id, err)
+        return None
+    uri = asset_uri(pipe.storage.step_uri(step.step_id))
+    extra = {"step_id": step.step_id, "step": step.name, "kind": step.kind, "recipe": pipe.recipe.name,
+             "manifest_root_hash": record.get("manifest_root_hash"), "run_key": run_key}
+    events[step_alias(pipe.recipe.name, step.name)].add(Asset(uri=uri, name=uri), extra=extra)
+    log.info("asset event %s (%s, root %s)", uri, step.step_id, str(extra["manifest_root_hash"])[:12])
+    return {"uri": uri, "extra": extra}
