@@ -3,15 +3,19 @@
 A slice of the tiny recipe runs through the real scheduler with an ``s3://`` root. While it runs, the
 node of the worker running a data step is lost, then the node of the worker running training; each
 task is failed by the scheduler (heartbeat timeout) and retried on the other worker, and the run
-completes with the bytes of an uninterrupted one-process run. A second run of the same recipe skips
-every step in the plan task, without a worker process each.
+completes with the bytes of an uninterrupted one-process run, and each committed step emitted one
+asset event. A second run of the same recipe skips every step in the plan task, without a worker
+process each. A recipe of the same computation on an every-minute schedule then gets two runs from
+the scheduler's clock, each compared with its baseline.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 
@@ -19,8 +23,8 @@ from tests.cluster import scenario as sc
 from tests.cluster.airflow_cluster import AirflowCluster
 
 pytestmark = pytest.mark.timeout(2400)
-RECIPE = "tiny_af"
-DAG_ID = f"tidal_{RECIPE}"
+RECIPE, MINUTELY = "tiny_af", "tiny_af_minutely"
+DAG_ID, MINUTELY_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}"
 DATA_STEP = "clean-gcide"  # the slice's largest data step
 
 
@@ -45,12 +49,15 @@ def _lose_the_node_running(af: AirflowCluster, run_id: str, task_id: str, *, aft
 def airflow(cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("airflow-celery")
     text = sc.slice_recipe(tmp, RECIPE)
+    # the same computation every minute, compared with a baseline (paused until its test unpauses it)
+    minutely = sc.slice_recipe(tmp, MINUTELY, schedule="* * * * *", baseline={
+        "file": f"baselines/{MINUTELY}.json", "loss_tolerance": 0.05, "stats_tolerance": 0.01})
     root = f"s3://tidal/af-{uuid.uuid4().hex[:8]}"
     cluster.env["TIDAL_STORAGE_ROOT"] = root
     try:
-        with AirflowCluster.start(cluster, tmp / "airflow", {RECIPE: text}) as af:
+        with AirflowCluster.start(cluster, tmp / "airflow", {RECIPE: text, MINUTELY: minutely}) as af:
             af.wait_dag(DAG_ID)
-            yield {"af": af, "text": text, "root": root, "tmp": tmp}
+            yield {"af": af, "text": text, "minutely": minutely, "root": root, "tmp": tmp}
     finally:
         cluster.env.pop("TIDAL_STORAGE_ROOT", None)
 
@@ -75,6 +82,18 @@ def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_b
     assert not differ, f"the Celery run differs from the local run: {differ}"
     staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=root.removeprefix("s3://tidal/") + "/.staging/")
     assert staged.get("KeyCount", 0) == 0, [o["Key"] for o in staged.get("Contents", [])][:5]
+    # every step committed in this run emitted one asset event: the committed step's URI, its id and root hash
+    events = _asset_events(af, run_id)
+    by_step = {e["extra"]["step"]: e for e in events}
+    assert len(events) == len(steps) and set(by_step) == {name for name, _, _ in steps}, \
+        [(e["source_task_id"], e["uri"]) for e in events]
+    s3 = cluster.s3()
+    prefix = root.removeprefix("s3://tidal/")
+    for name, step_id, _ in steps:
+        event = by_step[name]
+        assert event["uri"] == f"{root}/{step_id}" and event["extra"]["step_id"] == step_id, event
+        record = json.loads(s3.get_object(Bucket="tidal", Key=f"{prefix}/{step_id}/step.json")["Body"].read())
+        assert event["extra"]["manifest_root_hash"] == record["manifest_root_hash"], (name, event["extra"])
     airflow["first_run_s"] = _duration(run)
 
 
@@ -86,12 +105,48 @@ def test_a_cached_rerun_skips_every_step_without_a_worker_each(airflow):
     assert run["state"] == "success", states
     steps = {k: v for k, v in states.items() if k not in ("plan", "report")}
     assert set(steps.values()) == {"skipped"}, states
+    assert _asset_events(af, "cached") == []  # nothing new was committed
     if "first_run_s" in airflow:  # the 5 % target is bench/airflow_cluster.py's; here: far below the first run
         assert _duration(run) < 0.5 * airflow["first_run_s"], (_duration(run), airflow["first_run_s"])
 
 
-def _duration(run: dict) -> float:
-    from datetime import datetime
+def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_the_baseline(cluster, airflow):
+    af, minutely = airflow["af"], airflow["minutely"]
+    assert [i for _, i, _ in sc.step_names(minutely, airflow["tmp"])] == \
+        [i for _, i, _ in sc.step_names(airflow["text"], airflow["tmp"])]  # schedule and baseline are not hashed
+    # the baseline from the committed steps, written by a node as `tidal baseline` does, into the DAG bundle
+    made = sc.on_node_argv(cluster, "baseliner", minutely, [
+        "bash", "-c", "python -m tidal.cli baseline recipe.yaml --out baseline.json >&2 && cat baseline.json"],
+        root=airflow["root"])
+    (af.recipes / "baselines").mkdir(exist_ok=True)
+    (af.recipes / "baselines" / f"{MINUTELY}.json").write_text(made.stdout)
+    af.wait_dag(MINUTELY_DAG)  # unpaused, catchup off: a run for the last whole minute now, the next a minute on
+    done: list[dict] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(done) < 2:
+            time.sleep(5)
+            runs = af.api("GET", f"/dags/{MINUTELY_DAG}/dagRuns",
+                          params={"run_type": "scheduled", "limit": 100}).json()["dag_runs"]
+            done = sorted((r for r in runs if r["state"] in ("success", "failed")), key=lambda r: r["logical_date"])
+    finally:
+        af.api("PATCH", f"/dags/{MINUTELY_DAG}", json={"is_paused": True})
+    assert len(done) >= 2, (done, af.logs_tail())
+    first, second = done[:2]
+    gap = datetime.fromisoformat(second["logical_date"]) - datetime.fromisoformat(first["logical_date"])
+    assert gap.total_seconds() == 60, (first["logical_date"], second["logical_date"])
+    for run in (first, second):
+        states = af.task_states(MINUTELY_DAG, run["dag_run_id"])
+        assert run["state"] == "success", states
+        assert {v for k, v in states.items() if k not in ("plan", "report")} == {"skipped"}, states
+        assert af.xcom(MINUTELY_DAG, run["dag_run_id"], "report")["baseline"] == "within tolerance"
 
+
+def _asset_events(af: AirflowCluster, run_id: str) -> list[dict]:
+    return af.api("GET", "/assets/events", params={"source_dag_id": DAG_ID, "source_run_id": run_id,
+                                                   "limit": 100}).json()["asset_events"]
+
+
+def _duration(run: dict) -> float:
     start, end = (datetime.fromisoformat(run[k]) for k in ("start_date", "end_date"))
     return (end - start).total_seconds()
