@@ -122,17 +122,27 @@ def _remote_group(*, step, **kwargs):
     return beam_step_group(step=step, **kwargs)
 
 
-def build_dags(recipes_dir: Path) -> dict[str, DAG]:
+def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
     """Every ``*.yaml`` recipe in ``recipes_dir`` as ``{dag_id: DAG}``.
 
     One broken recipe must not hide the others (an exception here would make the whole
     DAG file an import error): an invalid recipe, or a second recipe claiming a DAG id
     already taken, becomes a ``tidal_broken_<file>`` DAG whose doc and only task show the
     error, and the error is logged by the dag-processor.
+
+    Args:
+        only: the DAG id a task process asks for (Airflow's parsing context,
+            ``airflow.sdk.get_parsing_context().dag_id``): the other recipe files are read as YAML
+            for their ``name`` only, not validated, planned or built. None (the dag-processor) or a
+            broken recipe's DAG id: all.
     """
+    if only is not None and only.startswith("tidal_broken_"):
+        only = None  # why a file is broken may depend on the others (a DAG id taken by an earlier file)
     dags: dict[str, DAG] = {}
     sources: dict[str, Path] = {}
     for path in sorted(recipes_dir.glob("*.yaml")):
+        if only is not None and not _may_define(path, only):
+            continue
         try:
             dag = build_dag(path)
             if dag.dag_id in dags:
@@ -144,6 +154,24 @@ def build_dags(recipes_dir: Path) -> dict[str, DAG]:
         dags[dag.dag_id] = dag
         sources[dag.dag_id] = path
     return dags
+
+
+def _may_define(path: Path, dag_id: str) -> bool:
+    """Whether the recipe file ``path`` may define ``dag_id`` (``tidal_<name>`` from its top-level
+    ``name``); a file that cannot be read so cheaply may."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return True
+    name = data.get("name") if isinstance(data, dict) else None
+    return not isinstance(name, str) or f"tidal_{name}" == dag_id
+
+
+def broken_dag_id(path: Path) -> str:
+    """The DAG id of the recipe file ``path`` when it is broken: ``tidal_broken_<stem>``."""
+    return "tidal_broken_" + re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
 
 
 def _check_serializes(dag: DAG) -> None:
@@ -159,10 +187,9 @@ def _check_serializes(dag: DAG) -> None:
 
 def broken_recipe_dag(path: Path, error: str) -> DAG:
     """A one-task DAG that shows why ``path`` could not become a pipeline DAG."""
-    stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
     with DAG(
         auto_register=False,
-        dag_id=f"tidal_broken_{stem}",
+        dag_id=broken_dag_id(path),
         description=f"recipe {path.name} is invalid",
         schedule=None,
         catchup=False,

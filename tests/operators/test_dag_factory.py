@@ -66,6 +66,45 @@ def test_a_broken_recipe_does_not_hide_the_others(tmp_path):
     assert lines["tidal_broken_b_bad"].split()[2] == "1"
 
 
+def test_a_task_process_builds_only_the_dag_of_its_parsing_context(tmp_path):
+    """A task's own process parses the DAG file for one DAG (Airflow sets its parsing context): the other
+    recipes are not built, a broken one still answers under its own id, and a duplicate name is still refused."""
+    import os
+    import shutil
+
+    import yaml
+
+    from tests.conftest import TINY
+
+    shutil.copy(TINY, tmp_path / "a_tiny.yaml")
+    other = yaml.safe_load(TINY.read_text()) | {"name": "other"}
+    (tmp_path / "b_other.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
+    (tmp_path / "c_bad.yaml").write_text(TINY.read_text().replace("steps: 400", "steps: -1"))
+    (tmp_path / "d_same.yaml").write_text(TINY.read_text())
+    probe = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(REPO / 'dags')!r})\n"
+        "print('DAGS', ' '.join(sorted(bag.dags)), 'ERRORS', len(bag.import_errors))\n"
+    )
+
+    def dags_built(dag_id: str | None) -> str:
+        env = {**os.environ, "TIDAL_RECIPES_DIR": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+               "AIRFLOW_HOME": str(tmp_path / "airflow")}
+        env.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
+        if dag_id:
+            env["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
+        out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                             check=True, env=env).stdout
+        return next(line for line in out.splitlines() if line.startswith("DAGS"))
+
+    assert dags_built(None) == "DAGS tidal_broken_c_bad tidal_broken_d_same tidal_other tidal_tiny ERRORS 0"
+    assert dags_built("tidal_other") == "DAGS tidal_other ERRORS 0"
+    # every file named `tiny` is built (the invalid one too), so the duplicate is still its broken DAG
+    assert dags_built("tidal_tiny") == "DAGS tidal_broken_c_bad tidal_broken_d_same tidal_tiny ERRORS 0"
+    # why a file is broken may depend on the others: a broken DAG's task builds them all
+    assert dags_built("tidal_broken_d_same") == dags_built(None)
+
+
 def test_a_hostile_source_name_is_one_broken_dag_and_every_other_dag_serializes(tmp_path):
     """Issue 22, item 1: a source name with a space, a colon, '..' or markup used to leave a half-built DAG
     registered that failed serialization, and then no DAG of the folder could be triggered."""
