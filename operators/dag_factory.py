@@ -159,11 +159,12 @@ def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
 def _may_define(path: Path, dag_id: str) -> bool:
     """Whether the recipe file ``path`` may define ``dag_id`` (``tidal_<name>`` from its top-level
     ``name``); a file that cannot be read so cheaply may."""
-    import yaml
+    from tidal.recipe import RecipeError
+    from tidal.recipe.loader import read_yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(path)
+    except RecipeError:
         return True
     name = data.get("name") if isinstance(data, dict) else None
     return not isinstance(name, str) or f"tidal_{name}" == dag_id

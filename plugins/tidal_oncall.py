@@ -87,7 +87,8 @@ def collect() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     return statuses, runs
 
 
-app = FastAPI(title="tidal on-call", description=__doc__)
+# No /docs, /redoc or /openapi.json: FastAPI serves them without the login the pages need.
+app = FastAPI(title="tidal on-call", description=__doc__, docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @app.get("/", response_class=HTMLResponse)

@@ -80,6 +80,8 @@ def test_the_plugin_is_mounted_linked_and_protected(airflow_server):
     forged = requests.get(f"{airflow_server.url}/tidal-oncall/status", timeout=60,
                           headers={"Authorization": "Bearer not-a-jwt"})
     assert forged.status_code in (401, 403)
+    for path in ("docs", "redoc", "openapi.json"):  # issue 22, item 8: they answered without login
+        assert requests.get(f"{airflow_server.url}/tidal-oncall/{path}", timeout=60).status_code in (401, 403, 404)
 
 
 def test_oncall_page_in_headless_chromium(airflow_server, browser):

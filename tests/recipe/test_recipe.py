@@ -76,6 +76,44 @@ def test_duplicate_yaml_key_is_refused(tmp_path):
         load_recipe(path)
 
 
+def _alias_bomb(levels: int = 12) -> str:
+    """~1 KB of YAML whose aliases expand to 10**levels strings (the "billion laughs")."""
+    lines = ['a0: &a0 "lol"']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\nname: *a{levels}\n"
+
+
+def test_yaml_anchors_and_aliases_are_refused_before_they_expand(tmp_path):
+    """Issue 22, item 5: nested aliases made `tidal plan` use gigabytes and minutes, and the DAG file
+    stalled on such a file for every recipe."""
+    import resource
+    import time
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb())
+    assert bomb.stat().st_size < 2000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tick = time.perf_counter()
+    with pytest.raises(RecipeError, match=r"bomb.yaml: line 1, column 5 YAML syntax error: YAML anchor &a0 is not "
+                                          r"allowed in a recipe \(write the value out\)$"):
+        load_recipe(bomb)
+    assert time.perf_counter() - tick < 1.0  # refused while composing, before anything expands
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
+    alias_only = tmp_path / "alias.yaml"
+    alias_only.write_text(TINY.read_text() + "\nextra: *nowhere\n")
+    with pytest.raises(RecipeError, match=r"alias.yaml: line \d+, column 8 YAML syntax error: YAML alias \*nowhere"):
+        load_recipe(alias_only)
+
+
+def test_a_recipe_file_over_the_size_cap_is_refused_unread(tmp_path):
+    from tidal.recipe.loader import MAX_RECIPE_BYTES
+
+    big = tmp_path / "big.yaml"
+    big.write_text(TINY.read_text() + "#" * MAX_RECIPE_BYTES)
+    with pytest.raises(RecipeError, match=rf"big.yaml: a recipe file is at most {MAX_RECIPE_BYTES} bytes"):
+        load_recipe(big)
+
+
 def test_booleans_and_numeric_strings_are_not_integers(tiny_data):
     with pytest.raises(RecipeError, match="train.steps: Input should be a valid integer"):
         parse_recipe(tiny_data, "t.yaml", overrides={"train.steps": True})

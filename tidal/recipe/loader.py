@@ -18,8 +18,22 @@ def _format_errors(path: str, err: ValidationError) -> str:
     return "\n".join([f"{path}: {err.error_count()} problem(s) in the recipe:", *(f"  {line}" for line in lines)])
 
 
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; 1 MiB leaves room for long source lists
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one)."""
+    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one) and every
+    anchor and alias: nested aliases expand ~1 KB of YAML into gigabytes (the "billion laughs"), and a
+    recipe has no use for them (write the value out, or use overrides)."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML {kind}{str(event.anchor)[:40]} is not allowed in a recipe (write the value out)",
+                event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -77,15 +91,27 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     Raises:
         RecipeError: file missing, YAML syntax error (with line and column), or invalid fields.
     """
+    return parse_recipe(read_yaml(path), str(path), overrides)
+
+
+def read_yaml(path: str | Path, what: str = "recipe") -> Any:
+    """Parse a recipe or suite file: at most :data:`MAX_RECIPE_BYTES`, no duplicate keys, no anchors
+    or aliases (:class:`_UniqueKeyLoader`).
+
+    Raises:
+        RecipeError: unreadable, too large, or not such YAML (``path: line L, column C YAML ...``).
+    """
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{path}: a {what} file is at most {MAX_RECIPE_BYTES} bytes, this one is {size}")
         text = path.read_text()
-    except OSError as err:
-        raise RecipeError(f"{path}: cannot read recipe: {err.strerror}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecipeError(f"{path}: cannot read {what}: {getattr(err, 'strerror', None) or err}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise RecipeError(f"{path}:{where} YAML syntax error: {getattr(err, 'problem', err)}") from None
-    return parse_recipe(data, str(path), overrides)

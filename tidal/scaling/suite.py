@@ -62,7 +62,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidal.config import problems
@@ -207,9 +206,11 @@ def budget_tag(flops: float) -> str:
 
 def is_suite_file(path: str | Path) -> bool:
     """True when ``path`` is YAML whose top level has ``kind: scaling_suite`` (cheap check)."""
+    from tidal.recipe.loader import read_yaml
+
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(path)
+    except RecipeError:
         return False
     return isinstance(data, dict) and data.get("kind") == SUITE_KIND
 
@@ -222,12 +223,12 @@ def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
             or a grid point that cannot be planned (too few steps, bad shape).
     """
     path = Path(path)
+    from tidal.recipe.loader import read_yaml
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise SuiteError(f"{path}: cannot read suite: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise SuiteError(f"{path}: YAML syntax error: {err}") from None
+        data = read_yaml(path, "suite")
+    except RecipeError as err:
+        raise SuiteError(str(err)) from None
     if not isinstance(data, dict):
         raise SuiteError(f"{path}: a suite must be a YAML mapping")
     try:
