@@ -53,6 +53,18 @@ def test_bad_jsonl_lines_are_quarantined_verbatim_and_the_rest_is_read(tmp_path)
     assert bad.detail.startswith("x.jsonl line 2: ")
 
 
+def test_a_line_nested_past_the_parser_limit_is_quarantined_and_the_others_read(tmp_path):
+    """Issue 22, item 4: one such line raised RecursionError and lost the whole file."""
+    deep = b'{"text": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    (tmp_path / "x.jsonl").write_bytes(jsonl({"text": "before"}, deep, {"text": "after"}))
+    got, _ = records("jsonl", tmp_path / "x.jsonl")
+    assert [(ref, reason) for ref, _, reason in got] == [
+        ("x.jsonl:1", None), ("x.jsonl:2", "malformed_json"), ("x.jsonl:3", None)]
+    assert got[1][1] == deep  # verbatim, for the quarantine
+    bad = next(r for r in read_path("jsonl", tmp_path / "x.jsonl") if r.reason)
+    assert "nested deeper than the JSON parser's limit" in bad.detail
+
+
 def test_invalid_utf8_and_lone_surrogates_pass_through_as_bytes(tmp_path):
     (tmp_path / "u.jsonl").write_bytes(b'{"text": "caf\xe9 bytes"}\n{"text": "lone \\ud800 here"}\n')
     got, _ = records("jsonl", tmp_path)

@@ -23,7 +23,8 @@ Refs: JSONL ``rel/path.jsonl.gz:LINE`` (1-based line), Parquet ``rel/path.parque
 (0-based row), text ``rel/path.txt`` (one document per file). ``rel/path`` is relative to
 ``path`` (the file name when ``path`` is a file).
 
-Quarantine reasons: ``malformed_json`` (a line that is not JSON), ``not_an_object`` (JSON
+Quarantine reasons: ``malformed_json`` (a line that is not JSON, or nested deeper than the parser's
+recursion limit), ``not_an_object`` (JSON
 that is not an object), ``missing_text_field`` (no string under ``text_field``; a null too),
 ``truncated_file`` (a compressed stream that ends early or is corrupt: the records read
 before are kept, the partial tail is quarantined), ``unreadable_file`` (a Parquet file
@@ -58,6 +59,7 @@ import json
 import os
 import posixpath
 import stat
+import sys
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -273,6 +275,10 @@ def read_jsonl(path: Path, rel: str, text_field: str, skipped: Counter) -> Itera
             obj = json.loads(line.decode("utf-8", errors="surrogateescape"))
         except json.JSONDecodeError as err:
             yield ReadRecord(ref, line, "malformed_json", f"{rel} line {number}: {err}")
+            continue
+        except RecursionError:  # the C parser recurses per nesting level: '[[[[…' past the interpreter's limit
+            yield ReadRecord(ref, line, "malformed_json", f"{rel} line {number}: nested deeper than the JSON "
+                             f"parser's limit ({sys.getrecursionlimit()} levels)")
             continue
         if not isinstance(obj, dict):
             yield ReadRecord(ref, line, "not_an_object",
