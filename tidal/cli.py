@@ -172,7 +172,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     # one named step is verified even without _SUCCESS (a mismatch then); a recipe or run: its committed steps
     check = ids if target.kind == "step" else [sid for sid in ids if target.storage.is_committed(sid)]
     waiting = [sid for sid in ids if sid not in check]
-    results = verify_steps(target.storage, check, key, args.require_signature)
+    # with a key configured a step must carry a signature this key checks, unless --allow-unsigned
+    require = args.require_signature or (key is not None and not args.allow_unsigned)
+    results = verify_steps(target.storage, check, key, require)
     if args.json:
         print(json.dumps({"steps": [r.as_dict() for r in results], "not_committed": waiting}, indent=1))
     else:
@@ -319,7 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         if name == "verify":
             cmd.add_argument("--require-signature", action="store_true",
-                             help="count unsigned steps and signatures that cannot be checked as failures")
+                             help="count unsigned steps and signatures that cannot be checked as failures "
+                                  "(the default when TIDAL_SIGNING_KEY is set)")
+            cmd.add_argument("--allow-unsigned", action="store_true",
+                             help="with a signing key configured, accept unsigned steps and other keys' signatures")
     failures = sub.add_parser("failures", help="list recorded task failures, newest first, grouped by fingerprint")
     failures.add_argument("recipe", nargs="?", help="recipe YAML (its storage root and name); default: all in "
                           "--storage-root / $TIDAL_STORAGE_ROOT / .tidal")

@@ -154,6 +154,28 @@ def test_cli_exit_codes(signed_step, capsys, monkeypatch):
     assert main(["verify", "writer-abc"]) == 2
 
 
+def test_with_a_key_configured_verify_fails_foreign_and_stripped_signatures(signed_step, capsys, monkeypatch):
+    """Issue 22, item 3: with the key configured, a step re-signed with another key and one stripped to
+    unsigned (signature.json removed too) exited 0 unless --require-signature was given."""
+    out, pristine, _ = signed_step
+    monkeypatch.setenv(KEY_ENV, KEY_HEX)
+    assert main(["verify", str(out)]) == 0
+    capsys.readouterr()
+    record = json.loads((out / "step.json").read_text())
+    foreign = json.loads((out / "signature.json").read_text()) | {"key_id": "0123456789abcdef"}
+    (out / "signature.json").write_text(json.dumps(foreign))
+    (out / "step.json").write_text(json.dumps(record | {"signing": record["signing"] | {"key_id": "0123456789abcdef"}}))
+    assert main(["verify", str(out)]) == 1
+    assert "unchecked (signed with key 0123456789abcdef" in capsys.readouterr().out
+    (out / "signature.json").unlink()
+    (out / "step.json").write_text(json.dumps(record | {"signing": {"status": "unsigned"}}))
+    assert main(["verify", str(out)]) == 1
+    assert "--allow-unsigned accepts unsigned steps" in capsys.readouterr().out
+    assert main(["verify", str(out), "--allow-unsigned"]) == 0  # asked for explicitly
+    monkeypatch.delenv(KEY_ENV)
+    assert main(["verify", str(out)]) == 0 and main(["verify", str(out), "--require-signature"]) == 1
+
+
 def test_an_s3_step_is_verified_object_by_object(s3_env, bucket, tmp_path, monkeypatch, capsys):  # noqa: F811
     """A signed step committed to a real S3 server (moto on loopback), verified from the bucket
     alone: no local copy is read or made, and tampering with objects is caught."""

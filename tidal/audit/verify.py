@@ -272,7 +272,8 @@ def _check_signing(files: StepFiles, record: dict[str, Any], present: dict[str, 
             bad.append(Mismatch(SIGNATURE_JSON, "absent (step.json records unsigned)", "present"))
             return "invalid"
         if require:
-            bad.append(Mismatch(STEP_JSON, "a signed step (--require-signature)", "unsigned"))
+            bad.append(Mismatch(STEP_JSON, "a signed step (a signing key is configured, or --require-signature; "
+                                            "--allow-unsigned accepts unsigned steps)", "unsigned"))
         return "unsigned"
     if doc is None:
         return "invalid"
