@@ -157,7 +157,7 @@ def test_cli_exit_codes(signed_step, capsys, monkeypatch):
 def test_with_a_key_configured_verify_fails_foreign_and_stripped_signatures(signed_step, capsys, monkeypatch):
     """Issue 22, item 3: with the key configured, a step re-signed with another key and one stripped to
     unsigned (signature.json removed too) exited 0 unless --require-signature was given."""
-    out, pristine, _ = signed_step
+    out, _, _ = signed_step
     monkeypatch.setenv(KEY_ENV, KEY_HEX)
     assert main(["verify", str(out)]) == 0
     capsys.readouterr()
