@@ -79,7 +79,11 @@ def test_missing_metric_row_is_a_clear_error(tmp_path):
     ctx = make_ctx(tmp_path, rows)
     with pytest.raises(gates.StatsIncomplete, match=r"stats\.parquet.*source='udhr', metric='mixture_weight_realized'"):
         gates.run(ctx)
-    assert not (ctx.out_dir / "gate_result.json").exists()
+    # issue 22, item 9: the reason is kept where report and on-call read it
+    result = json.loads((ctx.out_dir / "gate_result.json").read_text())
+    assert result["success"] is False and result["error"] == "stats_incomplete" and result["results"] == []
+    assert result["summary"].startswith("gate failed: statistics incomplete: ") and "mixture_weight_realized" in \
+        result["summary"]
 
 
 def test_nan_value_counts_as_missing(tmp_path):

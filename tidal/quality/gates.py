@@ -248,14 +248,15 @@ def run(ctx: StepContext) -> dict[str, Any]:
     """Validate the stats step's table; write ``gate_result.json`` and ``data_docs/``.
 
     ``gate_result.json`` = ``{"success": bool, "results": [...], "summary": str}`` with the
-    results of :func:`validate`.
+    results of :func:`validate`; when the statistics are incomplete it is still written, with no
+    results, ``"error": "stats_incomplete"`` and the reason as its summary.
 
     Returns:
         ``{"gate_success": 1, "expectations": n, "failed": 0}``.
 
     Raises:
         GateFailed: some expectation failed (files are still written; ``err.result`` holds them).
-        StatsIncomplete: a stats row the suite needs is missing or not finite.
+        StatsIncomplete: a stats row the suite needs is missing or not finite (``gate_result.json`` says so).
         pydantic.ValidationError: the config lacks a threshold or has malformed weights (:class:`GateConfig`).
     """
     import pandas as pd
@@ -263,12 +264,18 @@ def run(ctx: StepContext) -> dict[str, Any]:
     cfg = GateConfig.model_validate(ctx.config)
     files = ctx.input_files(cfg.stats)  # read in place: one small parquet file
     path = files.uri_of(STATS_FILE)
-    if not files.exists(STATS_FILE):
-        raise StatsIncomplete(f"{path}: no stats table (input {cfg.stats!r} has no {STATS_FILE})")
-    with files.open_input(STATS_FILE) as source:
-        stats = pd.read_parquet(source)
-    checks = plan_checks(stats, cfg)
-    wide = pivot_stats(stats, checks, path)
+    try:
+        if not files.exists(STATS_FILE):
+            raise StatsIncomplete(f"{path}: no stats table (input {cfg.stats!r} has no {STATS_FILE})")
+        with files.open_input(STATS_FILE) as source:
+            stats = pd.read_parquet(source)
+        checks = plan_checks(stats, cfg)
+        wide = pivot_stats(stats, checks, path)
+    except StatsIncomplete as err:  # the reason stays with the failed attempt, for report and on-call
+        result = {"success": False, "results": [], "error": "stats_incomplete",
+                  "summary": f"gate failed: statistics incomplete: {err}"}
+        (ctx.out_dir / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        raise
     ctx.log.info("gate: %d expectations over %d sources from %s", len(checks), len(wide), path)
     results = validate(wide, checks, ctx.out_dir / DOCS_DIR, run_name=ctx.name)
     success = all(r["success"] for r in results)
