@@ -33,40 +33,19 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.cluster import scenario as sc
-from tests.cluster.airflow_cluster import AirflowCluster
+from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
 from tests.cluster.harness import Cluster
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _recipe(which: str, tmp: Path) -> tuple[str, str]:
     """(name, text) of the benchmarked recipe: recipes/tiny.yaml as it is, or its CI slice."""
-    if which == "slice":
-        return "tiny_afb", sc.slice_recipe(tmp, "tiny_afb")
-    data = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    data["name"] = "tiny_afb"
-    data.pop("storage_root", None)  # the root comes from TIDAL_STORAGE_ROOT, as in a deployment
-    return "tiny_afb", yaml.safe_dump(data, sort_keys=False)
-
-
-def _seconds(ti_or_run: dict) -> float:
-    start, end = ti_or_run.get("start_date"), ti_or_run.get("end_date")
-    if not (start and end):
-        return 0.0
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
-def _events(af: AirflowCluster, dag_id: str, run_id: str) -> list[dict]:
-    return af.api("GET", "/assets/events", params={"source_dag_id": dag_id, "source_run_id": run_id,
-                                                   "limit": 100}).json()["asset_events"]
+    text = sc.slice_recipe(tmp, "tiny_afb") if which == "slice" else sc.tiny_recipe_text("tiny_afb")
+    return "tiny_afb", text
 
 
 def main() -> int:
@@ -90,7 +69,8 @@ def main() -> int:
             for run_id, conf in (("first", {}), ("cached", {})):
                 af.trigger(dag_id, run_id, conf)
                 runs[run_id] = af.wait_run(dag_id, run_id, timeout_s=3600)
-                print(f"bench: run {run_id}: {runs[run_id]['state']} in {_seconds(runs[run_id]):.1f} s", flush=True)
+                took = seconds_between(runs[run_id])
+                print(f"bench: run {run_id}: {runs[run_id]['state']} in {took:.1f} s", flush=True)
             tis = af.task_instances(dag_id, "first")
             overheads = []
             for task_id, ti in sorted(tis.items(), key=lambda kv: kv[1].get("start_date") or ""):
@@ -98,12 +78,12 @@ def main() -> int:
                 if ti["state"] == "success" and task_id not in ("plan",):
                     value = af.xcom(dag_id, "first", task_id)
                     step_s = value.get("seconds") if isinstance(value, dict) else None
-                took = _seconds(ti)
+                took = seconds_between(ti)
                 if isinstance(step_s, int | float):
                     overheads.append(took - step_s)
                 print(f"task {task_id:<24} {ti['state']:<8} {ti.get('hostname') or '-':<9} {took:7.1f} s in Airflow"
                       + (f", {step_s:7.1f} s in the step" if isinstance(step_s, int | float) else ""))
-            assets = len(_events(af, dag_id, "first"))
+            assets = len(af.asset_events(dag_id, "first"))
             if not args.no_kill:
                 af.trigger(dag_id, "killed", {"seed": 7})
                 ti = af.wait_running(dag_id, "killed", "train", timeout_s=1800)
@@ -113,9 +93,10 @@ def main() -> int:
                 run = af.wait_run(dag_id, "killed", timeout_s=3600)
                 train = af.task_instances(dag_id, "killed")["train"]
                 recovered = run["state"] == "success" and train["try_number"] >= 2
-                print(f"bench: run killed: {run['state']} in {_seconds(run):.1f} s; train try {train['try_number']} "
-                      f"on {train.get('hostname')} (lost: {ti['hostname']})", flush=True)
-    first_s, cached_s = _seconds(runs["first"]), _seconds(runs["cached"])
+                print(f"bench: run killed: {run['state']} in {seconds_between(run):.1f} s; "
+                      f"train try {train['try_number']} on {train.get('hostname')} (lost: {ti['hostname']})",
+                      flush=True)
+    first_s, cached_s = seconds_between(runs["first"]), seconds_between(runs["cached"])
     ok = all(r["state"] == "success" for r in runs.values()) and recovered is not False
     print(f"RESULT executor=CeleryExecutor workers=2 first_run_s={first_s:.1f} cached_rerun_s={cached_s:.1f} "
           f"cached_ratio={cached_s / max(first_s, 1e-9):.3f} "

@@ -47,6 +47,16 @@ HEARTBEAT_TIMEOUT_S = 30
 STARTUP_TIMEOUT_S = 300
 
 
+def seconds_between(record: Mapping[str, object]) -> float:
+    """``end_date - start_date`` of a DAG run or task instance from the REST API, in seconds (0 if unset)."""
+    from datetime import datetime
+
+    start, end = record.get("start_date"), record.get("end_date")
+    if not (start and end):
+        return 0.0
+    return (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds()
+
+
 class AirflowCluster(AirflowApi):
     """A started production-shape Airflow (:meth:`start`); a REST client of its API server.
 
@@ -215,6 +225,11 @@ class AirflowCluster(AirflowApi):
             time.sleep(0.5)
         raise AssertionError(f"{task_id} never running: {self.task_states(dag_id, run_id)}\n{self.logs_tail()}")
 
+    def asset_events(self, dag_id: str, run_id: str) -> list[dict]:
+        """The asset events emitted by the tasks of one DAG run (``uri``, ``extra``, ``source_task_id``...)."""
+        return self.api("GET", "/assets/events", params={"source_dag_id": dag_id, "source_run_id": run_id,
+                                                         "limit": 100}).json()["asset_events"]
+
     # --- teardown ----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -235,15 +250,8 @@ class AirflowCluster(AirflowApi):
         self._control.clear()
         self._drop_database()
 
-    def _admin(self):
-        import psycopg2
-
-        conn = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres", connect_timeout=5)
-        conn.autocommit = True
-        return conn
-
     def _create_database(self) -> None:
-        conn = self._admin()
+        conn = self.cluster.pg_admin()
         try:
             with conn.cursor() as cur:
                 cur.execute(f'CREATE DATABASE "{self.database}"')
@@ -252,12 +260,10 @@ class AirflowCluster(AirflowApi):
 
     def _drop_database(self) -> None:
         with contextlib.suppress(Exception):
-            conn = self._admin()
+            conn = self.cluster.pg_admin()
             try:
                 with conn.cursor() as cur:
-                    cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                                (self.database,))
-                    cur.execute(f'DROP DATABASE IF EXISTS "{self.database}"')
+                    cur.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
             finally:
                 conn.close()
 

@@ -25,22 +25,15 @@ import time
 import uuid
 from pathlib import Path
 
-import yaml
-
 from tests.cluster import scenario as sc
 from tests.cluster.airflow_cluster import AirflowCluster
 from tests.cluster.harness import Cluster, ClusterUnavailable
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "tiny"
 
 
 def _recipe_text(which: str, tmp: Path) -> str:
-    if which == "slice":
-        return sc.slice_recipe(tmp, NAME)
-    data = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
-    data.pop("storage_root", None)  # the root comes from TIDAL_STORAGE_ROOT, as in a deployment
-    return yaml.safe_dump(data, sort_keys=False)
+    return sc.slice_recipe(tmp, NAME) if which == "slice" else sc.tiny_recipe_text(NAME)
 
 
 def _progress(af: AirflowCluster, dag_id: str, run_id: str, timeout_s: float) -> dict:

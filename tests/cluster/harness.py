@@ -324,7 +324,7 @@ class Cluster:
             self._moto.stop()
             self._moto = None
         if self._db_created:
-            conn = self._postgres()
+            conn = self.pg_admin()
             try:
                 with conn.cursor() as cur:
                     cur.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
@@ -437,7 +437,8 @@ class Cluster:
         self.s3_endpoint = self._moto.endpoint
         self.s3().create_bucket(Bucket=BUCKET)
 
-    def _postgres(self):
+    def pg_admin(self):
+        """An autocommit connection to PostgreSQL's ``postgres`` database (create / drop databases)."""
         import psycopg2
 
         conn = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres", connect_timeout=5)
@@ -448,14 +449,14 @@ class Cluster:
         import psycopg2
 
         try:
-            conn = self._postgres()
+            conn = self.pg_admin()
         except psycopg2.OperationalError:
             self._services_state = self.workdir / "services-state"
             state_env = {**os.environ, "TIDAL_SERVICES_STATE": str(self._services_state)}
             started = subprocess.run(["bash", str(REPO / ".ci" / "services.sh"), "start"], check=False,
                                      capture_output=True, text=True, env=state_env)
             try:
-                conn = self._postgres()
+                conn = self.pg_admin()
             except psycopg2.OperationalError as err:
                 raise ClusterUnavailable(
                     f"PostgreSQL is unreachable on {PG_HOST}:{PG_PORT} as {PG_USER!r} ({str(err).strip()}), also "

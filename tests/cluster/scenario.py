@@ -65,6 +65,14 @@ def slice_recipe(tmp: Path, name: str = "tiny_sn", scale: int = 1, **changes: ob
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def tiny_recipe_text(name: str) -> str:
+    """recipes/tiny.yaml as it is, named ``name``, without its storage_root (TIDAL_STORAGE_ROOT decides)."""
+    data = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())
+    data["name"] = name
+    data.pop("storage_root", None)  # the root comes from TIDAL_STORAGE_ROOT, as in a deployment
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def step_names(recipe_text: str, tmp: Path) -> list[tuple[str, str, str]]:
     """``(name, step_id, kind)`` of every step in plan order (ids do not depend on the root)."""
     from tidal.core.load import load_pipeline

@@ -20,7 +20,7 @@ from datetime import datetime
 import pytest
 
 from tests.cluster import scenario as sc
-from tests.cluster.airflow_cluster import AirflowCluster
+from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
 
 pytestmark = pytest.mark.timeout(2400)
 RECIPE, MINUTELY = "tiny_af", "tiny_af_minutely"
@@ -83,7 +83,7 @@ def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_b
     staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=root.removeprefix("s3://tidal/") + "/.staging/")
     assert staged.get("KeyCount", 0) == 0, [o["Key"] for o in staged.get("Contents", [])][:5]
     # every step committed in this run emitted one asset event: the committed step's URI, its id and root hash
-    events = _asset_events(af, run_id)
+    events = af.asset_events(DAG_ID, run_id)
     by_step = {e["extra"]["step"]: e for e in events}
     assert len(events) == len(steps) and set(by_step) == {name for name, _, _ in steps}, \
         [(e["source_task_id"], e["uri"]) for e in events]
@@ -94,7 +94,7 @@ def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_b
         assert event["uri"] == f"{root}/{step_id}" and event["extra"]["step_id"] == step_id, event
         record = json.loads(s3.get_object(Bucket="tidal", Key=f"{prefix}/{step_id}/step.json")["Body"].read())
         assert event["extra"]["manifest_root_hash"] == record["manifest_root_hash"], (name, event["extra"])
-    airflow["first_run_s"] = _duration(run)
+    airflow["first_run_s"] = seconds_between(run)
 
 
 def test_a_cached_rerun_skips_every_step_without_a_worker_each(airflow):
@@ -105,9 +105,9 @@ def test_a_cached_rerun_skips_every_step_without_a_worker_each(airflow):
     assert run["state"] == "success", states
     steps = {k: v for k, v in states.items() if k not in ("plan", "report")}
     assert set(steps.values()) == {"skipped"}, states
-    assert _asset_events(af, "cached") == []  # nothing new was committed
+    assert af.asset_events(DAG_ID, "cached") == []  # nothing new was committed
     if "first_run_s" in airflow:  # the 5 % target is bench/airflow_cluster.py's; here: far below the first run
-        assert _duration(run) < 0.5 * airflow["first_run_s"], (_duration(run), airflow["first_run_s"])
+        assert seconds_between(run) < 0.5 * airflow["first_run_s"], (seconds_between(run), airflow["first_run_s"])
 
 
 def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_the_baseline(cluster, airflow):
@@ -140,13 +140,3 @@ def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_t
         assert run["state"] == "success", states
         assert {v for k, v in states.items() if k not in ("plan", "report")} == {"skipped"}, states
         assert af.xcom(MINUTELY_DAG, run["dag_run_id"], "report")["baseline"] == "within tolerance"
-
-
-def _asset_events(af: AirflowCluster, run_id: str) -> list[dict]:
-    return af.api("GET", "/assets/events", params={"source_dag_id": DAG_ID, "source_run_id": run_id,
-                                                   "limit": 100}).json()["asset_events"]
-
-
-def _duration(run: dict) -> float:
-    start, end = (datetime.fromisoformat(run[k]) for k in ("start_date", "end_date"))
-    return (end - start).total_seconds()
