@@ -73,6 +73,7 @@ class BeamCommitOperator(TidalCommitOperator):
                         run_key=run_key_of(context))
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         emit_step_asset(context, pipe, result, run_key_of(context), self.log)
+        self.remember_lineage(pipe, result)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

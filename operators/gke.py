@@ -36,6 +36,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
 from operators.assets import emit_step_asset, step_alias
+from operators.lineage import StepLineageMixin
 from operators.run_context import run_key_of
 from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV
 from tidal.settings import TRACKING_URI_ENV as URI_ENV
@@ -191,7 +192,7 @@ def close_failed_live_run(context: Any) -> str | None:
     return run_id if close_run(uri, run_id, "FAILED", tags={"tidal.status": "failed"}) else None
 
 
-class TidalCommitOperator(BaseOperator):
+class TidalCommitOperator(StepLineageMixin, BaseOperator):
     """Commit the step after its pods succeeded (or confirm it was committed already)."""
 
     template_fields = ("recipe_path",)
@@ -219,6 +220,7 @@ class TidalCommitOperator(BaseOperator):
         pipe.record(result, run_key_of(context), live_run=live_run, complete_history=True)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         emit_step_asset(context, pipe, result, run_key_of(context), self.log)
+        self.remember_lineage(pipe, result)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

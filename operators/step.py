@@ -11,6 +11,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from operators.assets import emit_step_asset
+from operators.lineage import StepLineageMixin
 from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
 
 __all__ = ["SIGNING_CONN_ID", "BrokenRecipeOperator", "InjectedFault", "TidalReportOperator", "TidalStepOperator",
@@ -67,7 +68,7 @@ def _emit_step_metrics(pipe: Any, result: Any) -> None:
     client.close()
 
 
-class TidalStepOperator(BaseOperator):
+class TidalStepOperator(StepLineageMixin, BaseOperator):
     """Run one content-addressed step of a recipe; a committed step is skipped in milliseconds.
 
     Args:
@@ -81,6 +82,8 @@ class TidalStepOperator(BaseOperator):
     (drills; :func:`check_fault`).
 
     Returns (XCom): ``{"step_id", "status" ("run"|"skip"|"dry-run:<run|skip|blocked>"), "seconds"}``.
+    OpenLineage (when a transport is configured): inputs and output as step URIs and the
+    ``tidal_step`` run facet (operators/lineage.py).
     """
 
     template_fields = ("recipe_path",)
@@ -117,6 +120,7 @@ class TidalStepOperator(BaseOperator):
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         emit_step_metrics(pipe, result, self.log)
         emit_step_asset(context, pipe, result, run_key_of(context), self.log)
+        self.remember_lineage(pipe, result)
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

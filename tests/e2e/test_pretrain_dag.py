@@ -38,6 +38,10 @@ def airflow_env(tmp_path_factory):
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "TIDAL_RECIPES_DIR": str(recipes),
         "RAYON_NUM_THREADS": "1",
+        # OpenLineage through the official provider, file transport: one JSON event per line
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+            {"type": "file", "log_file_path": str(base / "openlineage.jsonl"), "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tidal-e2e",
     }
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("TIDAL_STORAGE_ROOT", None)
@@ -45,7 +49,8 @@ def airflow_env(tmp_path_factory):
         [str(VENV_BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
-    return {"env": env, "recipe": recipes / "tiny_ci.yaml", "storage": base / "storage"}
+    return {"env": env, "recipe": recipes / "tiny_ci.yaml", "storage": base / "storage",
+            "openlineage": base / "openlineage.jsonl"}
 
 
 def dags_test(env: dict) -> tuple[subprocess.CompletedProcess, float]:
@@ -83,6 +88,42 @@ def parent_and_children(pipe):
     return client, parents, {c.data.tags["mlflow.runName"]: c for c in children}
 
 
+def check_openlineage(path: Path, pipe) -> None:
+    """Every step task's COMPLETE event: step URIs as inputs and output, the tidal_step facet valid
+    against docs/openlineage/TidalStepRunFacet.json with the step id, root hash, signature status
+    and the licence of every upstream source."""
+    import jsonschema
+
+    from operators.lineage import dataset_name
+    from tidal.quality.licences import licence_decisions
+
+    schema = json.loads((REPO / "docs" / "openlineage" / "TidalStepRunFacet.json").read_text())
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = {e["job"]["name"].split(".", 1)[1]: e for e in events
+                if e.get("eventType") == "COMPLETE" and e["job"]["name"].startswith("tidal_tiny_ci.")}
+    licences = licence_decisions(pipe.recipe.sources)
+    for step in pipe.graph:
+        event = complete[step.name]
+        assert event["job"]["namespace"] == "tidal-e2e"
+        facet = event["run"]["facets"]["tidal_step"]
+        jsonschema.validate(facet, schema)
+        record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
+        assert (facet["step_id"], facet["status"]) == (step.step_id, "run")
+        assert facet["manifest_root_hash"] == record["manifest_root_hash"]
+        assert facet["signature_status"] == record["signing"]["status"]
+        out = dataset_name(pipe.storage.step_uri(step.step_id))
+        assert [(d["namespace"], d["name"]) for d in event["outputs"]] == [out]
+        assert sorted((d["namespace"], d["name"]) for d in event["inputs"]) == sorted(
+            dataset_name(pipe.storage.step_uri(dep.step_id)) for dep in step.inputs)
+        if step.kind == "fetch":
+            src = step.config["source"]
+            assert facet["licences"] == {src: {"licence": licences[src]["licence"]}}
+    upstream = {src for src in pipe.recipe.sources if "train" in pipe.graph.descendants(f"fetch-{src}")}
+    assert len(upstream) >= 3
+    assert complete["train"]["run"]["facets"]["tidal_step"]["licences"] == {
+        src: {"licence": licences[src]["licence"]} for src in upstream}
+
+
 def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     from tidal.core.load import load_pipeline
     from tidal.integrity.hashing import verify_manifest
@@ -94,6 +135,7 @@ def test_dag_runs_end_to_end_then_skips_everything(airflow_env):
     pipe = load_pipeline(airflow_env["recipe"])
     assert all(pipe.storage.is_committed(s.step_id) for s in pipe.graph)
 
+    check_openlineage(airflow_env["openlineage"], pipe)
     client, parents, children = parent_and_children(pipe)
     assert len(parents) == 1
     parent = parents[0]
