@@ -123,7 +123,8 @@ def _remote_group(*, step, **kwargs):
 
 
 def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
-    """Every ``*.yaml`` recipe in ``recipes_dir`` as ``{dag_id: DAG}``.
+    """Every ``*.yaml`` recipe in ``recipes_dir`` as ``{dag_id: DAG}``: its pipeline DAG and, for a
+    recipe with a train step, its checkpoint DAG ``tidal_<recipe>__checkpoints`` (operators/consumer.py).
 
     One broken recipe must not hide the others (an exception here would make the whole
     DAG file an import error): an invalid recipe, or a second recipe claiming a DAG id
@@ -144,16 +145,31 @@ def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
         if only is not None and not _may_define(path, only):
             continue
         try:
-            dag = build_dag(path)
-            if dag.dag_id in dags:
-                raise ValueError(f"{path}: DAG id {dag.dag_id!r} is already defined by {sources[dag.dag_id]}")
-            _check_serializes(dag)
+            built = [build_dag(path)]
+            built += _consumer_dags(path, built[0])
+            for dag in built:
+                if dag.dag_id in dags:
+                    raise ValueError(f"{path}: DAG id {dag.dag_id!r} is already defined by {sources[dag.dag_id]}")
+                _check_serializes(dag)
         except Exception as err:  # noqa: BLE001 - any recipe error: show it, keep the other DAGs
             log.error("recipe %s is broken: %s", path, err)
-            dag = broken_recipe_dag(path, f"{type(err).__name__}: {err}")
-        dags[dag.dag_id] = dag
-        sources[dag.dag_id] = path
+            built = [broken_recipe_dag(path, f"{type(err).__name__}: {err}")]
+        for dag in built:
+            dags[dag.dag_id] = dag
+            sources[dag.dag_id] = path
     return dags
+
+
+def _consumer_dags(path: Path, dag: DAG) -> list[DAG]:
+    """The checkpoint DAG (operators/consumer.py) of a pipeline recipe with a train step."""
+    from tidal.scaling.suite import is_suite_file
+
+    if is_suite_file(path) or not any(t.task_id == "train" or t.task_id.startswith("train.") for t in dag.tasks):
+        return []
+    from operators.consumer import checkpoint_dag
+    from tidal.recipe import load_recipe
+
+    return [checkpoint_dag(load_recipe(path), str(path))]
 
 
 def _may_define(path: Path, dag_id: str) -> bool:
@@ -166,8 +182,10 @@ def _may_define(path: Path, dag_id: str) -> bool:
         data = read_yaml(path)
     except RecipeError:
         return True
+    from operators.consumer import checkpoint_dag_id
+
     name = data.get("name") if isinstance(data, dict) else None
-    return not isinstance(name, str) or f"tidal_{name}" == dag_id
+    return not isinstance(name, str) or dag_id in (f"tidal_{name}", checkpoint_dag_id(name))
 
 
 def broken_dag_id(path: Path) -> str:

@@ -10,7 +10,9 @@ their trigger rules. Step entry tasks run under ``none_failed``, so a step whose
 
 A task cleared later (the UI, a backfill of failed steps) runs again as before: ``plan`` is not
 cleared with it, and the step task itself skips what is committed and computes what is not.
-With ``dry_run`` every step is followed (each logs what it would do).
+With ``dry_run`` every step is followed (each logs what it would do). Otherwise the run's step ids
+are written to the bucket (``runs/<recipe>/<run key>.json``, tidal/audit/catalog.py): consumers such
+as the checkpoint DAG find the recipe's committed steps from them.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class TidalPlanOperator(BaseBranchOperator):
         if skipped:
             export_signing_key()
         run_key = run_key_of(context)
+        if not dry_run:  # the run's step ids, in the bucket: what consumers find a recipe's steps by
+            _write_plan(pipe, run_key, self.log)
         for name in skipped:  # committed: its skip record, as the step's own task would write it
             result = pipe.run(name, run_key=run_key)
             emit_step_metrics(pipe, result, self.log)
@@ -67,6 +71,17 @@ class TidalPlanOperator(BaseBranchOperator):
                       len(compute), len(compute) + len(skipped), ", ".join(compute) or "none", len(skipped))
         context["ti"].xcom_push(key="plan", value={"compute": compute, "skipped": skipped})
         return [task_id for name in compute for task_id in self.entry_tasks[name]]
+
+
+def _write_plan(pipe: Any, run_key: str, log: Any) -> None:
+    """``runs/<recipe>/<run key>.json`` (tidal/audit/catalog.py); a failure is a WARNING, not a failed plan."""
+    from tidal.audit.catalog import write_run_plan
+
+    try:
+        uri = write_run_plan(pipe.storage, pipe.recipe.name, run_key, {s.name: s.step_id for s in pipe.graph})
+        log.info("run plan %s", uri)
+    except Exception as err:  # noqa: BLE001 - the plan record serves consumers; the run goes on without it
+        log.warning("run plan not written: %s", err)
 
 
 __all__ = ["PLAN_TASK_ID", "TidalPlanOperator"]

@@ -5,8 +5,10 @@ node of the worker running a data step is lost, then the node of the worker runn
 task is failed by the scheduler (heartbeat timeout) and retried on the other worker, and the run
 completes with the bytes of an uninterrupted one-process run, and each committed step emitted one
 asset event. A second run of the same recipe skips every step in the plan task, without a worker
-process each. A recipe of the same computation on an every-minute schedule then gets two runs from
-the scheduler's clock, each compared with its baseline.
+process each. The recipe's checkpoint DAG runs on the train step's asset event and finds the checkpoint
+from the bucket; a broken and a hostile recipe in the same bundle are one failing DAG each. A recipe of
+the same computation on an every-minute schedule then gets two runs from the scheduler's clock, each
+compared with its baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uuid
 from datetime import datetime
 
 import pytest
+import yaml
 
 from tests.cluster import scenario as sc
 from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
@@ -26,6 +29,8 @@ pytestmark = pytest.mark.timeout(2400)
 RECIPE, MINUTELY = "tiny_af", "tiny_af_minutely"
 DAG_ID, MINUTELY_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}"
 DATA_STEP = "clean-gcide"  # the slice's largest data step
+CHECKPOINT_DAG = f"{DAG_ID}__checkpoints"
+BROKEN_DAG, HOSTILE_DAG = "tidal_broken_zz_broken", "tidal_broken_zz_hostile"
 
 
 def _host_env() -> dict[str, str]:
@@ -54,9 +59,20 @@ def airflow(cluster, tmp_path_factory):
         "file": f"baselines/{MINUTELY}.json", "loss_tolerance": 0.05, "stats_tolerance": 0.01})
     root = f"s3://tidal/af-{uuid.uuid4().hex[:8]}"
     cluster.env["TIDAL_STORAGE_ROOT"] = root
+    # one invalid recipe and one hostile one (a source name with a space, markup and a colon) in the same bundle
+    data = yaml.safe_load(text)
+    broken = yaml.safe_dump({**data, "name": "zz_broken", "train": {**data["train"], "steps": -1}}, sort_keys=False)
+    data["name"] = "zz_hostile"
+    first = min(data["sources"])
+    data["sources"]["<b>a b:c</b>"] = data["sources"].pop(first)
+    if first in data.get("mixture", {}).get("weights", {}):
+        data["mixture"]["weights"]["<b>a b:c</b>"] = data["mixture"]["weights"].pop(first)
+    hostile = yaml.safe_dump(data, sort_keys=False)
+    recipes = {RECIPE: text, MINUTELY: minutely, "zz_broken": broken, "zz_hostile": hostile}
     try:
-        with AirflowCluster.start(cluster, tmp / "airflow", {RECIPE: text, MINUTELY: minutely}) as af:
+        with AirflowCluster.start(cluster, tmp / "airflow", recipes) as af:
             af.wait_dag(DAG_ID)
+            af.wait_dag(CHECKPOINT_DAG)  # scheduled on the train step's asset alias
             yield {"af": af, "text": text, "minutely": minutely, "root": root, "tmp": tmp}
     finally:
         cluster.env.pop("TIDAL_STORAGE_ROOT", None)
@@ -95,6 +111,45 @@ def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_b
         record = json.loads(s3.get_object(Bucket="tidal", Key=f"{prefix}/{step_id}/step.json")["Body"].read())
         assert event["extra"]["manifest_root_hash"] == record["manifest_root_hash"], (name, event["extra"])
     airflow["first_run_s"] = seconds_between(run)
+
+
+def test_the_checkpoint_dag_runs_on_the_train_asset_and_finds_checkpoints_from_storage(cluster, airflow):
+    """Item 5: the consumer DAG is triggered by the train step's asset event and lists the committed
+    checkpoint from the run plans in the bucket, verified, not from its triggering events."""
+    af, root = airflow["af"], airflow["root"]
+    deadline, runs = time.monotonic() + 300, []
+    while time.monotonic() < deadline and not runs:
+        runs = [r for r in af.api("GET", f"/dags/{CHECKPOINT_DAG}/dagRuns", params={"limit": 10}).json()["dag_runs"]
+                if r["state"] in ("success", "failed")]
+        time.sleep(3)
+    assert runs, (af.api("GET", f"/dags/{CHECKPOINT_DAG}/dagRuns").json(), af.logs_tail())
+    [run] = runs
+    assert run["run_type"] == "asset_triggered" and run["state"] == "success", run
+    out = af.xcom(CHECKPOINT_DAG, run["dag_run_id"], "catalog")
+    train_id = next(i for name, i, _ in sc.step_names(airflow["text"], airflow["tmp"]) if name == "train")
+    [entry] = out["checkpoints"]
+    assert entry["step_id"] == train_id and entry["verified"] is True and entry["run_keys"], entry
+    assert entry["uri"] == f"{root}/{train_id}/" or entry["uri"].rstrip("/") == f"{root}/{train_id}"
+    prefix = root.removeprefix("s3://tidal/")
+    manifest = json.loads(cluster.s3().get_object(
+        Bucket="tidal", Key=f"{prefix}/{train_id}/checkpoint_manifest.json")["Body"].read())
+    assert (entry["checkpoint_step"], entry["checkpoint_root_hash"]) == (manifest["step"], manifest["root_hash"])
+    catalog = cluster.s3().get_object(Bucket="tidal", Key=f"{prefix}/checkpoints/{RECIPE}.json")["Body"].read()
+    assert [e["step_id"] for e in json.loads(catalog)["checkpoints"]] == [train_id]
+
+
+def test_a_broken_and_a_hostile_recipe_leave_every_other_dag_serialized_and_triggerable(airflow):
+    """Item 6 in production shape: the dag-processor serializes every DAG of the bundle, the two bad files
+    become one failing broken-recipe DAG each, and the good recipes' DAGs ran (the tests above)."""
+    af = airflow["af"]
+    assert af.api("GET", "/importErrors").json()["import_errors"] == []
+    dag_ids = {d["dag_id"] for d in af.api("GET", "/dags", params={"limit": 100}).json()["dags"]}
+    assert {DAG_ID, CHECKPOINT_DAG, MINUTELY_DAG, BROKEN_DAG, HOSTILE_DAG} <= dag_ids, dag_ids
+    assert not any(d.startswith(("tidal_zz_", "tidal_zz")) for d in dag_ids), dag_ids  # nothing half-built
+    af.wait_dag(HOSTILE_DAG)
+    af.trigger(HOSTILE_DAG, "bad")
+    assert af.wait_run(HOSTILE_DAG, "bad", timeout_s=300)["state"] == "failed"
+    assert af.task_states(HOSTILE_DAG, "bad") == {"recipe_error": "failed"}
 
 
 def test_a_cached_rerun_skips_every_step_without_a_worker_each(airflow):

@@ -60,7 +60,7 @@ def test_a_broken_recipe_does_not_hide_the_others(tmp_path):
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
     ).stdout.strip().splitlines()
     lines = {line.split()[1]: line for line in out if line.startswith("DAG ")}
-    assert set(lines) == {"tidal_tiny", "tidal_broken_b_bad", "tidal_broken_c_same"}
+    assert set(lines) == {"tidal_tiny", "tidal_tiny__checkpoints", "tidal_broken_b_bad", "tidal_broken_c_same"}
     assert "train.steps: Input should be greater than 0" in lines["tidal_broken_b_bad"]
     assert "'tidal_tiny' is already defined by" in lines["tidal_broken_c_same"]
     assert lines["tidal_broken_b_bad"].split()[2] == "1"
@@ -97,10 +97,13 @@ def test_a_task_process_builds_only_the_dag_of_its_parsing_context(tmp_path):
                              check=True, env=env).stdout
         return next(line for line in out.splitlines() if line.startswith("DAGS"))
 
-    assert dags_built(None) == "DAGS tidal_broken_c_bad tidal_broken_d_same tidal_other tidal_tiny ERRORS 0"
-    assert dags_built("tidal_other") == "DAGS tidal_other ERRORS 0"
+    assert dags_built(None) == ("DAGS tidal_broken_c_bad tidal_broken_d_same tidal_other tidal_other__checkpoints "
+                                "tidal_tiny tidal_tiny__checkpoints ERRORS 0")
+    assert dags_built("tidal_other") == "DAGS tidal_other tidal_other__checkpoints ERRORS 0"
+    assert dags_built("tidal_other__checkpoints") == "DAGS tidal_other tidal_other__checkpoints ERRORS 0"
     # every file named `tiny` is built (the invalid one too), so the duplicate is still its broken DAG
-    assert dags_built("tidal_tiny") == "DAGS tidal_broken_c_bad tidal_broken_d_same tidal_tiny ERRORS 0"
+    assert dags_built("tidal_tiny") == ("DAGS tidal_broken_c_bad tidal_broken_d_same tidal_tiny "
+                                        "tidal_tiny__checkpoints ERRORS 0")
     # why a file is broken may depend on the others: a broken DAG's task builds them all
     assert dags_built("tidal_broken_d_same") == dags_built(None)
 
@@ -138,7 +141,29 @@ def test_a_hostile_source_name_is_one_broken_dag_and_every_other_dag_serializes(
                          check=True, env=env).stdout.strip().splitlines()
     assert "ERRORS []" in out, out
     lines = {line.split()[1]: line for line in out if line.startswith("DAG ")}
-    assert set(lines) == {"tidal_tiny", "tidal_broken_b_space", "tidal_broken_c_dots", "tidal_broken_d_markup"}
+    assert set(lines) == {"tidal_tiny", "tidal_tiny__checkpoints", "tidal_broken_b_space", "tidal_broken_c_dots",
+                          "tidal_broken_d_markup"}
     assert int(lines["tidal_tiny"].split()[2]) > 17  # the whole pipeline, beside the broken ones
     assert "sources.'my source'.(name): String should match pattern" in lines["tidal_broken_b_space"]
     assert "sources.'../up'.(name)" in lines["tidal_broken_c_dots"]
+
+
+def test_a_recipe_with_a_train_step_gets_a_checkpoint_dag_scheduled_on_its_train_alias():
+    """Issue 20, item 5: the consumer DAG is scheduled on the recipe's checkpoint asset alias, which the
+    train task declares as its outlet; its one task finds checkpoints from storage (operators/consumer.py)."""
+    probe = (
+        "import runpy\n"
+        "from airflow.serialization.serialized_objects import DagSerialization\n"
+        "ns = runpy.run_path('dags/pretrain.py')\n"
+        "dag, pipe = ns['tidal_tiny__checkpoints'], ns['tidal_tiny']\n"
+        "DagSerialization.serialize_dag(dag)\n"
+        "print('SCHEDULE', type(dag.timetable).__name__, dag.timetable.asset_condition)\n"
+        "print('TASKS', [t.task_id for t in dag.tasks], type(dag.tasks[0]).__name__)\n"
+        "print('OUTLETS', pipe.get_task('train').outlets)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.splitlines()
+    lines = {line.split()[0]: line for line in out if line.split() and line.split()[0].isupper()}
+    assert "AssetTriggeredTimetable" in lines["SCHEDULE"] and "tidal_tiny.train" in lines["SCHEDULE"]
+    assert lines["TASKS"] == "TASKS ['catalog'] CheckpointCatalogOperator"
+    assert "AssetAlias(name='tidal_tiny.train'" in lines["OUTLETS"]
