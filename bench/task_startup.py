@@ -18,11 +18,11 @@ in a fresh interpreter that has imported ``airflow.sdk`` first (as the forked ch
 - ``mlflow_import_s`` and ``mlflow_sqlite_open_s``: ``import mlflow``, then the first call on a
   SQLite tracking store (schema check and migrations: the local default; an MLflow server costs one
   HTTP round trip instead);
-- ``openlineage_import_s``: the OpenLineage provider's listener (loaded in every task process once
-  the provider is installed, even when no transport is configured).
+- ``openlineage_off_s`` and ``openlineage_on_s``: the OpenLineage provider's plugin as a task process
+  loads it, without a transport (disabled: the listener is not imported) and with one (its listener).
 
 Prints ``RESULT interpreter_s=… airflow_sdk_import_s=… dag_parse_all_s=… dag_parse_own_s=…
-parse_own_ratio=… pipeline_load_s=… mlflow_import_s=… mlflow_sqlite_open_s=… openlineage_import_s=…
+parse_own_ratio=… pipeline_load_s=… mlflow_import_s=… mlflow_sqlite_open_s=… openlineage_off_s=… openlineage_on_s=…
 recipes=…``; ``parse_own_ratio`` = own / all, measured in the same run.
 """
 
@@ -47,20 +47,23 @@ PROBES = {
                     "t = time.perf_counter(); bag = DagBag(dag_folder=DAGS, safe_mode=False)\n"
                     "dt = time.perf_counter() - t\nassert bag.dags and not bag.import_errors, bag.import_errors"),
     "pipeline_load_s": ("import airflow.sdk\nfrom operators.run_context import pipeline_for_run\n"
-                        "t = time.perf_counter(); pipe = pipeline_for_run(RECIPE, {'params': {}}, check_tracking=False)\n"
+                        "t = time.perf_counter()\n"
+                        "pipe = pipeline_for_run(RECIPE, {'params': {}}, check_tracking=False)\n"
                         "list(pipe.graph); dt = time.perf_counter() - t"),
     "mlflow_import_s": "import airflow.sdk\nt = time.perf_counter(); import mlflow; dt = time.perf_counter() - t",
     "mlflow_sqlite_open_s": ("import airflow.sdk, mlflow\nfrom mlflow.tracking import MlflowClient\n"
                              "t = time.perf_counter(); MlflowClient(TRACKING).search_experiments()\n"
                              "dt = time.perf_counter() - t"),
-    "openlineage_import_s": ("import airflow.sdk\nt = time.perf_counter()\n"
-                             "import airflow.providers.openlineage.plugins.listener\ndt = time.perf_counter() - t"),
+    "openlineage_off_s": ("import airflow.sdk\nt = time.perf_counter()\n"
+                          "import airflow.providers.openlineage.plugins.openlineage\ndt = time.perf_counter() - t"),
+    "openlineage_on_s": ("import airflow.sdk\nt = time.perf_counter()\n"
+                         "import airflow.providers.openlineage.plugins.openlineage\ndt = time.perf_counter() - t"),
 }
 
 
 def probe(code: str, env: dict[str, str], consts: dict[str, str]) -> float:
     """Run ``code`` in a fresh interpreter (cwd = the repository); it sets ``dt`` (seconds)."""
-    head = "import sys, time\nsys.path.insert(0, %r)\n" % str(REPO)
+    head = f"import sys, time\nsys.path.insert(0, {str(REPO)!r})\n"
     head += "".join(f"{k} = {v!r}\n" for k, v in consts.items())
     out = subprocess.run([sys.executable, "-c", head + code + "\nprint('DT', dt)"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600, check=False)
@@ -107,13 +110,18 @@ def main() -> None:
                 for name, penv in (("dag_parse_all_s", env), ("dag_parse_own_s", own_env)):
                     figures[name] = statistics.median(probe(code, penv, consts) for _ in range(args.repeats))
                 continue
+            if key == "openlineage_on_s":  # a transport configured: the plugin loads its listener
+                on_env = {**env, "AIRFLOW__OPENLINEAGE__TRANSPORT": '{"type": "console"}'}
+                figures[key] = statistics.median(probe(code, on_env, consts) for _ in range(args.repeats))
+                print(f"{key:24s} {figures[key]:.3f} s", flush=True)
+                continue
             if key == "mlflow_sqlite_open_s":
                 probe(code, env, consts)  # the first open creates the schema; a task opens an existing store
             figures[key] = statistics.median(probe(code, env, consts) for _ in range(args.repeats))
             print(f"{key:24s} {figures[key]:.3f} s", flush=True)
         figures["parse_own_ratio"] = figures["dag_parse_own_s"] / figures["dag_parse_all_s"]
     order = ["interpreter_s", "airflow_sdk_import_s", "dag_parse_all_s", "dag_parse_own_s", "parse_own_ratio",
-             "pipeline_load_s", "mlflow_import_s", "mlflow_sqlite_open_s", "openlineage_import_s"]
+             "pipeline_load_s", "mlflow_import_s", "mlflow_sqlite_open_s", "openlineage_off_s", "openlineage_on_s"]
     print("RESULT " + " ".join(f"{k}={figures[k]:.3f}" for k in order) + f" recipes={args.recipes}")
 
 
