@@ -123,6 +123,32 @@ def test_killed_step_is_not_committed_and_rerun_completes(tmp_path):
     assert list(scratch.iterdir()) == []  # the killed attempt's scratch was cleared
 
 
+def test_a_failed_forced_attempt_keeps_the_committed_output_and_its_descendants(tmp_path, monkeypatch):
+    """Issue 22, item 7: --force used to delete the committed output before the new attempt; when the
+    attempt failed, the step's descendants stayed committed on an input that no longer existed."""
+    from tidal.audit.verify import verify_step
+
+    storage = LocalStorage(tmp_path)
+    upstream = make_step(parts=3)
+    downstream = Step("reader", "fixture", {"parts": 1}, inputs=(upstream,))
+    run_step(upstream, storage)
+    run_step(downstream, storage)
+    before = {p.name: p.read_bytes() for p in storage.step_dir(upstream.step_id).iterdir()}
+    monkeypatch.setenv("TIDAL_FIXTURE_FAIL_AT", "1")
+    with pytest.raises(RuntimeError, match="injected failure at part 1"):
+        run_step(upstream, storage, force=True)
+    # the old output is still committed, byte for byte, and so is what was computed from it
+    assert storage.is_committed(upstream.step_id) and storage.is_committed(downstream.step_id)
+    assert {p.name: p.read_bytes() for p in storage.step_dir(upstream.step_id).iterdir()} == before
+    assert verify_step(storage.step_dir(upstream.step_id), upstream.step_id).ok
+    assert len(storage.failed_attempts(upstream.step_id)) == 1  # the failed forced attempt, for inspection
+    monkeypatch.delenv("TIDAL_FIXTURE_FAIL_AT")
+    result = run_step(upstream, storage, force=True)
+    assert result.status == "run" and storage.is_committed(upstream.step_id)
+    assert verify_step(storage.step_dir(upstream.step_id), upstream.step_id).ok
+    assert list((tmp_path / SCRATCH).glob("*.discarded.*")) == [] and storage.failed_attempts(upstream.step_id) == []
+
+
 def test_force_recomputes(tmp_path):
     storage = LocalStorage(tmp_path)
     step = make_step()

@@ -75,17 +75,20 @@ def read_step_json(out_dir: Path) -> dict[str, Any]:
     return json.loads((out_dir / STEP_JSON).read_text())
 
 
-def needs_run(step: Step, storage: Storage, *, force: bool = False) -> bool:
+def needs_run(step: Step, storage: Storage, *, force: bool = False, keep_until_commit: bool = False) -> bool:
     """Whether ``step`` must be computed: False if committed (and not forced).
 
-    ``force`` first moves a committed output aside. Shared by in-process runs and the prepare
-    halves of runs elsewhere (:mod:`tidal.core.remote`, :mod:`tidal.core.beam_job`).
+    ``force`` moves a committed output aside first, unless ``keep_until_commit`` (in-process runs,
+    :func:`tidal.core.runner.run_step`: the old output stays committed until the new attempt commits,
+    :func:`commit_step` with ``replace``). Shared by in-process runs and the prepare halves of runs
+    elsewhere (:mod:`tidal.core.remote`, :mod:`tidal.core.beam_job`), which still discard first.
 
     Raises:
         StepBlocked: it must run but an input step is not committed.
     """
     if force:
-        storage.discard(step.step_id)
+        if not keep_until_commit:
+            storage.discard(step.step_id)
     elif storage.is_committed(step.step_id):
         return False
     missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
@@ -232,6 +235,7 @@ def commit_step(
     provenance: dict[str, Any] | None = None,
     lease: Lease | None = None,
     where: str = "the run",
+    replace: bool = False,
 ) -> StepResult:
     """Commit a finished run of ``step`` from ``work_dir``: the kind's output checks, the commit
     files (:func:`write_commit`), then publication (a scratch directory is renamed or uploaded
@@ -247,6 +251,9 @@ def commit_step(
         lease: the step's lease when one is held: checked before and after the commit files are
             written (a worker that lost its lease must not publish); its record enters provenance.
         where: names the run in errors ("the FlinkRunner job", "the gke run").
+        replace: a forced rerun of a committed step computed into scratch (``work_dir``): the old
+            output is moved aside (:meth:`Storage.discard`) only now, after the new one passed its
+            checks, just before it is published; until then the old output stays committed.
 
     Raises:
         OutputsIncomplete: an expected output is missing; ValueError: a kind check failed.
@@ -263,7 +270,9 @@ def commit_step(
                             provenance=provenance)
     if lease is not None:
         lease.ensure_held()  # fence: a worker that lost its lease must not publish
-    if spec.resumable:
+    if replace:
+        storage.discard(step.step_id)  # the old output goes only now (a forced rerun: tidal run --force)
+    if spec.resumable and not replace:
         storage.commit_resumable(work_dir, step.step_id)  # local: in place; object store: upload, marker last
     elif not storage.commit_scratch(work_dir, step.step_id):  # local: atomic rename; object store: marker last
         log.info("%s was committed by another attempt first (same content address): skip", step.step_id)

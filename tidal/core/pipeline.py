@@ -163,7 +163,9 @@ class Pipeline:
         Only for a ``train`` step that will compute (not committed, or forced) under a
         ``run_key``; the subprocess finds it through ``TIDAL_MLFLOW_RUN_ID``.
         """
-        if run_key is None or step.kind != "train" or not needs_run(step, self.storage, force=force):
+        if run_key is None or step.kind != "train":
+            return None
+        if not needs_run(step, self.storage, force=force, keep_until_commit=True):
             return None
         parent = self.parent_run(run_key)
         if parent is None:

@@ -43,7 +43,9 @@ def run_step(step: Step, storage: Storage, *, force: bool = False) -> StepResult
     Args:
         step: the planned step (its inputs must already be committed).
         storage: the storage root (local directory or object store).
-        force: recompute even if committed (the old output is moved aside first).
+        force: recompute even if committed: the attempt computes into fresh scratch (a resumable
+            kind too: a forced run starts over) and the old output stays committed until the new
+            one commits (a failed forced attempt leaves it, and its descendants, as they were).
 
     Raises:
         StepBlocked: an input step is not committed.
@@ -52,17 +54,19 @@ def run_step(step: Step, storage: Storage, *, force: bool = False) -> StepResult
         Exception: whatever the step kind raises; nothing is committed then.
     """
     started = time.perf_counter()
-    if not needs_run(step, storage, force=force):
+    if not needs_run(step, storage, force=force, keep_until_commit=True):
         return skip_result(step, storage, time.perf_counter() - started)
+    replace = force and storage.is_committed(step.step_id)
+    committed = (lambda: False) if replace else (lambda: storage.is_committed(step.step_id))
     for _ in range(LEASE_ROUNDS):
         lease = storage.lease(step.step_id)
-        if not lease.acquire(wait_s=storage.settings.lease_wait_s, done=lambda: storage.is_committed(step.step_id)):
+        if not lease.acquire(wait_s=storage.settings.lease_wait_s, done=committed):
             log.info("%s was committed by another worker while this one waited for its lease: skip", step.step_id)
             return skip_result(step, storage, time.perf_counter() - started)
         try:
-            if storage.is_committed(step.step_id):  # committed between our check and our lease
+            if committed():  # committed between our check and our lease
                 return skip_result(step, storage, time.perf_counter() - started)
-            return _compute(step, storage, lease, started)
+            return _compute(step, storage, lease, started, replace=replace)
         except LeaseLost as err:  # another worker holds it now: wait for it like any loser
             log.warning("%s; waiting for the new holder", err)
         finally:
@@ -71,8 +75,10 @@ def run_step(step: Step, storage: Storage, *, force: bool = False) -> StepResult
                     f"far off, or storage.lease_ttl_s ({storage.settings.lease_ttl_s} s) too short?")
 
 
-def _compute(step: Step, storage: Storage, lease: Lease, started: float) -> StepResult:
-    """Compute ``step`` into local scratch (or its resumable dir) and commit it; the lease is held."""
+def _compute(step: Step, storage: Storage, lease: Lease, started: float, *, replace: bool = False) -> StepResult:
+    """Compute ``step`` into local scratch (or its resumable dir) and commit it; the lease is held.
+    ``replace``: a forced rerun of a committed step (scratch for every kind; the old output is
+    discarded at commit, :func:`tidal.core.commit.commit_step`)."""
     spec = kind_spec(step.kind)
     quiet_libraries()
     module = spec.load()
@@ -81,7 +87,8 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float) -> Step
             f"{spec.module}.STEP_VERSION={module.STEP_VERSION} but tidal/kinds.py says {spec.version}; "
             "bump both together"
         )
-    if spec.resumable:
+    in_scratch = replace or not spec.resumable
+    if not in_scratch:
         work_dir = storage.resumable_dir(step.step_id)
     else:
         storage.clear_uncommitted(step.step_id)
@@ -93,7 +100,7 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float) -> Step
     try:
         summary = module.run(ctx) or {}
     except BaseException:
-        if not spec.resumable and work_dir.exists():
+        if in_scratch and work_dir.exists():
             if any(p.is_file() for p in work_dir.rglob("*")):
                 kept = storage.keep_failed(work_dir, step.step_id)
                 log.error("step %s failed; its partial output is kept at %s (never counts as committed)",
@@ -104,13 +111,13 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float) -> Step
         raise
     try:
         return commit_step(step, storage, work_dir, summary, started_at=started_at,
-                           seconds=time.perf_counter() - started, lease=lease)
+                           seconds=time.perf_counter() - started, lease=lease, replace=replace)
     except LeaseLost:
-        if not spec.resumable:
+        if in_scratch:
             shutil.rmtree(work_dir, ignore_errors=True)
         raise
     except Exception:  # the kind's output checks refused the run: keep it for inspection
-        if not spec.resumable and work_dir.exists():
+        if in_scratch and work_dir.exists():
             log.error("step %s: outputs refused; kept at %s (never counts as committed)",
                       step.step_id, storage.keep_failed(work_dir, step.step_id))
         raise
