@@ -350,6 +350,7 @@ USER_ERRORS = frozenset({
     "TrackingUnavailable",  # a lookup that needs MLflow (e.g. a run key), and MLflow does not answer
     "BotoCoreError", "ClientError",  # object storage unreachable, no credentials, access denied
     "PermissionError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",  # a root or cache not writable
+    "DiskFull",  # tidal/storage/disk.py: the message says where and what to do
 })
 
 
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             from tidal.storage.uris import storage_hint
 
             hint = f"; {storage_hint(err)}"
-        elif isinstance(err, OSError):
+        elif isinstance(err, OSError) and type(err).__name__ != "DiskFull":
             hint = "; check that TIDAL_STORAGE_ROOT (or the recipe's storage_root) and TIDAL_STORAGE_CACHE are writable"
         print(f"error: {type(err).__name__}: {err}{hint}", file=sys.stderr)
         return 1

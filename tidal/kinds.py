@@ -32,7 +32,7 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {
     "fetch": KindSpec("tidal.data.fetch", 2),
-    "clean": KindSpec("tidal.data.clean", 4, beam=True),
+    "clean": KindSpec("tidal.data.clean", 5, beam=True),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),

@@ -18,6 +18,11 @@ NOISY_LOGGERS = (
 )
 
 
+# Beam's DoFn runner logs a failing element's traceback at ERROR, then raises the same error with the
+# transform's name added ("[while running 'X']"): the raised error is what the caller reports (one
+# `error:` line for a user's mistake or a full disk); the logged copy was a second, 30-line traceback.
+DUPLICATE_ERROR_LOGGERS = ("apache_beam.runners.common",)
+
 # urllib3 logs one WARNING per HTTP retry (MLflow's client retries twice, tidal.tracking.HTTP_DEFAULTS):
 # during a tracking outage that is two lines per call before tidal's own one-line message.
 RETRY_LOGGERS = ("urllib3.connectionpool",)
@@ -29,3 +34,5 @@ def quiet_libraries(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(level)
     for name in RETRY_LOGGERS:
         logging.getLogger(name).setLevel(max(level, logging.ERROR))
+    for name in DUPLICATE_ERROR_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)

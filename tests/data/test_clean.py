@@ -223,3 +223,24 @@ def test_band_files_round_trip(tmp_path):
     with pytest.raises(KeyError):
         read_bands(path, 4)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_recased_and_repunctuated_copy_is_a_near_duplicate(tmp_path):
+    """Issue 22, item 11: shingles come from folded text (case, punctuation), as datatrove folds it;
+    before, a copy with its words upper-cased and its punctuation changed had no shingle in common."""
+    from tidal.data.neardup import fold_text, shingles
+
+    shouted = " ".join(w.upper() if i % 2 else w for i, w in enumerate(LONG.split())) + "!!!"
+    punctuated = LONG.replace(" and ", ", and ").replace("rice", "rice;") + "."
+    full_width = "Ｒｉｖｅｒｓ" + LONG[len("Rivers"):]
+    assert fold_text("Don't STOP, now_.") == "dont stop now"
+    assert shingles(shouted, 5) == shingles(punctuated, 5) == shingles(full_width, 5) == shingles(LONG, 5)
+    records = [("y:1", LONG.encode()), ("y:2", shouted.encode()), ("y:3", punctuated.encode()),
+               ("y:4", full_width.encode()), ("y:5", ENGLISH.encode())]
+    summary, out = run_clean(tmp_path, "out", NEAR_CONFIG, records)
+    removed = pq.read_table(out / "removed.parquet").to_pylist()
+    assert sorted((r["ref"], r["reason"]) for r in removed) == [("y:2", "near"), ("y:3", "near"), ("y:4", "near")]
+    assert summary["kept"] == 2 and summary["duplicates_near"] == 3
+    # the kept document is the original, unchanged: folding is for comparison only
+    kept = [row for table in read_documents(out, 3) for row in table.to_pylist()]
+    assert sorted(r["text"] for r in kept) == sorted([LONG, ENGLISH])

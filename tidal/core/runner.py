@@ -25,6 +25,7 @@ from tidal.kinds import kind_spec
 from tidal.logs import quiet_libraries
 from tidal.steps import Step
 from tidal.storage import Storage
+from tidal.storage.disk import disk_full_error, is_disk_full
 from tidal.storage.lease import Lease, LeaseLost
 
 LEASE_ROUNDS = 3  # lease acquisitions per run_step before giving up on a step whose lease keeps moving
@@ -99,7 +100,11 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float, *, repl
     log.info("running %s (%s)", step.step_id, step.kind)
     try:
         summary = module.run(ctx) or {}
-    except BaseException:
+    except BaseException as err:
+        if is_disk_full(err):  # nothing kept on the full disk: every retry would leave another copy
+            if in_scratch:  # a resumable dir keeps its checkpoints: the rerun resumes from them
+                shutil.rmtree(work_dir, ignore_errors=True)
+            raise disk_full_error(step.step_id, work_dir) from err
         if in_scratch and work_dir.exists():
             if any(p.is_file() for p in work_dir.rglob("*")):
                 kept = storage.keep_failed(work_dir, step.step_id)
@@ -116,7 +121,11 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float, *, repl
         if in_scratch:
             shutil.rmtree(work_dir, ignore_errors=True)
         raise
-    except Exception:  # the kind's output checks refused the run: keep it for inspection
+    except Exception as err:  # the kind's output checks refused the run: keep it for inspection
+        if is_disk_full(err):
+            if in_scratch:
+                shutil.rmtree(work_dir, ignore_errors=True)
+            raise disk_full_error(step.step_id, work_dir) from err
         if in_scratch and work_dir.exists():
             log.error("step %s: outputs refused; kept at %s (never counts as committed)",
                       step.step_id, storage.keep_failed(work_dir, step.step_id))

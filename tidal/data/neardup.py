@@ -4,11 +4,14 @@ Invariant: which documents are near-duplicates, and which one of each cluster su
 is a pure function of the set of documents (their text and ref) and the config, never of
 worker count, bundle boundaries or shard order. Every step below is keyed and sorted:
 
-1. Shingles (:func:`shingles`): word n-grams of ``shingle_size`` words over
-   :func:`tidal.data.filters.words`, so CJK text (a word per character) gets character
-   n-grams. A document with fewer words than ``shingle_size`` gets exactly one shingle, its
-   whole word sequence, on purpose: two short documents then match only if their word
-   sequences are equal (Jaccard 1), and a short document never matches a long one.
+1. Shingles (:func:`shingles`): word n-grams of ``shingle_size`` words of the *folded* text
+   (:func:`shingle_words`: NFKC, case-folded, punctuation and underscores removed, whitespace runs
+   as one, as datatrove and the MinHash dedup literature normalize before shingling), split by
+   :func:`tidal.data.filters.words`, so CJK text (a word per character) gets character n-grams
+   and a copy with its words upper-cased or its punctuation changed has the original's shingles.
+   A document with fewer words than ``shingle_size`` gets exactly one shingle, its whole word
+   sequence, on purpose: two short documents then match only if their word sequences are equal
+   (Jaccard 1), and a short document never matches a long one.
 2. MinHash signature (Broder 1997, "On the resemblance and containment of documents") of
    ``bands * rows`` permutations: datasketch's ``affine32`` MinHash with its seeded
    permutations, computed a batch of documents at a time (:mod:`tidal.data.minhash`).
@@ -42,6 +45,9 @@ distributed connected-components pass (losing the per-edge guarantee of the star
 
 from __future__ import annotations
 
+import re
+import string
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -56,6 +62,24 @@ from tidal.data.spill import read_bands, read_spill, read_texts
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
 PAIR_COUNTS = "pair_counts"
+_ASCII_PUNCT = str.maketrans("", "", string.punctuation)  # ASCII punctuation, underscore included
+_PUNCT_RE = re.compile(r"[^\w\s]|_")  # anything not a letter, digit or mark, nor whitespace
+
+
+def fold_text(text: str) -> str:
+    """Text as near-duplicate detection compares it: NFKC (full-width forms, ligatures), case-folded,
+    punctuation, symbols and ``_`` removed (``"Don't STOP, now_."`` -> ``"dont stop now"``; words keep
+    their digits). ASCII text takes a fast path with the same result. Source of the choice: datatrove's
+    ``simplify_text`` (lower case, punctuation removed, whitespace normalized) before its MinHash
+    shingles, and Broder's resemblance over canonicalized text."""
+    if text.isascii():
+        return text.lower().translate(_ASCII_PUNCT)
+    return _PUNCT_RE.sub("", unicodedata.normalize("NFKC", text).casefold())
+
+
+def shingle_words(text: str) -> list[str]:
+    """The words shingles are made of: :func:`tidal.data.filters.words` of :func:`fold_text`."""
+    return words(fold_text(text))
 
 
 def shingles(text: str, size: int) -> frozenset[str]:
@@ -63,7 +87,7 @@ def shingles(text: str, size: int) -> frozenset[str]:
 
     Empty text has no shingle; text with fewer than ``size`` words has one, all its words.
     """
-    doc_words = words(text)
+    doc_words = shingle_words(text)
     if not doc_words:
         return frozenset()
     if len(doc_words) < size:
@@ -85,7 +109,7 @@ def signature(text: str, cfg: NearDupConfig) -> np.ndarray:
 def signature_batch(texts: Sequence[str], cfg: NearDupConfig) -> np.ndarray:
     """MinHash signatures of a batch of documents, ``uint32[len(texts), cfg.num_perm]``
     (:mod:`tidal.data.minhash`; shingles as :func:`shingles`)."""
-    hashes, counts = shingle_hashes((words(t) for t in texts), cfg.shingle_size)
+    hashes, counts = shingle_hashes((shingle_words(t) for t in texts), cfg.shingle_size)
     return signatures(hashes, counts, cfg.num_perm, cfg.seed)
 
 
@@ -176,7 +200,7 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
         entries a document, plus 32 bytes a document per partition it appears in).
     """
     docs = list(docs)
-    hashes, counts = shingle_hashes((words(text) for _, _, text in docs), cfg.shingle_size)
+    hashes, counts = shingle_hashes((shingle_words(text) for _, _, text in docs), cfg.shingle_size)
     sigs = signatures(hashes, counts, cfg.num_perm, cfg.seed)
     has = np.flatnonzero(counts > 0)
     if not has.size:

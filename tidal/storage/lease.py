@@ -232,8 +232,26 @@ class Lease:
                 if self.store.replace(self.step_id, _encode(body), self._token) is not None:
                     self.store.remove(self.step_id)
             except Exception as err:  # noqa: BLE001 - released or not, it expires after ttl_s
-                log.warning("releasing the lease on %s failed (it expires by itself): %s", self.step_id, err)
+                if not self._remove_on_full_disk(err):
+                    log.warning("releasing the lease on %s failed (it expires by itself): %s", self.step_id, err)
             self._token = None
+
+    def _remove_on_full_disk(self, err: BaseException) -> bool:
+        """On a full disk the released record cannot be written, but the file can still be deleted
+        (an unlink needs no space): delete it if it is still this holder's (same token), so the rerun
+        does not wait ``ttl_s`` for it to expire. True when removed."""
+        from tidal.storage.disk import is_disk_full
+
+        if not is_disk_full(err):
+            return False
+        try:
+            current = self.store.read(self.step_id)
+            if current is not None and current[1] == self._token:
+                self.store.remove(self.step_id)
+                return True
+        except Exception:  # noqa: BLE001 - it expires by itself
+            return False
+        return False
 
     def record(self) -> dict[str, Any]:
         """What ``step.json`` keeps about the lease: owner, acquired/heartbeat/expiry times, ttl, renewals."""
@@ -325,8 +343,12 @@ class LocalLeaseStore:
             except FileNotFoundError:
                 return None
             tmp = temporary_name(path)
-            tmp.write_bytes(body)
-            os.replace(tmp, path)
+            try:
+                tmp.write_bytes(body)
+                os.replace(tmp, path)
+            except OSError:
+                tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written temporary left behind
+                raise
             return hashlib.sha256(body).hexdigest()
 
     def remove(self, step_id: str) -> None:

@@ -118,7 +118,7 @@ from tidal.data.neardup import NearDuplicates
 from tidal.files import StepFiles
 from tidal.files.output import OutputDir
 
-STEP_VERSION = 4
+STEP_VERSION = 5  # 5: near-dup shingles of folded text (tidal/data/neardup.py fold_text)
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
            "check_counts", "check_files", "check_outputs", "clean", "counts_from_totals", "expected_outputs",
            "flat_counts", "run", "shard_name", "shard_of", "summarize"]
