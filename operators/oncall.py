@@ -63,7 +63,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
             checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),
                           "step": data.get("step"), "age_s": time.time() - manifest.stat().st_mtime,
                           "root_hash": data.get("root_hash")}
-    from tidal.tracking import experiments_link
+    from tidal.tracking import experiments_link, safe_uri
 
     return {
         "recipe": pipe.recipe.name, "dag_id": f"tidal_{pipe.recipe.name}", "path": str(recipe_path),
@@ -71,7 +71,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "steps": steps, "failing_gates": failing_gates,
         "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name))[:20],
         "checkpoint": checkpoint,
-        "mlflow": {"uri": pipe.tracking_uri, "link": experiments_link(pipe.tracking_uri)},
+        "mlflow": {"uri": safe_uri(pipe.tracking_uri), "link": experiments_link(pipe.tracking_uri)},
     }
 
 

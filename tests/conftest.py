@@ -20,3 +20,15 @@ def tiny_data() -> dict:
     import yaml
 
     return yaml.safe_load(TINY.read_text())
+
+
+def seal(out: Path) -> str:
+    """Commit a step directory a test wrote by hand as a real commit would: ``manifest.json`` over its
+    files, then ``_SUCCESS`` holding the root hash (steps check their inputs against both,
+    tidal/core/inputs.py). Returns the root hash."""
+    from tidal.integrity.hashing import write_manifest
+
+    out = Path(out)
+    manifest = write_manifest(out, exclude=("step.json", "_SUCCESS", "signature.json"))
+    (out / "_SUCCESS").write_text(manifest["root_hash"] + "\n")
+    return manifest["root_hash"]

@@ -120,3 +120,22 @@ def test_lineage_reaches_the_final_checkpoint_and_every_step_verifies(tmp_path, 
     assert train["workload_environment"]["devices"]["backend"] == "cpu"  # the trainer's own fingerprint
     assert main(["verify", str(path), "--require-signature"]) == 0
     assert f"{len(pipe.graph.steps)} steps verified, 0 failed" in capsys.readouterr().out
+
+
+def test_lineage_names_a_file_source_by_its_path_and_snapshot(tmp_path, clean_env, capsys):
+    """Issue 21, item 8: a source read from files printed as ``None None@None archive sha256 None``."""
+    path = small_recipe(tmp_path, "lineage_files")
+    data = yaml.safe_load(path.read_text())
+    docs = tmp_path / "mine.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document number {i} about rivers and grain"}) + "\n"
+                            for i in range(7)))
+    data["sources"]["mine"] = {"format": "jsonl", "path": str(docs), "licence": "MIT"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    pipe = load_pipeline(path)
+    pipe.run("fetch-mine", run_key="k3")
+    assert main(["lineage", pipe.graph["fetch-mine"].step_id, "--recipe", str(path)]) == 0
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if line.strip().startswith("mine ")]
+    summary = json.loads(pipe.storage.read_text(pipe.graph["fetch-mine"].step_id, "step.json"))["summary"]
+    assert f"files {docs} (7 documents, {summary['bytes']} bytes)" in line, line
+    assert f"snapshot sha256 {summary['snapshot_sha256']}" in line and "None" not in line, line

@@ -155,3 +155,50 @@ def test_force_recomputes(tmp_path):
     run_step(step, storage)
     assert run_step(step, storage, force=True).status == "run"
     assert storage.is_committed(step.step_id)
+
+
+def test_a_hand_edited_committed_input_is_refused_before_the_step_runs(tmp_path, monkeypatch):
+    """Issue 22, item 2: a dependent step used to read a hand-edited committed input (and commit on it,
+    "signature valid"). Now the input is checked against its manifest first; once verified at its root
+    hash, a rerun hashes nothing again."""
+    from tidal.core import inputs
+    from tidal.core.inputs import InputMismatch, verify_inputs
+
+    storage = LocalStorage(tmp_path)
+    upstream = make_step(parts=3)
+    downstream = Step("reader", "fixture", {"parts": 1}, inputs=(upstream,))
+    run_step(upstream, storage)
+    part = storage.step_dir(upstream.step_id) / "part-1.txt"
+    original = part.read_bytes()
+    part.write_bytes(original.replace(b"part", b"PART"))
+    with pytest.raises(InputMismatch, match=r"part-1.txt: sha256 differs from manifest.*--force writer"):
+        run_step(downstream, storage)
+    assert not storage.is_committed(downstream.step_id)
+    part.write_bytes(original)
+    assert run_step(downstream, storage).status == "run"
+    # verified once at this root hash: checking again hashes nothing (one stat)
+    hashed = []
+    monkeypatch.setattr(inputs, "verify_manifest", lambda *a: hashed.append(a) or [])
+    assert verify_inputs(downstream, storage) == 0 and hashed == []
+
+
+def test_a_resigned_input_is_refused_when_a_key_is_configured(tmp_path, monkeypatch):
+    """With a signing key, an input whose manifest and files were edited consistently (so the hashes
+    match) is still refused: its signature no longer verifies."""
+    import json
+
+    from tidal.core.inputs import InputMismatch, verify_inputs
+    from tidal.integrity.hashing import write_manifest
+
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    storage = LocalStorage(tmp_path)
+    upstream = make_step(parts=2)
+    downstream = Step("reader", "fixture", {"parts": 1}, inputs=(upstream,))
+    run_step(upstream, storage)
+    folder = storage.step_dir(upstream.step_id)
+    (folder / "part-0.txt").write_text("forged\n")
+    manifest = write_manifest(folder, exclude=("step.json", "_SUCCESS", "signature.json"))
+    (folder / "_SUCCESS").write_text(manifest["root_hash"] + "\n")
+    assert json.loads((folder / "manifest.json").read_text())["root_hash"] == manifest["root_hash"]
+    with pytest.raises(InputMismatch, match="manifest.json: HMAC differs from signature.json"):
+        verify_inputs(downstream, storage)

@@ -18,7 +18,7 @@ import yaml
 
 from operators.dag_factory import build_dag
 from operators.gke import ProviderOperator
-from tests.conftest import REPO
+from tests.conftest import REPO, seal
 from tidal.core.planner import build_graph
 from tidal.recipe import BEAM_RUNNERS, RecipeError, parse_recipe
 
@@ -199,7 +199,7 @@ def fake_fetch(pipe, name: str) -> None:
     table = pa.table({"source": ["brown"] * len(raws), "ref": [f"ca{i:02d}" for i in range(len(raws))],
                       "raw": pa.array(raws, pa.binary())}, schema=fetch.RAW_SCHEMA)
     fetch.write_parquet(table, out / fetch.RAW_FILE)
-    (out / "_SUCCESS").write_text("x\n")
+    seal(out)
 
 
 def test_provider_job_commits_the_same_bytes_as_in_process(tmp_path, tiny_data):

@@ -16,7 +16,7 @@ import yaml
 
 from operators.dag_factory import build_dag
 from operators.gke import ProviderOperator, jobset_finished
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, seal
 from tests.launch.test_pods import K8S_VERSION, RUN_ID, SERVER_URI, validate
 from tests.storage.servers import hostname_mlflow_server
 from tidal.core.planner import build_graph
@@ -172,7 +172,7 @@ def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data):
     train = pipe.graph["train"]
     for dep in train.inputs:  # pretend the inputs are committed
         (pipe.storage.step_dir(dep.step_id)).mkdir(parents=True)
-        (pipe.storage.step_dir(dep.step_id) / "_SUCCESS").write_text("x\n")
+        seal(pipe.storage.step_dir(dep.step_id))
     prepared = prepare(pipe, "train")
     out = Path(prepared["step_uri"])
     assert prepared["status"] == "run" and json.loads((out / "spec.json").read_text())["step_id"] == train.step_id
@@ -210,7 +210,7 @@ def commit_inputs(pipe) -> None:
     """Mark the training step's inputs committed (their contents are not read here)."""
     for dep in pipe.graph["train"].inputs:
         pipe.storage.step_dir(dep.step_id).mkdir(parents=True)
-        (pipe.storage.step_dir(dep.step_id) / "_SUCCESS").write_text("x\n")
+        seal(pipe.storage.step_dir(dep.step_id))
 
 
 def gke_context(tmp_path: Path, tiny_data: dict, monkeypatch, uri: str | None = None, run_id: str = "manual__1"):

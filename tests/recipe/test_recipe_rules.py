@@ -148,3 +148,23 @@ def test_recipe_modules_stay_small():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "tidal" / "recipe").glob("*.py")}
     assert {"__init__.py", "loader.py", "schema.py"} <= set(sizes)
     assert max(sizes.values()) <= 500, sizes
+
+
+def test_a_warmup_longer_than_training_is_refused_at_recipe_load(tmp_path, capsys):
+    """Issue 21, item 11: warmup_steps >= steps used to be caught by the trainer after every data step ran
+    (and the trigger form accepted it); now the recipe, or a trigger's override, is refused at load."""
+    import yaml
+
+    from tests.conftest import TINY
+    from tidal.cli import main
+    from tidal.recipe import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError, match=r"train: optimizer.warmup_steps \(20\) must be below steps \(5\)"):
+        load_recipe(TINY, {"train.steps": 5})
+    data = yaml.safe_load(TINY.read_text())
+    data["train"]["optimizer"] = {**data["train"].get("optimizer", {}), "warmup_steps": data["train"]["steps"]}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["plan", str(recipe), "--storage-root", str(tmp_path / "root")]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] and "must be below steps" in err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, seal
 
 SUITE = REPO / "recipes" / "suite-tiny.yaml"
 
@@ -135,7 +135,7 @@ def _fake_train(pipe, law):
         if sum(in_tail) % 2:
             records[-1]["loss"] = loss
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        (out / "_SUCCESS").write_text("fake\n")
+        seal(out)
 
 
 def test_fit_step_writes_results_and_forecast_cli_reads_them(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import yaml
 
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, seal
 
 SUITE = REPO / "recipes" / "suite-tiny.yaml"
 LAW = {"E": 1.5, "A": 1000.0, "B": 100.0, "alpha": 0.5, "beta": 0.3}
@@ -35,7 +35,7 @@ def commit_stand_in_run(pipe, point) -> float:
     (out / "summary.json").write_text(json.dumps(summary))
     tail = [s for s in range(1, point.steps + 1) if s > point.steps * 0.8]
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": loss}) + "\n" for s in tail))
-    (out / "_SUCCESS").write_text("stand-in\n")
+    seal(out)
     return loss
 
 

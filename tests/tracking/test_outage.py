@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.conftest import TINY
+from tests.conftest import TINY, seal
 from tests.storage.servers import free_port, start_mlflow_server
 from tidal.tracking import (
     PENDING_PREFIX,
@@ -53,7 +53,7 @@ def commit_stand_in_fetch(pipe) -> str:
     record = {"hash_input": {"name": step.name, "kind": "fetch", "inputs": {}, "config": dict(step.config)},
               "manifest_root_hash": "ab" * 32, "summary": {}}
     (out / "step.json").write_text(json.dumps(record))
-    (out / "_SUCCESS").write_text("stand-in\n")
+    seal(out)
     return step.step_id
 
 
@@ -77,11 +77,20 @@ def outage(tmp_path_factory):
                 env.setenv(key, value)
             data = yaml.safe_load(TINY.read_text())
             data["storage_root"] = str(tmp / "store")
+            data["tracking_uri"] = f"http://alice:{PASSWORD}@127.0.0.1:{port}"  # in the recipe too: a param
             recipe = tmp / "tiny.yaml"
             recipe.write_text(yaml.safe_dump(data, sort_keys=False))
             pipe = load_pipeline(recipe)
             parent = pipe.parent_run(RUN_KEY)  # through the Tracker, as a DAG run does
             assert parent and not parent.startswith(PENDING_PREFIX)
+            # issue 22, item 6: no credential in the parent run's params, nor on the on-call page's data
+            from mlflow.tracking import MlflowClient
+
+            from operators.oncall import recipe_status
+
+            params = MlflowClient(pipe.tracking_uri).get_run(parent).data.params
+            assert params["tracking_uri"] == shown and not [k for k, v in params.items() if PASSWORD in v]
+            assert PASSWORD not in json.dumps(recipe_status(recipe), default=str)
             found = parent_run(pipe.tracking_uri, pipe.experiment, RUN_KEY)
             assert mlflow_link(pipe, RUN_KEY) == (parent, f"{shown}/#/experiments/{found.experiment_id}/runs/{parent}")
             fetched = commit_stand_in_fetch(pipe)

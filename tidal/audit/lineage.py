@@ -335,6 +335,10 @@ def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str,
             "registry": archive.get("kind"), "package": archive.get("package"), "version": archive.get("version"),
             "filename": archive.get("filename"),
             "archive_sha256": node["summary"].get("archive_sha256") or archive.get("sha256"),
+            # a source read from files (`path:`): where, what was read, and the snapshot hash of its files
+            "path": node["config"].get("path"), "documents": node["summary"].get("documents"),
+            "bytes": node["summary"].get("bytes"),
+            "snapshot_sha256": node["summary"].get("snapshot_sha256") or node["config"].get("snapshot_sha256"),
             "licence": licence,
             "permitted_uses": uses.split(",") if uses else decision.get("permitted_uses", []),
             "licence_override": json.loads(override) if override else decision.get("override"),
@@ -352,8 +356,12 @@ def format_lineage(lineage: dict[str, Any]) -> str:
         head += f", MLflow run {lineage['run'].get('run_id')} key {lineage['run'].get('run_key')}"
     lines = [head, f"intended use: {', '.join(lineage['intended_use']) or 'not recorded'}", "sources:"]
     for src in lineage["sources"]:
-        lines.append(f"  {src['name']:<8} {src['registry']} {src['package']}@{src['version']}  "
-                     f"archive sha256 {src['archive_sha256']}")
+        if src.get("path") is not None and src.get("registry") is None:  # files, not a registry archive
+            lines.append(f"  {src['name']:<8} files {src['path']} ({src.get('documents')} documents, "
+                         f"{src.get('bytes')} bytes)  snapshot sha256 {src.get('snapshot_sha256') or 'not recorded'}")
+        else:
+            lines.append(f"  {src['name']:<8} {src['registry']} {src['package']}@{src['version']}  "
+                         f"archive sha256 {src['archive_sha256']}")
         lines.append(f"  {'':<8} licence {src['licence']}, permits {', '.join(src['permitted_uses']) or '-'}"
                      + (f"; override: {src['licence_override']['reason']}" if src.get("licence_override") else ""))
     lines.append("steps (inputs first):")

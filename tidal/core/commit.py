@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.context import StepContext, is_uri
+from tidal.core.inputs import verify_inputs
 from tidal.integrity.fingerprint import environment_fingerprint
 from tidal.integrity.hashing import MANIFEST_NAME, write_manifest
 from tidal.integrity.provenance import environment, git_sha
@@ -85,6 +86,7 @@ def needs_run(step: Step, storage: Storage, *, force: bool = False, keep_until_c
 
     Raises:
         StepBlocked: it must run but an input step is not committed.
+        tidal.core.inputs.InputMismatch: a committed input no longer matches its manifest (or signature).
     """
     if force:
         if not keep_until_commit:
@@ -94,6 +96,7 @@ def needs_run(step: Step, storage: Storage, *, force: bool = False, keep_until_c
     missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
     if missing:
         raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
+    verify_inputs(step, storage)  # a hand-edited input is refused, not read (cached by root hash)
     return True
 
 

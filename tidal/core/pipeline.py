@@ -128,7 +128,11 @@ class Pipeline:
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key`` (created on first use), or None if tracking is down."""
-        params = _flatten(self.recipe.model_dump(mode="json"))
+        from tidal.tracking import safe_uri
+
+        # a URI in the recipe (tracking_uri, a source url) may carry user:password or a token: never a param
+        params = {k: safe_uri(v) if isinstance(v, str) else v
+                  for k, v in _flatten(self.recipe.model_dump(mode="json")).items()}
         tags = {
             "tidal.recipe": self.recipe.name,
             "tidal.recipe_version": str(self.recipe.version),

@@ -23,7 +23,10 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    the S-curve ``1 - (1 - s^8)^14`` is 0.5 at s ~ 0.685, 0.65 at s = 0.72 and 0.92 at s = 0.8.
 4. Candidate pairs: every pair in a bucket, ordered by id; a bucket with more than
    ``max_bucket_size`` members contributes only the pairs (lowest id, other) (a star), so a
-   huge bucket cannot blow up quadratically. Pairs are de-duplicated.
+   huge bucket cannot blow up quadratically (templated pages sharing most shingles, datatrove issue
+   222); such buckets and the pairs they did not propose are counted (``neardup.oversized_buckets``,
+   ``neardup.pairs_not_proposed`` in ``counts.json``). Exact copies share an id, so thousands of
+   identical documents are one member. Pairs are de-duplicated.
 5. Verification: the exact Jaccard similarity of the two shingle sets; only pairs with
    ``J >= jaccard_threshold`` become edges. LSH only proposes; nothing is merged unchecked.
 6. Clustering (:func:`star_clusters`): documents in survivor order (lowest ref by
@@ -138,6 +141,12 @@ def band_keys(sigs: np.ndarray, cfg: NearDupConfig) -> np.ndarray:
     return keys[0] if single else keys
 
 
+def pairs_not_proposed(size: int, max_bucket_size: int) -> int:
+    """Pairs a bucket of ``size`` distinct ids does not propose because it is over the cap: all
+    ``size * (size - 1) / 2`` pairs minus the star's ``size - 1`` (0 within the cap)."""
+    return size * (size - 1) // 2 - (size - 1) if size > max_bucket_size else 0
+
+
 def bucket_pairs(members: Iterable[str], max_bucket_size: int) -> list[tuple[str, str]]:
     """Candidate pairs ``(lower id, higher id)`` of one bucket (see module docstring, step 4)."""
     ids = sorted(set(members))
@@ -219,13 +228,18 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
 
 
 def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                    max_bucket_size: int) -> list[tuple[str, str]]:
+                    max_bucket_size: int, counts: dict[str, int] | None = None) -> list[tuple[str, str]]:
     """Candidate pairs of one partition's bucket entries (the values of :func:`band_entries`):
     each bucket's distinct ids through :func:`bucket_pairs`.
+
+    Args:
+        counts: receives ``neardup.oversized_buckets`` (buckets over ``max_bucket_size``, which gave
+            a star) and ``neardup.pairs_not_proposed`` (:func:`pairs_not_proposed`, summed).
 
     Returns:
         Sorted distinct ``(id_a, id_b)`` (hex ids) with ``id_a < id_b``.
     """
+    counts = counts if counts is not None else {}
     keys, members, ids = [], [], []
     offset = 0
     for chunk_keys, chunk_members, chunk_ids in chunks:
@@ -246,6 +260,10 @@ def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
         bucket = {ids[m].tobytes().hex() for m in members[lo:hi].tolist()}
         if len(bucket) > 1:
             pairs.update(bucket_pairs(bucket, max_bucket_size))
+            if len(bucket) > max_bucket_size:
+                counts["neardup.oversized_buckets"] = counts.get("neardup.oversized_buckets", 0) + 1
+                counts["neardup.pairs_not_proposed"] = (counts.get("neardup.pairs_not_proposed", 0)
+                                                        + pairs_not_proposed(len(bucket), max_bucket_size))
     return sorted(pairs)
 
 
@@ -273,9 +291,16 @@ def _candidate_stubs(element, candidates):
 
 
 def _partition_candidates(element, max_bucket_size: int):
-    """``(partition, [bands file...])`` -> :func:`_members` of the partition's candidate pairs."""
+    """``(partition, [bands file...])`` -> :func:`_members` of the partition's candidate pairs, and on
+    the ``pair_counts`` output the oversized buckets' counts (also Beam counters), when there are any."""
     partition, paths = element
-    return _members(partition_pairs((read_bands(path, partition) for path in sorted(set(paths))), max_bucket_size))
+    counts: dict[str, int] = {}
+    pairs = partition_pairs((read_bands(path, partition) for path in sorted(set(paths))), max_bucket_size, counts)
+    yield from _members(pairs)
+    if counts:
+        for name, n in sorted(counts.items()):
+            beam.metrics.Metrics.counter("tidal.clean", name).inc(n)
+        yield beam.pvalue.TaggedOutput(PAIR_COUNTS, counts)
 
 
 def _read_candidates(element, candidates):
@@ -357,12 +382,13 @@ class NearDuplicates(beam.PTransform):
 
     def expand(self, inputs):
         cfg = self.cfg
-        candidates = beam.pvalue.AsDict(
+        partitions = (
             inputs["bands"]
             | "GroupPartitions" >> beam.GroupByKey()
-            | "PartitionPairs" >> beam.FlatMap(_partition_candidates, cfg.max_bucket_size)
-            | "GroupMembers" >> beam.GroupByKey()
+            | "PartitionPairs" >> beam.FlatMap(_partition_candidates, cfg.max_bucket_size).with_outputs(
+                PAIR_COUNTS, main="members")
         )
+        candidates = beam.pvalue.AsDict(partitions.members | "GroupMembers" >> beam.GroupByKey())
         # only candidate documents' texts are read back from the spill files
         verified = (
             inputs["docs"]
@@ -377,4 +403,5 @@ class NearDuplicates(beam.PTransform):
             | "AllEdges" >> beam.GroupByKey()
             | "StarClusters" >> beam.FlatMap(_star_cluster_items)
         )
-        return removed, verified[PAIR_COUNTS]
+        counts = (verified[PAIR_COUNTS], partitions[PAIR_COUNTS]) | "PairCounts" >> beam.Flatten()
+        return removed, counts

@@ -98,6 +98,15 @@ class TrainConfig(Strict):
     divergence: DivergenceConfig | None = Field(
         default=None, description="divergence guard (non-finite loss or grad norm, loss spikes); null: none")
 
+    @model_validator(mode="after")
+    def _warmup_below_steps(self) -> TrainConfig:
+        # checked where the recipe (or a trigger's train_steps override) is loaded, not by the trainer
+        # after every data step ran: a schedule whose warmup never ends is a mistake in the recipe
+        if self.optimizer.warmup_steps >= self.steps:
+            raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be below "
+                             f"steps ({self.steps})")
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
@@ -120,12 +129,6 @@ class TrainStepConfig(TrainConfig):
         default_factory=dict, description="eval source name -> input step name of its tokenized data")
     tokenizer: InputStep = Field(description="input step name of the tokenizer")
 
-    @model_validator(mode="after")
-    def _warmup_below_steps(self) -> TrainStepConfig:
-        if self.optimizer.warmup_steps >= self.steps:
-            raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be below "
-                             f"steps ({self.steps})")
-        return self
 
 
 def describe_errors(err: ValidationError) -> str:

@@ -394,7 +394,7 @@ def counts_from_totals(totals: dict[str, int], rules: Iterable[str] = FILTER_RUL
         "normalized": dict.fromkeys(NORMALIZATION_STEPS, 0),
         "special_tokens": {},
         "languages": {},
-        "neardup": {"candidate_pairs": 0, "verified_pairs": 0},
+        "neardup": {"candidate_pairs": 0, "verified_pairs": 0, "oversized_buckets": 0, "pairs_not_proposed": 0},
     }
     for key, n in sorted(totals.items()):
         group, _, name = key.partition(".")

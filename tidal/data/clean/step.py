@@ -46,7 +46,8 @@ Outputs (in ``out_dir``):
   {reason: n}, "repaired": {reason: n}, "normalized": {step: records it changed} (``bom``,
   ``ansi``, ``newlines``, ``unicode_form``, ``controls``; a record can count under several,
   see :func:`tidal.data.normalize.normalize_text_steps`), "special_tokens": {policy: n}, "languages":
-  {lang: kept documents}, "neardup": {"candidate_pairs", "verified_pairs"}}``; every rule of
+  {lang: kept documents}, "neardup": {"candidate_pairs", "verified_pairs", "oversized_buckets",
+  "pairs_not_proposed"}}``; every rule of
   the enabled filters is present (0 if unseen).
   The step fails unless in = kept + filtered + duplicates + quarantined and the row counts
   of the files agree (:func:`check_files`; before any commit, :func:`check_outputs`).
