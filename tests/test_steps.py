@@ -21,7 +21,7 @@ def test_same_recipe_same_ids(tiny_data):
 
 
 def test_training_field_changes_only_train(tiny_data):
-    before, after = ids(tiny_data), ids(tiny_data, **{"train.steps": 7})
+    before, after = ids(tiny_data), ids(tiny_data, **{"train.steps": 70})
     changed = {name for name in before if before[name] != after[name]}
     assert changed == {"train"}
 
