@@ -165,7 +165,10 @@ class TidalReportOperator(BaseOperator):
             self.log.info("%s", line)
         _emit_checkpoint_metrics(pipe)
         if report["missing"]:
-            raise AirflowFailException(f"steps not committed: {report['missing']}")
+            err = AirflowFailException(f"steps not committed: {report['missing']}")
+            # derived: each missing step's own task failed (and was recorded) or never ran because one did
+            err.tidal_derived = True  # type: ignore[attr-defined]
+            raise err
         baseline = None
         if getattr(pipe.recipe, "baseline", None) is not None:
             overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from tidal.recipe import RecipeError
 from tidal.settings import SettingsError, entry_point
@@ -41,11 +42,32 @@ def _check_bucket(storage) -> None:
         raise
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--set train.steps=200`` (repeatable) as dotted recipe overrides, values parsed as YAML
+    scalars; the same mechanism as the Airflow trigger form (validated by the recipe schema).
+
+    Raises:
+        tidal.config.RecipeError: an item without ``=``.
+    """
+    import yaml
+
+    found: dict[str, Any] = {}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"--set {item!r}: expected FIELD=VALUE with a dotted field, e.g. train.steps=200")
+        try:
+            found[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            found[key.strip()] = value
+    return found or None
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
     from tidal.quality.baseline import describe_baseline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     _check_bucket(pipe.storage)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
     problem = pipe.tracking_problem()
@@ -73,7 +95,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     step = pipe.graph.find(args.step)
     print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
@@ -87,15 +109,19 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from tidal.audit.catalog import write_run_plan
     from tidal.core.load import load_pipeline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     problem = pipe.tracking_problem()
     if problem:  # one machine runs every step here, so its own store is enough
         print(f"warning: {problem}; this in-process run on one machine records into it anyway", file=sys.stderr)
     run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     names = [pipe.graph.find(args.step).name] if args.step else [s.name for s in pipe.graph]
     forced = {pipe.graph.find(name).name for name in args.force or []}
+    if getattr(pipe, "suite", None) is None:  # the run's own ids, where report / verify / lineage find them
+        write_run_plan(pipe.storage, pipe.recipe.name, run_key, {s.name: s.step_id for s in pipe.graph},
+                       pipe.overrides)
     started = time.perf_counter()
     for name in names:
         try:
@@ -125,10 +151,10 @@ def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tidal.core.load import load_pipeline
+    from tidal.audit.catalog import pipeline_of_run
     from tidal.core.report import build_report, format_report
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = pipeline_of_run(args.recipe, args.run_key, args.storage_root)  # the run's own overrides
     print(format_report(build_report(pipe, args.run_key)))
     return 0
 
@@ -241,7 +267,7 @@ def _cmd_failures(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=1, sort_keys=True, default=str))
     else:
         print(f"failure catalog {storage.object_uri(CATALOG_DIR + '/')}: {len(records)} failure(s)")
-        print(format_groups(group_failures(records)))
+        print(format_groups(group_failures(records, storage.is_committed)))
     return 0
 
 
@@ -294,9 +320,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
-    add("plan", _cmd_plan, "print every step with its id and run / skip / blocked")
-    add("explain", _cmd_explain, "show what went into a step's id").add_argument("step", help="step name or id")
-    run = add("run", _cmd_run, "run the recipe's steps in-process (without Airflow)")
+    def with_set(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        cmd.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                         help="override a recipe field for this run, as the Airflow trigger form does "
+                              "(e.g. --set train.steps=200; repeatable; hashed like the recipe)")
+        return cmd
+
+    with_set(add("plan", _cmd_plan, "print every step with its id and run / skip / blocked"))
+    with_set(add("explain", _cmd_explain, "show what went into a step's id")).add_argument(
+        "step", help="step name or id")
+    run = with_set(add("run", _cmd_run, "run the recipe's steps in-process (without Airflow)"))
     run.add_argument("--step", help="run only this step (its inputs must be committed)")
     run.add_argument("--force", action="append", help="recompute this step even if committed")
     run.add_argument("--run-key", help="MLflow parent run key (default: a timestamp)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,9 @@ from tidal.steps import StepGraph
 from tidal.storage import Storage, StorageError, open_storage
 from tidal.train import CHECKPOINT_MANIFEST
 
+#: parent-run tag: the run's dotted overrides as JSON (``{}`` for the recipe as written)
+OVERRIDES_TAG = "tidal.overrides"
+
 
 @dataclass(frozen=True)
 class Pipeline:
@@ -42,6 +45,9 @@ class Pipeline:
     recipe: Recipe
     storage: Storage
     tracking_uri_setting: str | None = None
+    #: the dotted overrides this pipeline was loaded with (a DAG run's trigger form): recorded in its
+    #: run plan and parent run, so tools find the run's own step ids (:func:`tidal.core.load.load_run_pipeline`)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -67,7 +73,8 @@ class Pipeline:
                 storage = open_storage(recipe.storage_root, base=path.parent, settings=settings)
             except StorageError as err:
                 raise RecipeError(f"{path}: storage_root: {err}") from None
-        return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri)
+        return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri,
+                   dict(sorted((overrides or {}).items())))
 
     @cached_property
     def tracking_uri(self) -> str:
@@ -138,6 +145,7 @@ class Pipeline:
             "tidal.recipe_version": str(self.recipe.version),
             "tidal.recipe_hash": self.recipe_hash,
             "tidal.recipe_path": str(self.recipe_path),
+            OVERRIDES_TAG: json.dumps(self.overrides, sort_keys=True),
         }
         from tidal.integrity.provenance import git_sha
         from tidal.quality.licences import licence_tags

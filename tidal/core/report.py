@@ -28,7 +28,9 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     Returns:
         A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
         step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
-        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``, ``replayed`` (buffered tracking calls
+        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``, ``overrides`` (the run's dotted recipe
+        overrides: load ``pipe`` with :func:`tidal.audit.catalog.pipeline_of_run` to get them),
+        ``replayed`` (buffered tracking calls
         sent now; ``replay_error`` if the buffer could not be read), and for a failed gate
         ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt). For a scaling suite, instead of
         the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
@@ -38,7 +40,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     suite = getattr(pipe, "suite", None)
     missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
     report: dict[str, Any] = {"recipe": pipe.recipe.name if suite is None else suite.name,
-                              "missing": missing, "run_key": run_key}
+                              "missing": missing, "run_key": run_key, "overrides": dict(pipe.overrides)}
     _replay_pending(pipe, report)
     statuses = _mlflow_statuses(pipe, run_key, report)
     report["steps_run"] = [n for n, st in statuses.items() if st == "run"]
@@ -165,6 +167,8 @@ def format_report(report: dict[str, Any]) -> str:
             else f"recipe {report['recipe']}")
     lines = [
         f"tidal run of {what} (run key {report.get('run_key')})",
+        *([f"  overrides:     {', '.join(f'{k}={v}' for k, v in report['overrides'].items())}"]
+          if report.get("overrides") else []),
         f"  steps run:     {len(report['steps_run'])}  {' '.join(report['steps_run'])}",
         f"  steps skipped: {len(report['steps_skipped'])}",
         f"  gate:          {report['gate']}",

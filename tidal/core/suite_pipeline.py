@@ -53,7 +53,7 @@ class SuitePipeline(Pipeline):
             storage = open_storage(base.storage_root, base=(path.parent / suite.base).resolve().parent,
                                    settings=settings)
         tracking = current_settings().tracking_uri or suite.tracking_uri or base.tracking_uri
-        return cls(path, base, storage, tracking, suite)
+        return cls(path, base, storage, tracking, suite=suite)
 
     @cached_property
     def graph(self) -> StepGraph:
