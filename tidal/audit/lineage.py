@@ -325,7 +325,7 @@ def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str,
     from tidal.quality.licences import licence_decisions
 
     recipe = target.pipe.recipe if target.pipe is not None else None
-    decisions = licence_decisions(recipe.sources) if recipe is not None else {}
+    decisions = licence_decisions(recipe.sources, recipe.licences) if recipe is not None else {}
     tags = target.run.get("tags", {})
     out = []
     for node in nodes.values():

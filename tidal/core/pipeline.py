@@ -151,7 +151,7 @@ class Pipeline:
         from tidal.quality.licences import licence_tags
 
         tags["tidal.git_sha"] = git_sha()
-        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # licences, uses, overrides
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use, self.recipe.licences)  # uses, overrides
         return self.tracker().parent_run(run_key, params=params, tags=tags)
 
     def run(self, name: str, run_key: str | None = None, force: bool = False) -> StepResult:
