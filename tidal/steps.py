@@ -1,11 +1,11 @@
 """Steps and step graphs: content addresses derived from what a step computes.
 
 Invariant: ``step_id = f"{name}-{sha256(canonical_json(kind, name, config, input ids,
-STEP_VERSION))[:12]}"``, and nothing else enters the hash (of the config, a kind's location keys are
-left out when the config pins its input's content: :attr:`tidal.kinds.KindSpec.location_keys`). Storage root, runner, resource
-shape, git sha and timestamps are recorded in ``step.json`` but never hashed, so changing
-*where* or *how fast* never recomputes anything, while changing one config field gives that
-step and all its descendants new ids. Ids are derived properties of frozen steps, never
+STEP_VERSION))[:12]}"``, and nothing else enters the hash (of the config, a kind's location keys
+are left out when the config pins its input's content: :attr:`tidal.kinds.KindSpec.location_keys`).
+Storage root, runner, resource shape, git sha and timestamps are recorded in ``step.json`` but
+never hashed, so changing *where* or *how fast* never recomputes anything, while changing one
+config field gives that step and all its descendants new ids. Ids are derived properties of frozen steps, never
 stored, so nothing can drift out of sync.
 """
 

@@ -48,8 +48,9 @@ import pyarrow.parquet as pq
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
 from tidal.data.fetch_config import FetchConfig
+from tidal.data.file_list import list_files
 from tidal.data.jobcli import main
-from tidal.data.readers import ReadRecord, list_files, read_path
+from tidal.data.readers import ReadRecord, read_path
 from tidal.data.record_fields import FieldSpec, SourceError
 from tidal.data.snapshot import file_sha256, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key

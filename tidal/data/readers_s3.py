@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from tidal.data.readers import ReadRecord, read_file
 from tidal.data.record_fields import FieldSpec
 from tidal.data.sources import ref_sort_key
 
@@ -43,9 +43,11 @@ def list_s3(client, uri: str) -> tuple[str, list[tuple[str, str]]]:
     return bucket, sorted(entries, key=lambda item: ref_sort_key(item[0] + ":"))
 
 
-def read_s3(fmt: str, uri: str, spec: FieldSpec, skipped: Counter,
-            digests: list[tuple[str, str, int]] | None) -> Iterator[ReadRecord]:
-    """Records of the objects under ``uri`` (module docstring), one download at a time."""
+def read_s3(fmt: str, uri: str, spec: FieldSpec, skipped: Counter, digests: list[tuple[str, str, int]] | None,
+            read_file: Callable[..., Iterator[Any]]) -> Iterator[Any]:
+    """Records of the objects under ``uri`` (module docstring), one download at a time, each read
+    by ``read_file(fmt, local copy, relative name, spec, skipped, digests)``
+    (:func:`tidal.data.readers.read_file`, passed in: this module does not import the readers)."""
     import tempfile
 
     from tidal.storage import StorageSettings

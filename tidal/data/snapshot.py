@@ -59,7 +59,7 @@ def planned_snapshot(path: str | Path) -> str:
     """
     import os
 
-    from tidal.data.readers import list_files
+    from tidal.data.file_list import list_files
 
     digests = []
     for rel, full in list_files(path):

@@ -278,7 +278,8 @@ def dedup_shard(stubs: list[DocStub], near: dict[str, tuple[str, float]]) -> tup
             else (doc_id, None)
         for dup in group[1:]:
             counts["duplicates.exact"] += 1
-            removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail, fields=dup.fields))
+            removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail,
+                                       fields=dup.fields))
         if doc_id in near:
             survivor, sim = near[doc_id]
             counts["duplicates.near"] += 1
