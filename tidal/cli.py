@@ -78,8 +78,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(baseline)
     for name, source in sorted(pipe.recipe.sources.items()):
         if source.path is not None and source.snapshot_sha256 is None:
-            print(f"note: source {name} reads {source.path} unpinned: a change to its files is not noticed "
-                  f"(pin sources.{name}.snapshot_sha256 with the value its fetch step logs)")
+            planned = pipe.graph[f"fetch-{name}"].config.get("snapshot_sha256")
+            print(f"note: source {name} reads {source.path} unpinned: " + (
+                f"its files hash to {planned} now (the fetch step id follows it); pin "
+                f"sources.{name}.snapshot_sha256: {planned} to keep this id and have fetch check the files"
+                if planned else f"its step id follows the path, and a change to its files is not noticed (pin "
+                f"sources.{name}.snapshot_sha256 with the value its fetch step logs)"))
     width = max(len(s.step_id) for s in pipe.graph)
     for step in pipe.graph:
         status = pipe.status(step.name)
@@ -376,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Errors that describe bad input or a failed check, not a bug: one line, no traceback.
 # Matched by class name so that catching them imports nothing heavy.
 USER_ERRORS = frozenset({
-    "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "GateFailed", "StatsIncomplete",
+    "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "SourceError", "GateFailed", "StatsIncomplete",
     "TrainingFailed", "TokenizerMismatch", "DataContractError", "ConfigError", "MixtureError",
     "TokenizerFileError", "GateConfigError", "SigningKeyError",
     "BaselineError", "BaselineMismatch",

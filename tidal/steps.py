@@ -1,10 +1,11 @@
 """Steps and step graphs: content addresses derived from what a step computes.
 
 Invariant: ``step_id = f"{name}-{sha256(canonical_json(kind, name, config, input ids,
-STEP_VERSION))[:12]}"``, and nothing else enters the hash. Storage root, runner, resource
-shape, git sha and timestamps are recorded in ``step.json`` but never hashed, so changing
-*where* or *how fast* never recomputes anything, while changing one config field gives that
-step and all its descendants new ids. Ids are derived properties of frozen steps, never
+STEP_VERSION))[:12]}"``, and nothing else enters the hash (of the config, a kind's location keys
+are left out when the config pins its input's content: :attr:`tidal.kinds.KindSpec.location_keys`).
+Storage root, runner, resource shape, git sha and timestamps are recorded in ``step.json`` but
+never hashed, so changing *where* or *how fast* never recomputes anything, while changing one
+config field gives that step and all its descendants new ids. Ids are derived properties of frozen steps, never
 stored, so nothing can drift out of sync.
 """
 
@@ -29,7 +30,8 @@ class Step:
     Attributes:
         name: unique name in the graph, e.g. ``"clean-brown"``; the Airflow task id.
         kind: key into :data:`tidal.kinds.KINDS`.
-        config: JSON-able config; every field of it is hashed.
+        config: JSON-able config; every field of it is hashed, except a kind's location keys
+            when the config holds its content pin (:attr:`tidal.kinds.KindSpec.location_keys`).
         inputs: the steps whose committed outputs this one reads.
     """
 
@@ -41,12 +43,16 @@ class Step:
     @cached_property
     def hash_input(self) -> dict[str, Any]:
         """Exactly what enters the step id hash (shown by ``tidal explain``)."""
+        spec = kind_spec(self.kind)
+        config = dict(self.config)
+        if spec.pin_key is not None and config.get(spec.pin_key) is not None:
+            config = {k: v for k, v in config.items() if k not in spec.location_keys}
         return {
             "kind": self.kind,
             "name": self.name,
-            "config": dict(self.config),
+            "config": config,
             "inputs": {step.name: step.step_id for step in self.inputs},
-            "step_version": kind_spec(self.kind).version,
+            "step_version": spec.version,
         }
 
     @cached_property

@@ -343,7 +343,8 @@ def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str,
             "filename": archive.get("filename"),
             "archive_sha256": node["summary"].get("archive_sha256") or archive.get("sha256"),
             # a source read from files (`path:`): where, what was read, and the snapshot hash of its files
-            "path": node["config"].get("path"), "documents": node["summary"].get("documents"),
+            "path": node["config"].get("path") or node["summary"].get("path"),  # a pinned path is not hashed
+            "documents": node["summary"].get("documents"),
             "bytes": node["summary"].get("bytes"),
             "snapshot_sha256": node["summary"].get("snapshot_sha256") or node["config"].get("snapshot_sha256"),
             "licence": licence,

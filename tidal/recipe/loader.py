@@ -1,5 +1,10 @@
 """Reading a recipe: YAML (duplicate keys refused), dotted-path overrides, validation, and
-errors that name the file, the dotted field and the rule."""
+errors that name the file, the dotted field and the rule.
+
+A file source's relative ``path`` is read from the recipe file's directory (as ``storage_root``
+and ``baseline.file``), whatever the current directory: :func:`load_recipe` writes it out
+absolute, and a local path that does not exist is a :class:`RecipeError` naming the recipe file
+and ``sources.<name>.path``. URIs (``s3://...``) are left as they are."""
 
 from __future__ import annotations
 
@@ -21,28 +26,65 @@ def _format_errors(path: str, err: ValidationError) -> str:
 
 
 def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None,
-                 recipe_dir: Path | None = None) -> Recipe:
+                 base: Path | None = None) -> Recipe:
     """Validate recipe data (already parsed YAML), optionally with dotted-path overrides.
 
     Args:
         data: the mapping from YAML.
         path: file name used in error messages.
         overrides: ``{"train.steps": 10, "seed": 3}`` applied before validation.
-        recipe_dir: the recipe file's directory, which relative file names in it (``licences:``) are
-            resolved against; None for a recipe given as data.
+        base: the recipe file's directory: relative source paths are made absolute against it
+            and local ones must exist (module docstring), and relative file names in it
+            (``licences:``) are resolved against it; ``None`` (a recipe given as data) leaves them.
 
     Raises:
-        RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``.
+        RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``;
+            with ``base``, a local source path that does not exist.
     """
     if data is None:
         raise RecipeError(f"{path}: the recipe is empty")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     data = _apply_overrides(data, overrides or {}, path)
+    if base is not None:
+        data = _resolve_source_paths(data, base)
     try:
-        return Recipe.model_validate(data, context={"recipe_dir": recipe_dir})
+        recipe = Recipe.model_validate(data, context={"recipe_dir": base})
     except ValidationError as err:
         raise RecipeError(_format_errors(path, err)) from None
+    if base is not None:
+        _check_source_paths(recipe, path, base)
+    return recipe
+
+
+def _resolve_source_paths(data: dict, base: Path) -> dict:
+    """``data`` with each source's relative local ``path`` joined to ``base`` (a copy where changed)."""
+    sources = data.get("sources")
+    if not isinstance(sources, dict):
+        return data
+    resolved = {}
+    for name, source in sources.items():
+        where = source.get("path") if isinstance(source, dict) else None
+        if isinstance(where, str) and where and "://" not in where and not Path(where).is_absolute():
+            source = {**source, "path": str(base / where)}
+        resolved[name] = source
+    return {**data, "sources": resolved}
+
+
+def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
+    """Every local source path must exist.
+
+    Raises:
+        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path.
+    """
+    import os
+
+    missing = [(name, source.path) for name, source in sorted(recipe.sources.items())
+               if source.path is not None and "://" not in source.path and not os.path.lexists(source.path)]
+    if missing:
+        raise RecipeError("\n".join(
+            f"{path}: sources.{name}.path: {where} does not exist (a relative path is read from the recipe "
+            f"file's directory, {base})" for name, where in missing))
 
 
 def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:
@@ -67,4 +109,4 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     Raises:
         RecipeError: file missing, YAML syntax error (with line and column), or invalid fields.
     """
-    return parse_recipe(read_yaml(path), str(path), overrides, recipe_dir=Path(path).parent)
+    return parse_recipe(read_yaml(path), str(path), overrides, base=Path(path).resolve().parent)
