@@ -154,7 +154,7 @@ def test_table_shows_tokens_weights_epochs_and_what_is_unknown():
     assert lines[1].split() == ["source", "weight", "tokens", "available", "tokens", "taken", "epochs", "tokens",
                                 "unused"]
     assert lines[2].split() == ["brown", "0.5", "800", "800", "1.00", "0"]
-    assert lines[4].split() == ["songci", "0.2", "56", "320", "5.71", "0"]
+    assert lines[4].split() == ["songci", "0.2", "56", "320", "5.72", "0"]
     assert lines[5].split() == ["total", "1", "1,256", "1,600", "0", "(0.0", "%)"]
 
 
@@ -190,7 +190,7 @@ def test_plan_prints_the_mixture_table_and_refuses_a_budget_beyond_max_epochs(ti
     assert main(["plan", str(recipe), "--storage-root", str(root)]) == 0
     table = capsys.readouterr().out.split("mixture: ")[1].splitlines()
     # 500 songci sequences at 0.3 bound the mixture at 1,668 (0.3 * 1,668 = 500.4): brown gives 667 of 2,000
-    assert table[2].split() == ["brown", "0.4", "256,000", "85,376", "0.33", "170,624"]
+    assert table[2].split() == ["brown", "0.4", "256,000", "85,376", "0.34", "170,624"]
     assert table[4].split() == ["songci", "0.3", "64,000", "64,000", "1.00", "0"]
     assert table[5].split() == ["total", "1", "448,000", "213,504", "234,496", "(52.3", "%)"]
 
@@ -201,7 +201,7 @@ def test_plan_prints_the_mixture_table_and_refuses_a_budget_beyond_max_epochs(ti
     captured = capsys.readouterr()
     table = captured.out.split("mixture: ")[1].splitlines()
     assert table[0].startswith("token_budget 1,000,000 tokens (7,813 sequences of 128)")
-    assert table[3].split() == ["gcide", "0.3", "128,000", "300,032", "2.34", "0"]
+    assert table[3].split() == ["gcide", "0.3", "128,000", "300,032", "2.35", "0"]
     assert table[4].split() == ["songci", "0.3", "64,000", "300,032", "4.69", "0"]
     errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
     assert errors == [(f"error: {recipe}: mixture.size: source songci has 500 sequences (64,000 tokens), its share "
@@ -249,4 +249,4 @@ def test_the_mix_step_logs_and_the_report_prints_the_table(tiny_data, tmp_path, 
     text = format_report(report)
     assert "\n  mixture: token_budget 1,000,000 tokens" in text
     assert [line.split() for line in text.splitlines() if line.strip().startswith("brown")] == [
-        ["brown", "0.4", "256,000", "400,000", "1.56", "0"]]
+        ["brown", "0.4", "256,000", "400,000", "1.57", "0"]]

@@ -248,8 +248,8 @@ class MixtureTable:
             return unknown if value is None else f"{value:,}"
 
         cells = [("source", "weight", "tokens available", "tokens taken", "epochs", "tokens unused")]
-        for r in rows:
-            epochs = "-" if r["epochs"] is None else f"{r['epochs']:.2f}"
+        for r in rows:  # epochs rounded up, as the error line shows them: 2.004 is "2.01", not "2.00"
+            epochs = "-" if r["epochs"] is None else _epochs_up(self.taken[r["source"]], self.available[r["source"]])
             cells.append((r["source"], f"{r['weight']:.4g}", num(r["tokens_available"]), num(r["tokens_taken"]),
                           epochs, num(r["tokens_unused"])))
         totals = [sum(r[k] for r in rows) if all(r[k] is not None for r in rows) else None
