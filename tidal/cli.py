@@ -93,6 +93,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "blocked": "waits on " + ", ".join(d.name for d in step.inputs if pipe.status(d.name) != "skip"),
         }[status]
         print(f"  {step.step_id:<{width}}  {status:<7}  {step.kind:<9}  {reason}")
+    return _print_mixture(pipe)
+
+
+def _print_mixture(pipe) -> int:
+    """The mixture table (tidal/core/mixture.py); 1 with one ``error:`` line when a source cannot give
+    its share (``mixture.size`` / ``mixture.n_sequences``), known once its tokenize step is committed."""
+    from tidal.core.mixture import mixture_table
+
+    table = mixture_table(pipe)
+    for line in table.lines():
+        print(line)
+    if table.problem:
+        print(f"error: {pipe.recipe_path}: {table.problem}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -82,6 +82,7 @@ def build_graph(recipe: Recipe) -> StepGraph:
             "inputs": {src: tokenized[src].name for src in recipe.train_sources},
             "n_sequences": recipe.mixture.n_sequences,
             "shards": recipe.mixture.shards,
+            **recipe.mixture.size_config(),  # nothing for the default smallest_source: ids unchanged
         },
         inputs=tuple(tokenized[src] for src in recipe.train_sources),
     )
@@ -95,14 +96,13 @@ def build_graph(recipe: Recipe) -> StepGraph:
         },
         inputs=(*(clean[s] for s in sorted(recipe.sources)), *(tokenized[s] for s in sorted(recipe.sources)), mix),
     )
-    total = sum(recipe.mixture.weights.values())
     gate = Step(
         name="gate",
         kind="gate",
         config={
             "stats": stats.name,
             **recipe.gate.model_dump(),
-            "weights": {src: w / total for src, w in sorted(recipe.mixture.weights.items())},
+            "weights": dict(sorted(recipe.mixture.weights.items())),  # normalized by MixtureSettings
         },
         inputs=(stats,),
     )

@@ -32,7 +32,8 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         overrides: load ``pipe`` with :func:`tidal.audit.catalog.pipeline_of_run` to get them),
         ``replayed`` (buffered tracking calls
         sent now; ``replay_error`` if the buffer could not be read), and for a failed gate
-        ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt). For a scaling suite, instead of
+        ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt), ``mixture`` (the mixture
+        table's lines once the mix step is committed, :mod:`tidal.core.mixture`). For a scaling suite, instead of
         the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
         ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`).
     """
@@ -71,6 +72,10 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
             report["gate"] = (f"FAILED ({report['gate_evidence']})\n    "
                               + result["summary"].replace("\n", "\n    "))
             break
+    if storage.is_committed(graph["mix"].step_id):
+        from tidal.core.mixture import mixture_table
+
+        report["mixture"] = mixture_table(pipe).lines()  # per source: tokens, weight, taken, epochs, unused
     if finish and report.get("mlflow_run_id"):
         pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
@@ -173,6 +178,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  steps skipped: {len(report['steps_skipped'])}",
         f"  gate:          {report['gate']}",
     ]
+    lines += [f"  {line}" for line in report.get("mixture", [])]
     if "tokens_seen" in report:
         lines += [
             f"  tokens seen:   {report['tokens_seen']:,} over {report.get('steps')} training steps",

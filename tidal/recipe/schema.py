@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict
+from tidal.config import PositiveInt, Strict, field_error
 from tidal.data.clean.config import CleanSettings
 from tidal.data.mix_config import MixtureSettings
 from tidal.data.tokenize_config import TokenizeSettings
@@ -111,6 +111,18 @@ class Recipe(Strict):
         overlap = sorted(set(self.mixture.weights) & set(self.evaluation.sources))
         if overlap:
             raise ValueError(f"sources {overlap} are both in the training mixture and held out for evaluation")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_passes_gate(self) -> Recipe:
+        from tidal.data.mix_sizing import requested_total
+
+        total = requested_total(self.mixture.size, None, self.tokenize.seq_len)
+        if total is not None and total * self.tokenize.seq_len < self.gate.min_total_tokens:
+            raise field_error("Recipe", ("mixture", "size", "tokens"), (
+                f"{total * self.tokenize.seq_len:,} tokens (in whole sequences of {self.tokenize.seq_len}) is below "
+                f"gate.min_total_tokens {self.gate.min_total_tokens:,}: the gate would fail every run; raise the "
+                "budget or lower the bound"), self.mixture.size.tokens)
         return self
 
     @model_validator(mode="after")
