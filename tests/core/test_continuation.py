@@ -60,6 +60,20 @@ def test_the_parent_is_an_input_and_its_checkpoint_is_hashed(tmp_path):
     assert kept.config["continue_from"]["checkpoint_step"] == 300 and kept.step_id != train.step_id
 
 
+def test_plan_names_the_parent_and_the_seam(tmp_path, capsys):
+    parent = commit_parent(tmp_path / "root")
+    data = yaml.safe_load(TINY.read_text())
+    data["train"] |= {"steps": 800, "continue_from": {"step": parent, "schedule": "rewarm"}}
+    recipe = tmp_path / "continued.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(recipe), "--storage-root", str(tmp_path / "root")]) == 0
+    out = capsys.readouterr().out
+    assert (f"train continues {parent} from its checkpoint step 400 to step 800 (checkpoint root "
+            f"{ROOT_HASH[:12]}, schedule rewarm)") in out
+    assert any(line.split()[:3] == [parent, "skip", "train"] and "continue-from: read, never recomputed" in line
+               for line in out.splitlines())
+
+
 def test_id_follows_the_checkpoint_content_not_the_root_location(tmp_path):
     parent = commit_parent(tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "elsewhere" / "b")
