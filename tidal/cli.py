@@ -84,11 +84,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 f"sources.{name}.snapshot_sha256: {planned} to keep this id and have fetch check the files"
                 if planned else f"its step id follows the path, and a change to its files is not noticed (pin "
                 f"sources.{name}.snapshot_sha256 with the value its fetch step logs)"))
+    from tidal.steps import CommittedStep
+
+    ref = pipe.graph["train"].config.get("continue_from") if "train" in pipe.graph.by_name else None
+    if ref:
+        print(f"train continues {ref['step']} from its checkpoint step {ref['checkpoint_step']} to step "
+              f"{pipe.graph['train'].config['steps']} (checkpoint root {ref['checkpoint_root_hash'][:12]}, "
+              f"schedule {ref['schedule']})")
     width = max(len(s.step_id) for s in pipe.graph)
     for step in pipe.graph:
         status = pipe.status(step.name)
+        read_only = isinstance(step, CommittedStep)  # another run's output this graph reads
         reason = {
-            "skip": "committed",
+            "skip": f"committed ({step.name}: read, never recomputed)" if read_only else "committed",
             "run": "inputs ready" if step.inputs else "no inputs",
             "blocked": "waits on " + ", ".join(d.name for d in step.inputs if pipe.status(d.name) != "skip"),
         }[status]

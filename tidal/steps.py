@@ -57,9 +57,29 @@ class Step:
 
     @cached_property
     def step_id(self) -> str:
-        """``{name}-{first 12 hex of sha256 of canonical_json(hash_input)}``."""
+        """``{name}-{first 12 hex of sha256 of canonical_json(hash_input)}``, ``name`` the hashed one."""
         digest = sha256_bytes(canonical_json(self.hash_input).encode())
-        return f"{self.name}-{digest[:ID_HASH_CHARS]}"
+        return f"{self.hash_input['name']}-{digest[:ID_HASH_CHARS]}"
+
+
+@dataclass(frozen=True)
+class CommittedStep(Step):
+    """A step committed earlier (by this recipe or another, under the same storage root) that a step
+    of this graph reads, e.g. the train step a continued run starts from.
+
+    Its identity is still derived, not stored: ``hash_input`` is the one its ``step.json`` recorded,
+    and :attr:`step_id` hashes it as for any step (a ``step.json`` edited to claim another id gives
+    another id; :func:`tidal.core.continuation.committed_step` refuses it). ``name`` is its name in
+    this graph (the input name its reader sees); ``kind`` and ``config`` are the recorded ones. It has
+    no inputs here: it is never computed by this graph, only read.
+    """
+
+    recorded: Mapping[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def hash_input(self) -> dict[str, Any]:
+        """The recorded hash input (``step.json``), as it was when the step was committed."""
+        return dict(self.recorded)
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,14 @@ class Pipeline:
 
     @cached_property
     def graph(self) -> StepGraph:
-        """The recipe's step graph."""
-        return build_graph(self.recipe)
+        """The recipe's step graph (``train.continue_from`` resolved against the storage root).
+
+        Raises:
+            RecipeError: ``train.continue_from`` names no committed train step that can be continued.
+        """
+        from tidal.core.continuation import resolve_continuation
+
+        return build_graph(self.recipe, lambda train: resolve_continuation(train, self.storage, str(self.recipe_path)))
 
     @cached_property
     def recipe_hash(self) -> str:
@@ -233,7 +239,8 @@ class Pipeline:
         from tidal.integrity.provenance import git_sha
 
         tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
-        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256"):
+        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256",
+                    "continue_from", "continue_from_root_hash"):  # a continued run's parent step and checkpoint
             if isinstance(result.summary.get(key), str):
                 tags[f"tidal.{key}"] = result.summary[key]
         step_json = result.out_dir / STEP_JSON

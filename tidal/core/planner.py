@@ -9,17 +9,32 @@ recipe ``seed``; each derives its own stream from it and its step name.
 
 from __future__ import annotations
 
-from tidal.recipe import Recipe
+from collections.abc import Callable
+from typing import Any
+
+from tidal.config import RecipeError
+from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
 
+Continuation = Callable[[TrainConfig], tuple[Step, dict[str, Any]]]
 
-def build_graph(recipe: Recipe) -> StepGraph:
+
+def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> StepGraph:
     """Plan every step of ``recipe``, inputs first.
 
     Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
     ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
-    (mix, held-out tokenized sources, tokenizer, gate).
+    (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
+    committed parent train step, ``continue-from``).
+
+    Args:
+        continuation: resolves ``train.continue_from`` against the storage root
+            (:func:`tidal.core.continuation.resolve_continuation`, what :class:`tidal.core.pipeline.Pipeline`
+            passes); needed only by a recipe that continues a run.
+
+    Raises:
+        RecipeError: the recipe continues a run and no ``continuation`` was given, or it refuses it.
     """
     steps: list[Step] = []
     clean_cfg = recipe.clean.model_dump()
@@ -107,6 +122,13 @@ def build_graph(recipe: Recipe) -> StepGraph:
         inputs=(stats,),
     )
     train_cfg = recipe.train.model_dump(exclude={"resources"})
+    parent: tuple[Step, ...] = ()
+    if recipe.train.continue_from is not None:
+        if continuation is None:
+            raise RecipeError("train.continue_from: resolving it needs the storage root; plan the recipe "
+                              "through tidal.core.pipeline.Pipeline (tidal plan, tidal run)")
+        step, train_cfg["continue_from"] = continuation(recipe.train)
+        parent = (step,)
     train = Step(
         name="train",
         kind="train",
@@ -117,9 +139,9 @@ def build_graph(recipe: Recipe) -> StepGraph:
             "eval_data": {src: tokenized[src].name for src in recipe.eval_sources},
             "tokenizer": tokenizer.name,
         },
-        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate),
+        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate, *parent),
     )
-    steps += [mix, stats, gate, train]
+    steps += [mix, stats, gate, *parent, train]
     return StepGraph(tuple(steps))
 
 

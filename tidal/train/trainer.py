@@ -78,8 +78,13 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
 
 
 def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
-    return {"tidal.environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
+    tags = {"tidal.environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
             "tidal.mesh": meshlib.describe(run.mesh), "tidal.param_count": str(param_count(run.model_cfg))}
+    ref = run.cfg.continue_from
+    if ref is not None:  # the parent step and the checkpoint this run started from
+        tags |= {"tidal.continue_from": ref.step, "tidal.continue_from_checkpoint_step": str(ref.checkpoint_step),
+                 "tidal.continue_from_root_hash": ref.checkpoint_root_hash, "tidal.continue_schedule": ref.schedule}
+    return tags
 
 
 @dataclass
@@ -100,6 +105,7 @@ class Session:
     abstract: Any = None  # the state's ShapeDtypeStructs with shardings (what a restore fills)
     goodput: Goodput = field(default_factory=Goodput)  # badput clocks (set by train: started with it)
     guard: Guard | None = None  # the divergence guard (train.divergence), None without one
+    spec: dict[str, Any] = field(default_factory=dict)  # spec.json (a continuation's parent input)
 
     @property
     def metrics_path(self) -> Path:
@@ -156,9 +162,11 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
     session = Session(run, step_dir, log, primary, fingerprint, live, ckpt, abstract=abstract,
-                      guard=_make_guard(run, step_dir, primary, log))
+                      guard=_make_guard(run, step_dir, primary, log), spec=spec)
     try:
         restored = ckpt.restore_latest(abstract)
+        if restored is None and run.cfg.continue_from is not None:
+            restored = _continue_parent(session)
     except Exception:
         ckpt.close()
         if live is not None:
@@ -170,7 +178,8 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     session.start, session.state, session.manifest = restored
     if session.guard is not None:
         session.guard.restore((session.manifest.get("trainer") or {}).get("divergence"))
-    print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
+    if not session.manifest.get("continued"):  # a continuation's first start is printed by _continue_parent
+        print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
     before = session.manifest.get("fingerprint")
     session.changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
     if session.changed:
@@ -179,6 +188,37 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
         if live is not None:
             live.set_tags({"tidal.fingerprint_changed": "; ".join(session.changed)})
     return session
+
+
+def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
+    """The first start of a continued run: the parent's checkpoint, adopted into this step's own
+    (:mod:`tidal.train.continuation`) and restored; with ``schedule: rewarm`` a fresh optimizer state.
+    The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
+    from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
+    from tidal.train.mirror import MANIFEST_DIR
+
+    run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
+    parent = parent_location(session.spec)
+    if session.primary or ckpt.gather:  # a shared disk gets one copy; without one, every process its own
+        adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
+    if jax.process_count() > 1 and not ckpt.gather:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("tidal-continue-from")
+    restored = ckpt.restore_latest(session.abstract)
+    if restored is None or restored[0] != ref.checkpoint_step:
+        raise ConfigError(f"continue_from: checkpoint {ref.checkpoint_step} of {ref.step} was copied but does not "
+                          "restore (see the log)")
+    step, state, manifest = restored
+    if ref.schedule == "rewarm":
+        state = {"params": state["params"], "opt_state": run.fresh_opt_state(state["params"])}
+    if session.primary:
+        atomic_write_text(session.metrics_path, parent_metrics(parent, step))
+        if ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
+            ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
+    print(f"continuing {ref.step} from its checkpoint step {step} (root {ref.checkpoint_root_hash[:12]}, "
+          f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
+    return step, state, {**manifest, "continued": True}
 
 
 @dataclass
@@ -337,6 +377,9 @@ def _rewind(session: Session, metrics_file: Any) -> Any:
     reruns: state, guard history and metrics as of that step. Returns the reopened metrics file."""
     session.ckpt.wait()
     restored = session.ckpt.restore_latest(session.abstract)
+    ref = session.run.cfg.continue_from
+    if ref is not None and (restored is None or restored[0] <= ref.checkpoint_step):  # back to the parent's
+        restored = _continue_parent(session)
     if restored is None:
         session.start, session.state, session.manifest = 0, session.run.fresh_state(), None
     else:
@@ -381,6 +424,10 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     }
     if session.changed:
         summary["fingerprint_changed"] = "; ".join(session.changed)
+    ref = cfg.continue_from
+    if ref is not None:
+        summary |= {"continue_from": ref.step, "continue_from_checkpoint_step": ref.checkpoint_step,
+                    "continue_from_root_hash": ref.checkpoint_root_hash}
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
