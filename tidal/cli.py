@@ -330,7 +330,12 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 def _cmd_recipe_schema(args: argparse.Namespace) -> int:
     from tidal.recipe import Recipe
 
-    print(json.dumps(Recipe.model_json_schema(), indent=1))
+    if args.markdown:
+        from tidal.recipe.reference import markdown_reference
+
+        print(markdown_reference(Recipe.model_json_schema()), end="")
+    else:
+        print(json.dumps(Recipe.model_json_schema(), indent=1))
     return 0
 
 
@@ -395,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--from-run", help="MLflow run key of the known-good run (default: current step ids)")
     base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")
     schema = sub.add_parser("recipe-schema", help="print the JSON schema of a recipe (every field, its type and help)")
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the short field reference (two levels) the README holds, as Markdown")
     schema.set_defaults(func=_cmd_recipe_schema)
     return parser
 
