@@ -9,6 +9,7 @@ recipe ``seed``; each derives its own stream from it and its step name.
 
 from __future__ import annotations
 
+from tidal.data.heldout import split_config
 from tidal.recipe import Recipe
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
@@ -19,7 +20,9 @@ def build_graph(recipe: Recipe) -> StepGraph:
 
     Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
     ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
-    (mix, held-out tokenized sources, tokenizer, gate).
+    (mix, held-out tokenized sources, tokenizer, gate). With ``evaluation.heldout`` the tokenizer
+    and the training sources' tokenize steps carry the split (:mod:`tidal.data.heldout`) and the
+    train step also reads those tokenize steps, for their held-out part (``heldout_data``).
     """
     steps: list[Step] = []
     clean_cfg = recipe.clean.model_dump()
@@ -40,8 +43,11 @@ def build_graph(recipe: Recipe) -> StepGraph:
         steps += [fetch, clean[src]]
 
     tok_cfg = recipe.tokenizer.model_dump()
+    heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     if recipe.tokenizer.mode == "train":
         tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
+        if heldout is not None:  # the tokenizer never trains on held-out documents either
+            tok_cfg["heldout"] = heldout
         tok_inputs = tuple(clean[src] for src in recipe.train_sources)
     else:
         tok_cfg = {"mode": "file", "path": recipe.tokenizer.path, "sha256": recipe.tokenizer.sha256}
@@ -68,6 +74,7 @@ def build_graph(recipe: Recipe) -> StepGraph:
                 "input": clean[src].name,
                 "tokenizer": tokenizer.name,
                 **recipe.tokenize.model_dump(),
+                **({"heldout": heldout} if heldout is not None and src in recipe.mixture.weights else {}),
             },
             inputs=(clean[src], tokenizer),
         )
@@ -107,6 +114,7 @@ def build_graph(recipe: Recipe) -> StepGraph:
         inputs=(stats,),
     )
     train_cfg = recipe.train.model_dump(exclude={"resources"})
+    heldout_srcs = recipe.train_sources if heldout is not None else []
     train = Step(
         name="train",
         kind="train",
@@ -115,9 +123,10 @@ def build_graph(recipe: Recipe) -> StepGraph:
             **train_cfg,
             "train_data": mix.name,
             "eval_data": {src: tokenized[src].name for src in recipe.eval_sources},
+            **({"heldout_data": {src: tokenized[src].name for src in heldout_srcs}} if heldout_srcs else {}),
             "tokenizer": tokenizer.name,
         },
-        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate),
+        inputs=(mix, tokenizer, *(tokenized[src] for src in sorted({*recipe.eval_sources, *heldout_srcs})), gate),
     )
     steps += [mix, stats, gate, train]
     return StepGraph(tuple(steps))
