@@ -42,7 +42,7 @@ KINDS: dict[str, KindSpec] = {
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),
     "stats": KindSpec("tidal.data.stats", 3),
     "gate": KindSpec("tidal.quality.gates", 1),
-    "train": KindSpec("tidal.train", 1, resumable=True, seeded=True),
+    "train": KindSpec("tidal.train", 2, resumable=True, seeded=True),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 1, seeded=True),
 }
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.config import RecipeError
+from tidal.data.heldout import split_config
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
@@ -26,7 +27,9 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
     Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
     ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
     (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
-    committed parent train step, ``continue-from``).
+    committed parent train step, ``continue-from``). With ``evaluation.heldout`` the tokenizer
+    and the training sources' tokenize steps carry the split (:mod:`tidal.data.heldout`) and the
+    train step also reads those tokenize steps, for their held-out part (``heldout_data``).
 
     Args:
         continuation: resolves ``train.continue_from`` against the storage root
@@ -55,8 +58,11 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
         steps += [fetch, clean[src]]
 
     tok_cfg = recipe.tokenizer.model_dump()
+    heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     if recipe.tokenizer.mode == "train":
         tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
+        if heldout is not None:  # the tokenizer never trains on held-out documents either
+            tok_cfg["heldout"] = heldout
         tok_inputs = tuple(clean[src] for src in recipe.train_sources)
     else:
         tok_cfg = {"mode": "file", "path": recipe.tokenizer.path, "sha256": recipe.tokenizer.sha256}
@@ -83,6 +89,7 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
                 "input": clean[src].name,
                 "tokenizer": tokenizer.name,
                 **recipe.tokenize.model_dump(),
+                **({"heldout": heldout} if heldout is not None and src in recipe.mixture.weights else {}),
             },
             inputs=(clean[src], tokenizer),
         )
@@ -129,6 +136,7 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
                               "through tidal.core.pipeline.Pipeline (tidal plan, tidal run)")
         step, train_cfg["continue_from"] = continuation(recipe.train)
         parent = (step,)
+    heldout_srcs = recipe.train_sources if heldout is not None else []
     train = Step(
         name="train",
         kind="train",
@@ -137,9 +145,11 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
             **train_cfg,
             "train_data": mix.name,
             "eval_data": {src: tokenized[src].name for src in recipe.eval_sources},
+            **({"heldout_data": {src: tokenized[src].name for src in heldout_srcs}} if heldout_srcs else {}),
             "tokenizer": tokenizer.name,
         },
-        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate, *parent),
+        inputs=(mix, tokenizer, *(tokenized[src] for src in sorted({*recipe.eval_sources, *heldout_srcs})), gate,
+                *parent),
     )
     steps += [mix, stats, gate, *parent, train]
     return StepGraph(tuple(steps))

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from tidal.config import Strict
 from tidal.data.fetch_config import FetchSettings
 from tidal.data.filters import QualityFilters
+from tidal.data.heldout import HeldoutSettings
 from tidal.data.langid import LanguageFilter
 from tidal.quality.licences import Use
 from tidal.quality.spdx import LicenceSyntaxError, licence_id, parse
@@ -99,9 +100,20 @@ class Source(FetchSettings):
 
 
 class EvaluationConfig(Strict):
-    """Held-out evaluation sources (never part of the training mixture)."""
+    """What the train step evaluates: whole sources kept out of the mixture (out of distribution, e.g.
+    UDHR) and an in-distribution held-out split of every training source (``heldout/<source>``)."""
 
-    sources: list[str] = Field(min_length=1, description="source names used only for eval loss")
+    sources: list[str] = Field(default_factory=list, description="source names used only for eval loss")
+    heldout: HeldoutSettings | None = Field(
+        default=None, description="hold out a fraction of every training source's documents (tidal/data/heldout.py)"
+    )
+
+    @model_validator(mode="after")
+    def _something_to_evaluate(self) -> EvaluationConfig:
+        if not self.sources and self.heldout is None:
+            raise ValueError("evaluation needs `sources` (held-out sources), `heldout` (a split of the "
+                             "training sources) or both")
+        return self
 
 
 LicenceTable = dict[LicenceId, LicenceDeclaration]

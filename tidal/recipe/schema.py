@@ -157,4 +157,9 @@ class Recipe(Strict):
         """Names of the held-out evaluation sources, sorted."""
         return sorted(self.evaluation.sources)
 
+    @property
+    def heldout_fraction(self) -> float | None:
+        """``evaluation.heldout.fraction``: the share of each training source held out, or None."""
+        heldout = self.evaluation.heldout
+        return None if heldout is None else heldout.fraction
 

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 
+from tidal.data.heldout import EVAL_PREFIX, HELDOUT_PREFIX
 from tidal.files import StepFiles
 from tidal.layout import SPEC_JSON as SPEC
 from tidal.train import distributed
@@ -48,7 +49,8 @@ class Inputs:
 
 def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     """Open the tokenizer, train and eval steps named by ``cfg`` among ``inputs`` (step name ->
-    directory or bucket URI, as ``spec.json`` records them), in place: from a bucket only the
+    directory or bucket URI, as ``spec.json`` records them; ``heldout_data`` steps give the eval sets
+    ``heldout/<source>``, their held-out split), in place: from a bucket only the
     metadata, the ``.npy`` headers and ``tokenizer.json`` are read here, token rows per batch.
 
     Raises:
@@ -66,6 +68,9 @@ def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
     evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
              for src, step in sorted(cfg.eval_data.items())}
+    evals |= {f"{EVAL_PREFIX}{src}": TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"],
+                                                 tokenizer_dir=tok.uri, prefix=HELDOUT_PREFIX)
+              for src, step in sorted(cfg.heldout_data.items())}
     return Inputs(meta, train, evals, token_byte_lengths(tok, int(meta["vocab_size"]), meta["tokenizer_hash"]))
 
 

@@ -166,6 +166,9 @@ class TrainStepConfig(TrainConfig):
     train_data: InputStep = Field(description="input step name of the mixture")
     eval_data: dict[str, InputStep] = Field(
         default_factory=dict, description="eval source name -> input step name of its tokenized data")
+    heldout_data: dict[str, InputStep] = Field(
+        default_factory=dict, description="training source name -> its tokenize step, whose held-out split "
+        "is evaluated as heldout/<source> (tidal/data/heldout.py)")
     tokenizer: InputStep = Field(description="input step name of the tokenizer")
     continue_from: ResolvedContinue | None = Field(
         default=None, description=f"the parent checkpoint, read from the input step {CONTINUE_INPUT!r}")

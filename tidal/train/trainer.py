@@ -23,7 +23,8 @@ checkpointed and the process exits with :data:`EXIT_PREEMPTED`. A SIGKILL loses 
 steps since the last finished checkpoint.
 
 Files written in the step directory by process 0 (besides ``checkpoints/``, see
-checkpoints.py): ``metrics.jsonl`` one JSON object per logged step; ``summary.json`` at the
+checkpoints.py): ``metrics.jsonl`` one JSON object per logged step (and a step-0 line of the
+initial parameters' evals on a fresh start); ``summary.json`` at the
 end; ``profile.json`` for ``--profile N`` runs (which never write a summary or checkpoint).
 """
 
@@ -54,6 +55,7 @@ from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
+from tidal.train.initial_eval import evaluate_initial
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
@@ -320,13 +322,15 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     with goodput.timing("restore"):
         session = open_session(step_dir, spec, run, log, mirror)
     session.goodput = goodput
-    if session.primary:
-        _truncate_metrics(session.metrics_path, session.start)
+    if session.primary:  # a fresh start drops every line, step 0's too: it is evaluated again below
+        _truncate_metrics(session.metrics_path, session.start if session.start else -1)
     print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
           f"{run.seq_len} tokens from step {session.start} on mesh {meshlib.describe(run.mesh)}", flush=True)
     metrics_file = open(session.metrics_path, "a") if session.primary else None  # noqa: SIM115 - closed below
     term = SigtermFlag()
     hooks, meters = training_hooks(session, term, metrics_file, stop_after)
+    if session.start == 0:
+        evaluate_initial(session, meters, metrics_file)
     status, state = "FAILED", session.state
     from tidal.train.watchdog import Watchdog
 
@@ -397,8 +401,10 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     """The run's summary; process 0 writes it to ``summary.json``.
 
     Keys: ``steps``, ``tokens_seen`` (predicted token positions, ``steps * B * (S - 1)``),
-    ``final_train_loss`` (nats/token), ``eval_loss`` (mean over sources), ``eval_loss/<src>``,
-    ``eval_bpb/<src>`` (bits/byte), ``param_count``, ``flops_per_token``, ``checkpoint_step``,
+    ``final_train_loss`` (nats/token), ``eval_loss`` (mean over eval sets), ``eval_loss/<set>``,
+    ``eval_bpb/<set>`` (bits/byte), ``initial_eval_loss/<set>`` (the step-0 eval before any update,
+    :func:`evaluate_initial`; eval sets are the held-out sources and ``heldout/<source>``
+    splits), ``param_count``, ``flops_per_token``, ``checkpoint_step``,
     ``checkpoint_root_hash``, ``params_sha256`` (:func:`tree_sha256` of the final parameters:
     equal across identical runs), ``environment_fingerprint`` (JSON), ``mesh`` and, when steps
     ran in this process, ``tokens_per_second``/``step_time_s`` after the first (compiling) step,
@@ -411,8 +417,9 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     last_eval = meters.evaluation.last
     if session.start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
         last_eval = evaluate(run, session.state["params"])
-    final = ([r for r in _read_metrics(session.metrics_path) if r["step"] == cfg.steps]
-             if session.primary else [])
+    records = _read_metrics(session.metrics_path) if session.primary else []
+    final = [r for r in records if r["step"] == cfg.steps]
+    initial = next((r for r in records if r["step"] == 0), {})  # evaluate_initial's line
     summary: dict[str, Any] = {
         "steps": cfg.steps, "tokens_seen": cfg.steps * run.tokens_per_step,
         "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
@@ -437,6 +444,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         if bpbs:
             summary["eval_bpb"] = sum(bpbs) / len(bpbs)
         summary.update(last_eval)
+    summary |= {f"initial_{k}": v for k, v in sorted(initial.items()) if k.startswith("eval_loss/")}
     summary |= meters.throughput.summary(steps_after_first=cfg.steps - session.start - 1)
     summary |= session.goodput.summary(cfg.steps - session.start, summary.get("step_time_s"),
                                        meters.throughput.first_step_s)
