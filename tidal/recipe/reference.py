@@ -9,17 +9,24 @@ Two levels: each top-level field, and the fields of each section (``train.steps`
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["markdown_reference"]
 
 
+def _values(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema of a mapping's values (``additionalProperties`` or the one ``patternProperties``)."""
+    if isinstance(schema.get("additionalProperties"), dict):
+        return schema["additionalProperties"]
+    patterns = list((schema.get("patternProperties") or {}).values())
+    return patterns[0] if len(patterns) == 1 else None
+
+
 def _ref(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
     """The definition a property points at (directly, through ``allOf``/``anyOf`` or a mapping's
     values), if it is an object with properties."""
-    for candidate in [schema, *schema.get("allOf", []), *schema.get("anyOf", []),
-                      schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict)
-                      else {}]:
+    for candidate in [schema, *schema.get("allOf", []), *schema.get("anyOf", []), _values(schema) or {}]:
         ref = candidate.get("$ref", "")
         if ref.startswith("#/$defs/") and "properties" in defs.get(ref[8:], {}):
             return defs[ref[8:]]
@@ -42,15 +49,15 @@ def _type(schema: dict[str, Any]) -> str:
     kind = schema.get("type")
     if kind == "array":
         return f"list[{_type(schema.get('items', {}))}]"
-    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
-        return f"map[str, {_type(schema['additionalProperties'])}]"
+    if kind == "object" and _values(schema) is not None:
+        return f"map[str, {_type(_values(schema))}]"
     return names.get(kind, str(kind or "any"))
 
 
 def _help(schema: dict[str, Any]) -> str:
     """The first sentence of a field's description, on one line, pipes escaped."""
     text = " ".join((schema.get("description") or "").split())
-    first = text.split(". ")[0].rstrip(".")
+    first = re.split(r"(?<!e\.g)(?<!i\.e)\. (?=[A-Z`])", text)[0].rstrip(".")
     return (first + "." if first else "").replace("|", "\\|")
 
 
@@ -83,7 +90,7 @@ def markdown_reference(schema: dict[str, Any]) -> str:
         section = _ref(prop, defs)
         if section is None:
             continue
-        prefix = f"{name}.<name>" if isinstance(prop.get("additionalProperties"), dict) else name
+        prefix = f"{name}.<name>" if _values(prop) is not None else name
         required = set(section.get("required", []))
         for sub, sub_prop in section["properties"].items():
             row(f"{prefix}.{sub}", sub_prop, sub in required)
