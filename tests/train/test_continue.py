@@ -108,7 +108,9 @@ def test_rewarm_restarts_the_schedule_with_a_fresh_optimizer(runs):
     root, storage, _, parent, located = runs
     out, parent_dir = root / "rewarm", storage.step_dir(parent.step_id)
     run(out, {**located, CONTINUE_INPUT: parent_dir}, continued(parent_dir, schedule="rewarm"), seed=7)
-    lr = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    lines = list(map(json.loads, (out / "metrics.jsonl").read_text().splitlines()))
+    lr = {r["step"]: r["lr"] for r in lines if "lr" in r}  # the step-0 line holds evals only
+    assert lines[0]["step"] == 0 and "lr" not in lines[0]  # the parent's initial evaluation, its curve's start
     peak = CONSTANT["optimizer"]["lr"]
     assert lr[4] == pytest.approx(peak) and lr[5] == 0.0 and lr[6] == pytest.approx(peak / 2)
     assert lr[7] == pytest.approx(peak)  # warmup 2 over the 4 new updates, then constant
