@@ -36,9 +36,9 @@ KINDS: dict[str, KindSpec] = {
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),
-    "stats": KindSpec("tidal.data.stats", 2),
-    "gate": KindSpec("tidal.quality.gates", 1),
-    "train": KindSpec("tidal.train", 1, resumable=True, seeded=True),
+    "stats": KindSpec("tidal.data.stats", 3),
+    "gate": KindSpec("tidal.quality.gates", 2),
+    "train": KindSpec("tidal.train", 2, resumable=True, seeded=True),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 1, seeded=True),
 }
 

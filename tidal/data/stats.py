@@ -35,8 +35,9 @@ need every kept text, so the ``text`` column is read once per shard.
 
 Config (:class:`StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
 step name or null).
-Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64) and
-``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order).
+Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64),
+``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order) and ``stats.png``
+(tokens, document lengths and document outcomes per source, :mod:`tidal.data.stats_plots`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from tidal.context import StepContext
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
 from tidal.files import StepFiles
 
-STEP_VERSION = 2
+STEP_VERSION = 3  # 3: stats.png (tidal/data/stats_plots.py)
 STATS_PARQUET = "stats.parquet"
 STATS_JSON = "stats.json"
 ALL = "all"
@@ -269,7 +270,7 @@ def collect_rows(ctx: StepContext) -> list[Row]:
 
 
 def run(ctx: StepContext) -> dict:
-    """Write ``stats.parquet`` and ``stats.json``; return ``{"rows": n}`` plus the ``all`` rows."""
+    """Write ``stats.parquet``, ``stats.json`` and ``stats.png``; return ``{"rows": n}`` plus the ``all`` rows."""
     rows = collect_rows(ctx)
     table = pa.table(
         {
@@ -282,6 +283,9 @@ def run(ctx: StepContext) -> dict:
     pq.write_table(table, ctx.out_dir / STATS_PARQUET)
     as_json = [{"source": s, "metric": m, "value": v} for s, m, v in rows]
     (ctx.out_dir / STATS_JSON).write_text(json.dumps(as_json, indent=1, allow_nan=False) + "\n")
+    from tidal.data.stats_plots import STATS_PNG, write_stats_plot
+
+    write_stats_plot(rows, ctx.out_dir / STATS_PNG, all_name=ALL)
     return {"rows": len(rows), **{f"{ALL}/{m}": v for s, m, v in rows if s == ALL}}
 
 
