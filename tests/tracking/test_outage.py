@@ -92,7 +92,8 @@ def outage(tmp_path_factory):
             assert params["tracking_uri"] == shown and not [k for k, v in params.items() if PASSWORD in v]
             assert PASSWORD not in json.dumps(recipe_status(recipe), default=str)
             found = parent_run(pipe.tracking_uri, pipe.experiment, RUN_KEY)
-            assert mlflow_link(pipe, RUN_KEY) == (parent, f"{shown}/#/experiments/{found.experiment_id}/runs/{parent}?workflowType=machine_learning")
+            assert mlflow_link(pipe, RUN_KEY) == (
+                parent, f"{shown}/#/experiments/{found.experiment_id}/runs/{parent}?workflowType=machine_learning")
             fetched = commit_stand_in_fetch(pipe)
             os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker
             proc.wait()
