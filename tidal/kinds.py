@@ -39,7 +39,7 @@ KINDS: dict[str, KindSpec] = {
     "stats": KindSpec("tidal.data.stats", 3),
     "gate": KindSpec("tidal.quality.gates", 2),
     "train": KindSpec("tidal.train", 2, resumable=True, seeded=True),
-    "scaling_fit": KindSpec("tidal.scaling.fit_step", 1, seeded=True),
+    "scaling_fit": KindSpec("tidal.scaling.fit_step", 2, seeded=True),
 }
 
 BEAM_KINDS = frozenset(name for name, spec in KINDS.items() if spec.beam)

@@ -27,8 +27,9 @@ def pyplot() -> Any:
     return plt
 
 
-def save_png(fig: Any, path: str | Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` as a PNG without a version or date chunk, close it.
+def save_png(fig: Any, path: str | Path, dpi: int = DPI) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a PNG (``dpi`` dots per inch) without a version or
+    date chunk, close it.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -36,6 +37,6 @@ def save_png(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=DPI, metadata=PNG_METADATA)
+    fig.savefig(path, format="png", dpi=dpi, metadata=PNG_METADATA)
     pyplot().close(fig)
     return path
