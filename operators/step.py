@@ -172,7 +172,7 @@ class TidalReportOperator(BaseOperator):
             if report["missing"]:
                 raise AirflowFailException(f"steps not committed: {report['missing']}")
             baseline = None
-            if getattr(pipe.recipe, "baseline", None) is not None:
+            if getattr(pipe, "suite", None) is None and getattr(pipe.recipe, "baseline", None) is not None:
                 overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))
                 if overrides:
                     self.log.info("baseline not compared: this run overrides %s", sorted(overrides))

@@ -151,10 +151,14 @@ class Pipeline:
 
         The numbers of the committed ``train`` step's ``summary.json`` (``final_train_loss``,
         ``eval_loss``, ``eval_loss/<src>``, ``eval_bpb``, ``tokens_per_second``, ``mfu``,
-        ``tokens_seen`` ...) at its last training step; ``({}, 0)`` when the recipe has no single
-        train step or it is not committed.
+        ``tokens_seen`` ...) at its last training step; for a scaling suite, the committed fit's
+        numbers (``alpha``, ``beta``, ``E``, ``holdout_rel_error`` ...) at step 0; else ``({}, 0)``.
         """
         train = [s for s in self.graph if s.kind == "train"]
+        fit = [s for s in self.graph if s.kind == "scaling_fit" and self.storage.is_committed(s.step_id)]
+        if len(train) != 1 and fit:  # a scaling suite: the fit's numbers (alpha, beta, E, hold-out error ...)
+            summary = json.loads(self.storage.read_text(fit[0].step_id, STEP_JSON)).get("summary") or {}
+            return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, 0
         if len(train) != 1 or not self.storage.is_committed(train[0].step_id):
             return {}, 0
         summary = json.loads(self.storage.read_text(train[0].step_id, SUMMARY_JSON))
