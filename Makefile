@@ -16,11 +16,12 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora tools services services-stop demo cluster-demo test lint clean-demo
+.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
 	@echo "make test   run the test suite (what CI runs)"
+	@echo "make airflow  Airflow's UI on this machine (airflow standalone, tidal's DAGs and on-call page); prints URL and password"
 	@echo "make cluster-demo   the tiny recipe through Airflow in production shape (Celery workers on nodes; root)"
 	@echo "make lint   ruff and the import-linter layer contracts"
 	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
@@ -47,6 +48,10 @@ corpora: venv
 $(AIRFLOW_HOME)/airflow.db: | venv
 	mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (tail -30 $(AIRFLOW_HOME)/migrate.log; exit 1)
+
+# Airflow with its UI on this machine: every recipe a DAG, trigger them from the browser (AIRFLOW_PORT=8080).
+airflow: corpora $(AIRFLOW_HOME)/airflow.db
+	bash tools/airflow_local.sh
 
 demo: corpora $(AIRFLOW_HOME)/airflow.db
 	@echo "== tidal plan" && $(VENV)/bin/tidal plan $(RECIPE)

@@ -98,6 +98,9 @@ def on_failure_callback(context: Any) -> None:
         log.warning("tidal failure callback: the step's live MLflow run stays open: %s", err)
     except Exception:
         log.exception("tidal failure callback could not close the step's live MLflow run")
+    if getattr(context.get("exception"), "tidal_derived", False):  # the report of a run whose step failed:
+        log.info("tidal failure callback: a derived failure (its cause is recorded by the failed step's own task)")
+        return  # no second catalog entry, counter or alert for the same cause
     try:
         record, pipe = failure_record(context)
     except Exception:

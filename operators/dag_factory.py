@@ -54,13 +54,19 @@ def build_dag(recipe_path: Path) -> DAG:
     from tidal.core.planner import build_graph
     from tidal.recipe import load_recipe
     from tidal.scaling.suite import is_suite_file
+    from tidal.steps import CommittedStep
 
     if is_suite_file(recipe_path):  # `kind: scaling_suite`: grid DAG (operators/suite_factory.py)
         from operators.suite_factory import build_suite_dag
 
         return build_suite_dag(Path(recipe_path))
     recipe = load_recipe(recipe_path)
-    graph = build_graph(recipe)
+    if recipe.train.continue_from is None:
+        graph = build_graph(recipe)
+    else:  # the parent train step's id and checkpoint hash are read from the storage root
+        from tidal.core.pipeline import Pipeline
+
+        graph = Pipeline.load(recipe_path).graph
     beam_kinds: tuple[str, ...] = ()
     if recipe.beam.launcher == "provider":  # tidal.core.beam_job imports the runner: only when needed
         from tidal.kinds import BEAM_KINDS as beam_kinds
@@ -80,7 +86,7 @@ def build_dag(recipe_path: Path) -> DAG:
                 doc_md=f"step `{step.step_id}` ({step.kind})", outlets=[step_alias(recipe.name, step.name)],
             )
             if not (step.kind == "train" and recipe.train.resources.launcher == "gke")
-            and step.kind not in beam_kinds
+            and step.kind not in beam_kinds or isinstance(step, CommittedStep)  # read here, never computed
             else _remote_group(step=step, recipe=recipe, recipe_path=str(recipe_path))
             for step in graph
         }

@@ -67,7 +67,7 @@ def step_facet(pipe: Any, step_name: str, status: str) -> dict[str, Any]:
         record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
     except (OSError, ValueError):
         record = {}
-    decisions = licence_decisions(pipe.recipe.sources)
+    decisions = licence_decisions(pipe.recipe.sources, pipe.recipe.licences)
     licences = {}
     for src in _upstream_sources(step):
         decision = decisions.get(src, {})

@@ -69,7 +69,8 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "recipe": pipe.recipe.name, "dag_id": f"tidal_{pipe.recipe.name}", "path": str(recipe_path),
         "schedule": pipe.recipe.schedule, "recipe_hash": pipe.recipe_hash, "storage_root": pipe.storage.uri,
         "steps": steps, "failing_gates": failing_gates,
-        "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name))[:20],
+        "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name),
+                                   pipe.storage.is_committed)[:20],
         "checkpoint": checkpoint,
         "mlflow": {"uri": safe_uri(pipe.tracking_uri), "link": experiments_link(pipe.tracking_uri)},
     }
@@ -105,6 +106,35 @@ def mlflow_run_links(status: dict[str, Any], run_keys: list[str]) -> dict[str, s
     return {r.run_key: run_link(uri, r) for r in runs if r.run_key in wanted}
 
 
+def runs_progress(status: dict[str, Any], run_keys: list[str]) -> dict[str, dict[str, Any]]:
+    """run key -> how far that run got by its own plan in the storage root (its trigger form's
+    overrides give other step ids than the recipe as written; tidal/audit/catalog.py), for the
+    runs that have a plan. Never raises: a storage error gives no progress, not a broken page."""
+    if not run_keys or "path" not in status or "error" in status:
+        return {}
+    from tidal.audit.catalog import run_progress
+    from tidal.core.load import load_pipeline
+
+    try:
+        storage = load_pipeline(status["path"]).storage
+        found = {key: run_progress(storage, status["recipe"], key) for key in run_keys}
+    except Exception:  # noqa: BLE001 - the bucket never takes the page down
+        return {}
+    return {key: progress for key, progress in found.items() if progress is not None}
+
+
+def _progress_cell(progress: dict[str, Any] | None) -> str:
+    """``12/17 (missing train, report); train.steps=200`` for a run's plan, ``""`` without one."""
+    if not progress:
+        return ""
+    text = f"{progress['committed']}/{progress['planned']}"
+    if progress["missing"]:
+        text += f" (missing {', '.join(progress['missing'][:4])}{', ...' if len(progress['missing']) > 4 else ''})"
+    if progress["overrides"]:
+        text += "; " + ", ".join(f"{k}={v}" for k, v in progress["overrides"].items())
+    return text
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -119,7 +149,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
     Args:
         statuses: from :func:`recipe_status`, one per recipe.
         runs: dag_id -> latest runs ``[{"run_id", "run_type", "state", "start", "end", "failed_tasks",
-            "mlflow_link"}]`` (from the Airflow DB, newest first).
+            "upstream_failed", "mlflow_link", "progress"}]`` (from the Airflow DB, newest first;
+            ``progress`` from :func:`runs_progress`, optional).
     """
     from tidal.tracking import safe_uri
 
@@ -127,7 +158,7 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>tidal on-call</title><style>",
            ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1em}"
            "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
-           ".failed,.blocked{background:#fdd}.success,.skip{background:#dfd}.run,.running,.queued{background:#ffd}"
+           ".failed,.blocked{background:#fdd}.resolved{color:#777}.success,.skip{background:#dfd}.run,.running,.queued{background:#ffd}"
            "code{font-size:12px}h2{border-top:2px solid #246;padding-top:.5em}"),
            "</style></head><body><h1>tidal on-call</h1>"]
     for st in statuses:
@@ -139,15 +170,18 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
                    f"{e(st['schedule'] or 'manual')}, recipe hash "
                    f"<code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
         out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
-                   "<th>end</th><th>failed tasks</th><th>MLflow</th></tr>")
+                   "<th>end</th><th>steps committed (this run's ids)</th><th>failed tasks</th>"
+                   "<th>not run: upstream failed</th><th>MLflow</th></tr>")
         for run in runs.get(dag_id, []):
             link = run.get("mlflow_link") or ""
             link = f"<a href='{e(link)}'>run</a>" if link.startswith("http") else f"<code>{e(link)}</code>"
             out.append(f"<tr class='{e(str(run['state']))}'><td><code>{e(run['run_id'])}</code></td>"
                        f"<td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td><td>{e(str(run['start']))}</td>"
-                       f"<td>{e(str(run['end']))}</td><td>{e(', '.join(run['failed_tasks']))}</td><td>{link}</td></tr>")
+                       f"<td>{e(str(run['end']))}</td><td>{e(_progress_cell(run.get('progress')))}</td>"
+                       f"<td>{e(', '.join(run['failed_tasks']))}</td>"
+                       f"<td>{e(', '.join(run.get('upstream_failed') or []))}</td><td>{link}</td></tr>")
         if not runs.get(dag_id):
-            out.append("<tr><td colspan='7'>no runs yet</td></tr>")
+            out.append("<tr><td colspan='9'>no runs yet</td></tr>")
         out.append("</table><h3>Steps (cache status)</h3><table class='steps'><tr><th>step</th><th>kind</th>"
                    "<th>step id</th><th>cache</th></tr>")
         label = {"skip": "committed (cached)", "run": "not committed, ready", "blocked": "not committed, blocked"}
@@ -168,10 +202,14 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
                    "<th>last seen</th><th>exception</th><th>tasks</th><th>latest message</th><th>MLflow</th></tr>")
         for group in st["failures"]:
             latest = group["latest"]
-            link = f"<a href='{e(latest['mlflow_link'])}'>run</a>" if latest.get("mlflow_link") else ""
+            link = latest.get("mlflow_link") or ""  # a runs:/ URI is no address a browser opens: shown as text
+            link = (f"<a href='{e(link)}'>run</a>" if link.startswith("http")
+                    else f"<code>{e(link)}</code>" if link else "")
             tasks = ", ".join(f"{k} x{n}" for k, n in group["tasks"].items())
             message = (latest.get("message") or "").splitlines()[:1]
-            out.append(f"<tr><td><code>{e(group['fingerprint'])}</code></td><td>{group['count']}</td>"
+            resolved = " resolved" if group.get("resolved") else ""
+            out.append(f"<tr class='failure{resolved}'><td><code>{e(group['fingerprint'])}</code>"
+                       f"{' (resolved: step committed since)' if resolved else ''}</td><td>{group['count']}</td>"
                        f"<td>{e(str(group['last_seen']))}</td><td>{e(str(group['exception_type']))}</td>"
                        f"<td>{e(tasks)}</td><td>{e(message[0][:200] if message else '')}</td><td>{link}</td></tr>")
         if not st["failures"]:

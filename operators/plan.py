@@ -78,7 +78,8 @@ def _write_plan(pipe: Any, run_key: str, log: Any) -> None:
     from tidal.audit.catalog import write_run_plan
 
     try:
-        uri = write_run_plan(pipe.storage, pipe.recipe.name, run_key, {s.name: s.step_id for s in pipe.graph})
+        uri = write_run_plan(pipe.storage, pipe.recipe.name, run_key, {s.name: s.step_id for s in pipe.graph},
+                             pipe.overrides)
         log.info("run plan %s", uri)
     except Exception as err:  # noqa: BLE001 - the plan record serves consumers; the run goes on without it
         log.warning("run plan not written: %s", err)

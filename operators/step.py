@@ -110,7 +110,9 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
                           else status, step.kind)
             return {"step_id": step.step_id, "status": f"dry-run:{status}", "seconds": 0.0}
         launcher = pipe.recipe.train.resources.launcher
-        if step.kind == "train" and launcher != "local":
+        from tidal.steps import CommittedStep
+
+        if step.kind == "train" and launcher != "local" and not isinstance(step, CommittedStep):
             raise AirflowFailException(
                 f"this run asks for launcher {launcher!r}, but the DAG's train task was built for the recipe's "
                 "local launcher; set train.resources.launcher in the recipe to get the GKE task group")
@@ -170,7 +172,10 @@ class TidalReportOperator(BaseOperator):
         status = "FAILED"  # what the MLflow parent run ends as unless every check below passes
         try:
             if report["missing"]:
-                raise AirflowFailException(f"steps not committed: {report['missing']}")
+                err = AirflowFailException(f"steps not committed: {report['missing']}")
+                # derived: each missing step's own task failed (and was recorded) or never ran because one did
+                err.tidal_derived = True  # type: ignore[attr-defined]
+                raise err
             baseline = None
             if getattr(pipe, "suite", None) is None and getattr(pipe.recipe, "baseline", None) is not None:
                 overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))

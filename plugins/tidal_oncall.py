@@ -57,11 +57,13 @@ def _latest_runs(dag_ids: list[str], mlflow_links: dict[str, str]) -> dict[str, 
                                    .order_by(DagRun.run_after.desc()).limit(RUNS_SHOWN)).all()
             rows = []
             for run in runs:
-                failed = session.scalars(select(TaskInstance.task_id).where(
+                states = session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
                     TaskInstance.dag_id == dag_id, TaskInstance.run_id == run.run_id,
                     TaskInstance.state.in_(["failed", "upstream_failed"]))).all()
+                failed = [task for task, state in states if getattr(state, "value", state) == "failed"]
                 rows.append({"run_id": run.run_id, "run_type": str(run.run_type), "state": str(run.state),
                              "start": run.start_date, "end": run.end_date, "failed_tasks": sorted(failed),
+                             "upstream_failed": sorted(task for task, _ in states if task not in failed),
                              "mlflow_link": mlflow_links.get(f"{dag_id}__{run.run_id}")})
             out[dag_id] = rows
     return out
@@ -75,15 +77,17 @@ def _mlflow_links(statuses: list[dict[str, Any]]) -> dict[str, str]:
 
 def collect() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """Everything the page shows: per-recipe storage status and the latest runs from Airflow."""
-    from operators.oncall import mlflow_run_links, recipe_files, recipe_status
+    from operators.oncall import mlflow_run_links, recipe_files, recipe_status, runs_progress
 
     statuses = [recipe_status(path) for path in recipe_files(_recipes_dir())]
     runs = _latest_runs([st["dag_id"] for st in statuses if "dag_id" in st], _mlflow_links(statuses))
     for st in statuses:
         keys = [f"{st.get('dag_id')}__{run['run_id']}" for run in runs.get(st.get("dag_id"), [])]
         links = mlflow_run_links(st, keys)
+        progress = runs_progress(st, keys)  # each run's own step ids (its overrides), from its plan
         for run, key in zip(runs.get(st.get("dag_id"), []), keys, strict=True):
             run["mlflow_link"] = links.get(key, run["mlflow_link"])
+            run["progress"] = progress.get(key)
     return statuses, runs
 
 

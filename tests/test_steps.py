@@ -38,8 +38,17 @@ def test_tokenize_field_changes_tokenize_and_descendants(tiny_data):
 
 
 def test_seed_changes_only_seeded_steps(tiny_data):
-    before, after = ids(tiny_data), ids(tiny_data, seed=1)
+    data = {**tiny_data, "evaluation": {"sources": ["udhr"]}}  # no held-out split
+    before, after = ids(data), ids(data, seed=1)
     assert {n for n in before if before[n] != after[n]} == {"mix", "stats", "gate", "train"}
+
+
+def test_seed_draws_the_heldout_split(tiny_data):
+    # the split hashes document ids with the recipe seed: the tokenizer and every step after it change
+    before, after = ids(tiny_data), ids(tiny_data, seed=1)
+    changed = {n for n in before if before[n] != after[n]}
+    assert changed == {"tokenizer", *build_graph(parse_recipe(tiny_data)).descendants("tokenizer")}
+    assert not any(name.startswith(("fetch-", "clean-")) for name in changed)
 
 
 @pytest.mark.parametrize(

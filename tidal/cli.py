@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from tidal.recipe import RecipeError
 from tidal.settings import SettingsError, entry_point
@@ -41,11 +42,32 @@ def _check_bucket(storage) -> None:
         raise
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--set train.steps=200`` (repeatable) as dotted recipe overrides, values parsed as YAML
+    scalars; the same mechanism as the Airflow trigger form (validated by the recipe schema).
+
+    Raises:
+        tidal.config.RecipeError: an item without ``=``.
+    """
+    import yaml
+
+    found: dict[str, Any] = {}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"--set {item!r}: expected FIELD=VALUE with a dotted field, e.g. train.steps=200")
+        try:
+            found[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            found[key.strip()] = value
+    return found or None
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
     from tidal.quality.baseline import describe_baseline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     _check_bucket(pipe.storage)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
     problem = pipe.tracking_problem()
@@ -56,24 +78,50 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(baseline)
     for name, source in sorted(pipe.recipe.sources.items()):
         if source.path is not None and source.snapshot_sha256 is None:
-            print(f"note: source {name} reads {source.path} unpinned: a change to its files is not noticed "
-                  f"(pin sources.{name}.snapshot_sha256 with the value its fetch step logs)")
+            planned = pipe.graph[f"fetch-{name}"].config.get("snapshot_sha256")
+            print(f"note: source {name} reads {source.path} unpinned: " + (
+                f"its files hash to {planned} now (the fetch step id follows it); pin "
+                f"sources.{name}.snapshot_sha256: {planned} to keep this id and have fetch check the files"
+                if planned else f"its step id follows the path, and a change to its files is not noticed (pin "
+                f"sources.{name}.snapshot_sha256 with the value its fetch step logs)"))
+    from tidal.steps import CommittedStep
+
+    ref = pipe.graph["train"].config.get("continue_from") if "train" in pipe.graph.by_name else None
+    if ref:
+        print(f"train continues {ref['step']} from its checkpoint step {ref['checkpoint_step']} to step "
+              f"{pipe.graph['train'].config['steps']} (checkpoint root {ref['checkpoint_root_hash'][:12]}, "
+              f"schedule {ref['schedule']})")
     width = max(len(s.step_id) for s in pipe.graph)
     for step in pipe.graph:
         status = pipe.status(step.name)
+        read_only = isinstance(step, CommittedStep)  # another run's output this graph reads
         reason = {
-            "skip": "committed",
+            "skip": f"committed ({step.name}: read, never recomputed)" if read_only else "committed",
             "run": "inputs ready" if step.inputs else "no inputs",
             "blocked": "waits on " + ", ".join(d.name for d in step.inputs if pipe.status(d.name) != "skip"),
         }[status]
         print(f"  {step.step_id:<{width}}  {status:<7}  {step.kind:<9}  {reason}")
+    return _print_mixture(pipe)
+
+
+def _print_mixture(pipe) -> int:
+    """The mixture table (tidal/core/mixture.py); 1 with one ``error:`` line when a source cannot give
+    its share (``mixture.size`` / ``mixture.n_sequences``), known once its tokenize step is committed."""
+    from tidal.core.mixture import mixture_table
+
+    table = mixture_table(pipe)
+    for line in table.lines():
+        print(line)
+    if table.problem:
+        print(f"error: {pipe.recipe_path}: {table.problem}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from tidal.core.load import load_pipeline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     step = pipe.graph.find(args.step)
     print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
@@ -87,15 +135,19 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from tidal.audit.catalog import write_run_plan
     from tidal.core.load import load_pipeline
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     problem = pipe.tracking_problem()
     if problem:  # one machine runs every step here, so its own store is enough
         print(f"warning: {problem}; this in-process run on one machine records into it anyway", file=sys.stderr)
     run_key = args.run_key or f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}"
     names = [pipe.graph.find(args.step).name] if args.step else [s.name for s in pipe.graph]
     forced = {pipe.graph.find(name).name for name in args.force or []}
+    if getattr(pipe, "suite", None) is None:  # the run's own ids, where report / verify / lineage find them
+        write_run_plan(pipe.storage, pipe.recipe.name, run_key, {s.name: s.step_id for s in pipe.graph},
+                       pipe.overrides)
     started = time.perf_counter()
     for name in names:
         try:
@@ -138,10 +190,10 @@ def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tidal.core.load import load_pipeline
+    from tidal.audit.catalog import pipeline_of_run
     from tidal.core.report import build_report, format_report
 
-    pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
+    pipe = pipeline_of_run(args.recipe, args.run_key, args.storage_root)  # the run's own overrides
     print(format_report(build_report(pipe, args.run_key)))
     return 0
 
@@ -254,7 +306,7 @@ def _cmd_failures(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=1, sort_keys=True, default=str))
     else:
         print(f"failure catalog {storage.object_uri(CATALOG_DIR + '/')}: {len(records)} failure(s)")
-        print(format_groups(group_failures(records)))
+        print(format_groups(group_failures(records, storage.is_committed)))
     return 0
 
 
@@ -291,7 +343,12 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 def _cmd_recipe_schema(args: argparse.Namespace) -> int:
     from tidal.recipe import Recipe
 
-    print(json.dumps(Recipe.model_json_schema(), indent=1))
+    if args.markdown:
+        from tidal.recipe.reference import markdown_reference
+
+        print(markdown_reference(Recipe.model_json_schema()), end="")
+    else:
+        print(json.dumps(Recipe.model_json_schema(), indent=1))
     return 0
 
 
@@ -307,9 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
-    add("plan", _cmd_plan, "print every step with its id and run / skip / blocked")
-    add("explain", _cmd_explain, "show what went into a step's id").add_argument("step", help="step name or id")
-    run = add("run", _cmd_run, "run the recipe's steps in-process (without Airflow)")
+    def with_set(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        cmd.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                         help="override a recipe field for this run, as the Airflow trigger form does "
+                              "(e.g. --set train.steps=200; repeatable; hashed like the recipe)")
+        return cmd
+
+    with_set(add("plan", _cmd_plan, "print every step with its id and run / skip / blocked"))
+    with_set(add("explain", _cmd_explain, "show what went into a step's id")).add_argument(
+        "step", help="step name or id")
+    run = with_set(add("run", _cmd_run, "run the recipe's steps in-process (without Airflow)"))
     run.add_argument("--step", help="run only this step (its inputs must be committed)")
     run.add_argument("--force", action="append", help="recompute this step even if committed")
     run.add_argument("--run-key", help="MLflow parent run key (default: a timestamp)")
@@ -349,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--from-run", help="MLflow run key of the known-good run (default: current step ids)")
     base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")
     schema = sub.add_parser("recipe-schema", help="print the JSON schema of a recipe (every field, its type and help)")
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the short field reference (two levels) the README holds, as Markdown")
     schema.set_defaults(func=_cmd_recipe_schema)
     return parser
 
@@ -356,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Errors that describe bad input or a failed check, not a bug: one line, no traceback.
 # Matched by class name so that catching them imports nothing heavy.
 USER_ERRORS = frozenset({
-    "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "GateFailed", "StatsIncomplete",
+    "RecipeError", "StepBlocked", "StorageError", "ArchiveError", "SourceError", "GateFailed", "StatsIncomplete",
     "TrainingFailed", "TokenizerMismatch", "DataContractError", "ConfigError", "MixtureError",
     "TokenizerFileError", "GateConfigError", "SigningKeyError",
     "BaselineError", "BaselineMismatch",

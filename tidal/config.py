@@ -93,3 +93,13 @@ def _endpoint_url(value: str | None) -> str | None:
 
 EndpointUrl = Annotated[str | None, AfterValidator(_endpoint_url)]
 """An S3 endpoint URL (``TIDAL_S3_ENDPOINT_URL``, the recipe's ``storage.endpoint_url``)."""
+
+
+def field_error(model: str, loc: tuple[str | int, ...], message: str, value: Any = None) -> ValidationError:
+    """A validation error at ``loc`` (relative to the model validating), for a model validator whose
+    rule spans fields: raised from it, pydantic prefixes the outer path, so the recipe error names
+    ``mixture.size.tokens`` rather than ``(top level)`` or the section."""
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    return ValidationError.from_exception_data(model, [InitErrorDetails(
+        type=PydanticCustomError("tidal_rule", "{msg}", {"msg": message}), loc=loc, input=value)])

@@ -24,6 +24,10 @@ class KindSpec:
     resumable: bool = False
     beam: bool = False  # a Beam job: runs in-process or as a job command on a Beam runner
     seeded: bool = False  # draws random numbers: its config carries the recipe seed, its context a derived one
+    # config keys that only say where the input lives, and the key that pins its content: when the
+    # config holds the pin, the step id leaves the location out (same bytes elsewhere, same id)
+    location_keys: tuple[str, ...] = ()
+    pin_key: str | None = None
 
     def load(self) -> ModuleType:
         """Import the module that implements the kind (heavy: Beam, JAX, GX)."""
@@ -31,14 +35,14 @@ class KindSpec:
 
 
 KINDS: dict[str, KindSpec] = {
-    "fetch": KindSpec("tidal.data.fetch", 2),
-    "clean": KindSpec("tidal.data.clean", 5, beam=True),
+    "fetch": KindSpec("tidal.data.fetch", 3, location_keys=("path",), pin_key="snapshot_sha256"),
+    "clean": KindSpec("tidal.data.clean", 6, beam=True),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),
-    "stats": KindSpec("tidal.data.stats", 3),
+    "stats": KindSpec("tidal.data.stats", 4),
     "gate": KindSpec("tidal.quality.gates", 2),
-    "train": KindSpec("tidal.train", 2, resumable=True, seeded=True),
+    "train": KindSpec("tidal.train", 3, resumable=True, seeded=True),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 2, seeded=True),
 }
 

@@ -1,10 +1,11 @@
 """Steps and step graphs: content addresses derived from what a step computes.
 
 Invariant: ``step_id = f"{name}-{sha256(canonical_json(kind, name, config, input ids,
-STEP_VERSION))[:12]}"``, and nothing else enters the hash. Storage root, runner, resource
-shape, git sha and timestamps are recorded in ``step.json`` but never hashed, so changing
-*where* or *how fast* never recomputes anything, while changing one config field gives that
-step and all its descendants new ids. Ids are derived properties of frozen steps, never
+STEP_VERSION))[:12]}"``, and nothing else enters the hash (of the config, a kind's location keys
+are left out when the config pins its input's content: :attr:`tidal.kinds.KindSpec.location_keys`).
+Storage root, runner, resource shape, git sha and timestamps are recorded in ``step.json`` but
+never hashed, so changing *where* or *how fast* never recomputes anything, while changing one
+config field gives that step and all its descendants new ids. Ids are derived properties of frozen steps, never
 stored, so nothing can drift out of sync.
 """
 
@@ -29,7 +30,8 @@ class Step:
     Attributes:
         name: unique name in the graph, e.g. ``"clean-brown"``; the Airflow task id.
         kind: key into :data:`tidal.kinds.KINDS`.
-        config: JSON-able config; every field of it is hashed.
+        config: JSON-able config; every field of it is hashed, except a kind's location keys
+            when the config holds its content pin (:attr:`tidal.kinds.KindSpec.location_keys`).
         inputs: the steps whose committed outputs this one reads.
     """
 
@@ -41,19 +43,43 @@ class Step:
     @cached_property
     def hash_input(self) -> dict[str, Any]:
         """Exactly what enters the step id hash (shown by ``tidal explain``)."""
+        spec = kind_spec(self.kind)
+        config = dict(self.config)
+        if spec.pin_key is not None and config.get(spec.pin_key) is not None:
+            config = {k: v for k, v in config.items() if k not in spec.location_keys}
         return {
             "kind": self.kind,
             "name": self.name,
-            "config": dict(self.config),
+            "config": config,
             "inputs": {step.name: step.step_id for step in self.inputs},
-            "step_version": kind_spec(self.kind).version,
+            "step_version": spec.version,
         }
 
     @cached_property
     def step_id(self) -> str:
-        """``{name}-{first 12 hex of sha256 of canonical_json(hash_input)}``."""
+        """``{name}-{first 12 hex of sha256 of canonical_json(hash_input)}``, ``name`` the hashed one."""
         digest = sha256_bytes(canonical_json(self.hash_input).encode())
-        return f"{self.name}-{digest[:ID_HASH_CHARS]}"
+        return f"{self.hash_input['name']}-{digest[:ID_HASH_CHARS]}"
+
+
+@dataclass(frozen=True)
+class CommittedStep(Step):
+    """A step committed earlier (by this recipe or another, under the same storage root) that a step
+    of this graph reads, e.g. the train step a continued run starts from.
+
+    Its identity is still derived, not stored: ``hash_input`` is the one its ``step.json`` recorded,
+    and :attr:`step_id` hashes it as for any step (a ``step.json`` edited to claim another id gives
+    another id; :func:`tidal.core.continuation.committed_step` refuses it). ``name`` is its name in
+    this graph (the input name its reader sees); ``kind`` and ``config`` are the recorded ones. It has
+    no inputs here: it is never computed by this graph, only read.
+    """
+
+    recorded: Mapping[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def hash_input(self) -> dict[str, Any]:
+        """The recorded hash input (``step.json``), as it was when the step was committed."""
+        return dict(self.recorded)
 
 
 @dataclass(frozen=True)

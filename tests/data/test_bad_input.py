@@ -96,7 +96,7 @@ def test_quarantine_keeps_the_bytes_verbatim_with_file_line_and_reason(cleaned):
     assert rows["a.jsonl:2"]["reason"] == "invalid_utf8" and rows["a.jsonl:2"]["detail"].startswith("byte 3:")
     assert rows["a.jsonl:3"]["reason"] == "lone_surrogate"
     assert rows["a.jsonl:8"] == {"ref": "a.jsonl:8", "raw": b'{"text": "malformed json line',
-                                 "reason": "malformed_json", "detail": rows["a.jsonl:8"]["detail"]}
+                                 "reason": "malformed_json", "detail": rows["a.jsonl:8"]["detail"], "fields": None}
     assert "a.jsonl line 8" in rows["a.jsonl:8"]["detail"]
     truncated = [r for r in rows.values() if r["reason"] == "truncated_file"]
     assert len(truncated) == 1 and truncated[0]["ref"].startswith("e.jsonl.gz:")
@@ -115,7 +115,7 @@ def test_kept_text_is_normalized_and_duplicates_point_at_their_survivor(cleaned)
     removed = {r["ref"]: r for r in pq.read_table(out / "removed.parquet").to_pylist()}
     assert removed["a.jsonl:13"]["cluster"] == docs["a.jsonl:12"]["id"]
     assert removed["a.jsonl:14"] == {"ref": "a.jsonl:14", "outcome": "duplicate", "reason": "exact",
-                                     "cluster": docs["a.jsonl:1"]["id"], "detail": None}
+                                     "cluster": docs["a.jsonl:1"]["id"], "detail": None, "fields": None}
     assert removed["b.jsonl:1"]["reason"] == "too_long" and removed["a.jsonl:6"]["reason"] == "empty"
 
 

@@ -93,7 +93,7 @@ def test_invalid_utf8_quarantined_verbatim(twice):
     (_, out), _ = twice
     rows = pq.read_table(out / "quarantine.parquet").to_pylist()
     assert rows == [{"ref": "x:2", "raw": BAD_RAW, "reason": "invalid_utf8",
-                     "detail": "byte 12: invalid start byte (0x92)"}]
+                     "detail": "byte 12: invalid start byte (0x92)", "fields": None}]
 
 
 def test_rerun_is_byte_identical(twice):

@@ -128,7 +128,8 @@ def test_shard_writer_stub_memory_is_as_documented(tmp_path):
         ids = [hashlib.sha256(f"{f}-{i}".encode()).hexdigest() for i in range(n // 20)]
         paths.append(spill.write_spill(OutputDir(tmp_path), f"s00000-g{f:05d}-r000000000.arrow", {
             "id": ids, "ref": [f"cc/CC-MAIN-2024-10/segment/{f}/warc/{i:08d}" for i in range(len(ids))],
-            "source": ["fineweb-edu"] * len(ids), "language": ["en"] * len(ids), "text": ["x" * 100] * len(ids)}))
+            "source": ["fineweb-edu"] * len(ids), "language": ["en"] * len(ids), "fields": [None] * len(ids),
+            "text": ["x" * 100] * len(ids)}))
     tracemalloc.start()
     try:
         kept, _, counts = dedup_shard(read_stubs(paths), {})

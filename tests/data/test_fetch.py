@@ -43,8 +43,8 @@ def test_fetch_writes_raw_parquet_in_ref_order(tmp_path, cache):
     summary, path = run_fetch(tmp_path, {"source": "brown", "format": "brown", "archive": spec})
     table = pq.read_table(path)
     assert table.schema == pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary()),
-                                      ("reason", pa.string()), ("detail", pa.string())])
-    assert table.column("reason").null_count == table.num_rows
+                                      ("reason", pa.string()), ("detail", pa.string()), ("fields", pa.string())])
+    assert table.column("reason").null_count == table.column("fields").null_count == table.num_rows
     assert table.column("ref").to_pylist() == ["ca01", "ca02", "ca10", "cb01", "cb02", "cb10"]
     assert table.column("raw").to_pylist()[2] == b"Doc a10 ."
     assert set(table.column("source").to_pylist()) == {"brown"}
@@ -70,7 +70,7 @@ def test_fetch_counts_gcide_database_entries_as_skipped(tmp_path, cache):
     summary, path = run_fetch(tmp_path, {"source": "gcide", "format": "gcide", "archive": spec})
     assert summary["documents"] == 1 and summary["skipped"] == 1 and summary["skipped_gcide_database_entry"] == 1
     assert pq.read_table(path).to_pylist() == [{"source": "gcide", "ref": "gcide.index:2", "raw": body,
-                                                "reason": None, "detail": None}]
+                                                "reason": None, "detail": None, "fields": None}]
 
 
 def test_fetch_rejects_unknown_config_key(tmp_path, cache):

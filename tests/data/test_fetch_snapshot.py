@@ -66,23 +66,57 @@ def test_a_changed_file_fails_a_pinned_fetch_before_writing(tmp_path):
     assert list((tmp_path / "changed").iterdir()) == []  # neither raw.parquet nor files.json
 
 
-def test_the_pin_is_part_of_the_step_id_and_only_file_sources_take_it(tiny_data, tmp_path):
-    source = {"format": "jsonl", "path": str(tmp_path), "licence": "CC0-1.0"}
-    unpinned = build_graph(parse_recipe(with_source(tiny_data, "web", source)))["fetch-web"]
-    assert "snapshot_sha256" not in unpinned.config  # unpinned sources keep their step ids
-    ids = {build_graph(parse_recipe(with_source(tiny_data, "web",
-                                                {**source, "snapshot_sha256": h})))["fetch-web"].step_id
-           for h in ("a" * 64, "b" * 64)}
-    assert len(ids | {unpinned.step_id}) == 3
+def fetch_step(tiny_data, **source):
+    return build_graph(parse_recipe(with_source(tiny_data, "web", {"format": "jsonl", "licence": "CC0-1.0",
+                                                                   **source})))["fetch-web"]
+
+
+def test_a_file_source_id_follows_its_content_not_its_pin_or_place(tiny_data, tmp_path):
+    """Issue 21 item 13: pinning the value the plan hashed keeps the id, and so does moving the
+    pinned (or unpinned) files; one changed byte changes it. An unpinned s3:// source, which
+    the planner cannot hash, is addressed by its path."""
+    root = corpus(tmp_path / "web")
+    want = expected_snapshot(root)
+    unpinned = fetch_step(tiny_data, path=str(root))
+    assert unpinned.config["snapshot_sha256"] == want  # hashed when planned, as sha256sum would
+    assert "path" not in unpinned.hash_input["config"]
+    assert fetch_step(tiny_data, path=str(root), snapshot_sha256=want).step_id == unpinned.step_id
+    (tmp_path / "elsewhere").mkdir()
+    moved = root.rename(tmp_path / "elsewhere" / "web")
+    assert fetch_step(tiny_data, path=str(moved)).step_id == unpinned.step_id
+    assert fetch_step(tiny_data, path="s3://corpora/web/", snapshot_sha256=want).step_id == unpinned.step_id
+    data = (moved / "part" / "b2.jsonl").read_bytes()
+    (moved / "part" / "b2.jsonl").write_bytes(data[:-3] + b"X" + data[-2:])  # one byte
+    changed = fetch_step(tiny_data, path=str(moved))
+    assert changed.config["snapshot_sha256"] == expected_snapshot(moved) != want
+    assert changed.step_id != unpinned.step_id
+    assert fetch_step(tiny_data, path=str(moved), snapshot_sha256="b" * 64).step_id not in (
+        changed.step_id, unpinned.step_id)
+    s3 = [fetch_step(tiny_data, path=f"s3://corpora/{name}/") for name in ("web", "other")]
+    assert "snapshot_sha256" not in s3[0].config and s3[0].step_id != s3[1].step_id
     with pytest.raises(RecipeError, match="no `path` or `snapshot_sha256`"):
         parse_recipe(with_source(tiny_data, "brown2", {**tiny_data["sources"]["brown"], "snapshot_sha256": "a" * 64}))
     with pytest.raises(RecipeError, match="snapshot_sha256"):
-        parse_recipe(with_source(tiny_data, "web", {**source, "snapshot_sha256": "not-a-hash"}))
+        parse_recipe(with_source(tiny_data, "web", {"format": "jsonl", "path": str(moved), "licence": "CC0-1.0",
+                                                    "snapshot_sha256": "not-a-hash"}))
+
+
+def test_a_capped_fetch_accepts_the_pin_the_plan_printed(tmp_path):
+    """With max_documents the plan's value (every file) is accepted as well as the hash of the
+    files read, and a change to a file the cap never reached still fails the pinned fetch."""
+    root = corpus(tmp_path / "web")
+    want = expected_snapshot(root)
+    summary, _ = run_fetch(tmp_path, root, "capped", max_documents=1, snapshot_sha256=want)
+    assert summary["documents"] == 1 and summary["snapshot_sha256"] != want  # the files read: a.jsonl
+    (root / "part" / "b2.jsonl").write_bytes(b'{"text": "four, edited"}\n')
+    with pytest.raises(ValueError, match="changed since the recipe pinned them"):
+        run_fetch(tmp_path, root, "capped-changed", max_documents=1, snapshot_sha256=want)
 
 
 def test_plan_notes_an_unpinned_file_source(tiny_data, tmp_path):
     import yaml
 
+    want = expected_snapshot(corpus(tmp_path / "web"))
     recipe = tmp_path / "web.yaml"
     recipe.write_text(yaml.safe_dump(with_source(tiny_data, "web", {"format": "jsonl", "path": str(tmp_path / "web"),
                                                                     "licence": "CC0-1.0"})))
@@ -90,4 +124,5 @@ def test_plan_notes_an_unpinned_file_source(tiny_data, tmp_path):
                           capture_output=True, text=True, check=False)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "note: source web reads" in plan.stdout and "unpinned" in plan.stdout
+    assert f"pin sources.web.snapshot_sha256: {want} to keep this id" in plan.stdout
     assert "note: source brown" not in plan.stdout  # archive sources are pinned by their sha256

@@ -11,6 +11,7 @@ from tidal.data.clean import CleanConfig, CleanSettings
 from tidal.data.fetch_config import FetchConfig
 from tidal.data.filters import QualityFilters
 from tidal.data.mix_config import MixConfig
+from tidal.data.snapshot import file_sha256, snapshot_sha256
 from tidal.data.stats import StatsConfig
 from tidal.data.tokenize_config import TokenizeConfig
 from tidal.data.tokenizer_config import TokenizerConfig
@@ -65,11 +66,14 @@ def test_a_per_source_section_replaces_only_that_section(tiny_data):
 
 
 def test_file_sources_plan_a_fetch_of_their_path(tiny_data, tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"content": "one"}\n')
     data = with_source(tiny_data, "web", {"format": "jsonl", "path": str(tmp_path), "licence": "CC0-1.0",
-                                          "text_field": "content"})
+                                          "text_field": "content", "keep_fields": ["url"]})
     graph = build_graph(parse_recipe(data))
     assert graph["fetch-web"].config == {"source": "web", "format": "jsonl", "path": str(tmp_path),
-                                         "text_field": "content", "max_documents": None}
+                                         "text_field": "content", "id_field": None, "keep_fields": ["url"],
+                                         "max_documents": None, "snapshot_sha256": snapshot_sha256(
+                                             [("a.jsonl", *file_sha256(tmp_path / "a.jsonl"))])}
 
 
 @pytest.mark.parametrize(

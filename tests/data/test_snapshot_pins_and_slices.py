@@ -52,8 +52,8 @@ def run_fetch(tmp_path, name: str, config: dict) -> dict:
 
 def test_a_capped_fetch_hashes_the_files_it_read_and_says_so(tmp_path):
     """With max_documents, fetch stops early: the hash covers the files read (the output
-    depends on nothing else). A full-folder pin then fails with a message naming the cap;
-    a pin of the files read passes."""
+    depends on nothing else). A pin of the files read passes, and so does a full-folder pin
+    (what `tidal plan` hashes, issue 21 item 13); any other fails with a message naming the cap."""
     root = tmp_path / "web"
     root.mkdir()
     (root / "a.jsonl").write_bytes(b'{"text": "one"}\n{"text": "two"}\n')
@@ -61,8 +61,9 @@ def test_a_capped_fetch_hashes_the_files_it_read_and_says_so(tmp_path):
     full = sha256sum_snapshot(root, ["a.jsonl", "b.jsonl"])
     config = {"source": "web", "format": "jsonl", "path": str(root), "text_field": "text"}
     assert run_fetch(tmp_path, "full", {**config, "snapshot_sha256": full})["documents"] == 3
+    assert run_fetch(tmp_path, "capped", {**config, "max_documents": 1, "snapshot_sha256": full})["documents"] == 1
     with pytest.raises(ValueError, match="max_documents=1 stopped reading at a.jsonl"):
-        run_fetch(tmp_path, "capped", {**config, "max_documents": 1, "snapshot_sha256": full})
+        run_fetch(tmp_path, "capped-wrong", {**config, "max_documents": 1, "snapshot_sha256": "c" * 64})
     read = sha256sum_snapshot(root, ["a.jsonl"])
     assert run_fetch(tmp_path, "capped-ok", {**config, "max_documents": 1, "snapshot_sha256": read})["documents"] == 1
 

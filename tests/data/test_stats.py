@@ -30,9 +30,11 @@ CLEAN_METRICS = {
     "chars_p90",
 }
 TOKENIZE_METRICS = {"tokens", "sequences", "unknown_token_rate", "byte_fallback_rate"}
-MIX_METRICS = {"mixture_weight_requested", "mixture_weight_realized", "mixture_sequences"}
+MIX_METRICS = {"mixture_weight_requested", "mixture_weight_realized", "mixture_sequences", "mixture_epochs",
+               "mixture_tokens_unused"}
 ALL_METRICS = {"total_tokens", "quarantine_rate", "documents_in", "documents_kept",
-               "tokens", "unknown_token_rate", "byte_fallback_rate"}
+               "tokens", "unknown_token_rate", "byte_fallback_rate", "mixture_tokens_unused",
+               "mixture_unused_token_fraction"}
 
 
 def texts_of(source: str, n: int) -> list[str]:
@@ -161,6 +163,14 @@ def test_contract_rows_present_typed_and_sorted(chain, tmp_path):
         en["mixture_weight_requested"] == 0.7 and en["mixture_sequences"] == mixture["counts"]["en"]
     )
     assert abs(en["mixture_weight_realized"] - 0.7) < 0.02
+    # issue 21, item 4: what the mixture leaves unused, per source and over the training tokens
+    zh, zh_meta = metrics["zh"], json.loads((chain["tokenize-zh"] / "meta.json").read_text())
+    unused = {src: (meta["n_sequences"] - mixture["counts"][src]) * 32 for src, meta in (("en", tok_meta),
+                                                                                       ("zh", zh_meta))}
+    assert (en["mixture_tokens_unused"], zh["mixture_tokens_unused"]) == (unused["en"], unused["zh"])
+    assert en["mixture_epochs"] == mixture["counts"]["en"] / tok_meta["n_sequences"]
+    assert al["mixture_tokens_unused"] == sum(unused.values())
+    assert al["mixture_unused_token_fraction"] == sum(unused.values()) / (en["tokens"] + zh["tokens"])
 
 
 def test_stats_are_byte_identical_on_rerun(chain, tmp_path):

@@ -101,7 +101,7 @@ def check_openlineage(path: Path, pipe) -> None:
     events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     complete = {e["job"]["name"].split(".", 1)[1]: e for e in events
                 if e.get("eventType") == "COMPLETE" and e["job"]["name"].startswith("tidal_tiny_ci.")}
-    licences = licence_decisions(pipe.recipe.sources)
+    licences = licence_decisions(pipe.recipe.sources, pipe.recipe.licences)
     for step in pipe.graph:
         event = complete[step.name]
         assert event["job"]["namespace"] == "tidal-e2e"

@@ -114,3 +114,33 @@ def test_tidal_failures_lists_newest_first_with_counts(tmp_path):
                                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=120,
                                         check=True).stdout)
     assert next(r["message"] for r in as_json) == "newest" and len(as_json) == 4
+
+
+def test_a_failure_whose_step_committed_since_is_marked_resolved_and_kept(tmp_path):
+    """The catalog is history: a failure stays, marked resolved once its step is committed; the
+    on-call page shows the mark and never makes a ``runs:/`` URI a link a browser cannot open."""
+    from operators.oncall import render_page
+    from tidal.tracking.failures import build_record, format_groups, group_failures, list_failures, record_failure
+
+    storage = LocalStorage(tmp_path)
+    for step_id, path in (("stats-aaa", "/x/tidal/stats.py"), ("train-bbb", "/x/tidal/train.py")):
+        record_failure(storage, build_record(_raise_in(path, 3, "boom"), dag_id="tidal_x", task_id=step_id[:5],
+                                             recipe="x", step_id=step_id, try_number=1,
+                                             mlflow_link="runs:/0123abcd"))
+    committed = {"stats-aaa"}
+    groups = group_failures(list_failures(storage), lambda step_id: step_id in committed)
+    assert {g["latest"]["step_id"]: g["resolved"] for g in groups} == {"stats-aaa": True, "train-bbb": False}
+    assert len(list_failures(storage)) == 2
+    assert [g["resolved"] for g in group_failures(list_failures(storage))] == [None, None]  # not asked
+    text = format_groups(groups)
+    assert text.count("RESOLVED") == 1
+    status = {"recipe": "x", "dag_id": "tidal_x", "schedule": None, "recipe_hash": "0" * 64, "steps": [],
+              "failing_gates": [], "failures": groups, "checkpoint": None,
+              "mlflow": {"uri": "sqlite:///x", "link": None}}
+    page = render_page([status], {"tidal_x": [{"run_id": "r1", "run_type": "manual", "state": "failed", "start": 1,
+                                               "end": 2, "failed_tasks": ["stats"], "upstream_failed": ["gate"],
+                                               "progress": {"planned": 3, "committed": 1, "missing": ["gate", "train"],
+                                                            "overrides": {"train.steps": 6}}}]})
+    assert page.count("resolved: step committed since") == 1
+    assert "href='runs:/" not in page and "<code>runs:/0123abcd</code>" in page
+    assert "<td>stats</td><td>gate</td>" in page and "1/3 (missing gate, train); train.steps=6" in page

@@ -82,6 +82,9 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     from tidal.storage import LocalStorage
 
     [record] = [r for r in list_failures(LocalStorage(airflow_server.storage), "ops_ci") if r["task_id"] == "stats"]
+    assert states["report"] == "failed"  # it ran (all_done) and failed, but records no derived second entry
+    assert [r["task_id"] for r in list_failures(LocalStorage(airflow_server.storage), "ops_ci")
+            if r["run_id"] == run_id] == ["stats"]
     assert record["exception_type"] == "InjectedFault" and "disk full (drill)" in record["message"]
     assert record["step_id"] == pipe.graph["stats"].step_id and record["try_number"] == 1
     assert record["run_id"] == run_id and record["recipe_hash"] == pipe.recipe_hash
@@ -105,6 +108,12 @@ def test_a_failed_step_is_cleared_and_only_it_and_its_downstream_compute(airflow
     tis = airflow_server.task_instances(CI_DAG, run_id)
     assert run["state"] == "success", {k: v["state"] for k, v in tis.items()}
     # only the cleared tasks ran again (upstream_failed tasks had never started: try 0 -> 1)
+    from tidal.tracking.failures import group_failures
+
+    storage = LocalStorage(airflow_server.storage)
+    [group] = [g for g in group_failures(list_failures(storage, "ops_ci"), storage.is_committed)
+               if g["fingerprint"] == record["fingerprint"]]
+    assert group["resolved"] is True  # the failure stays in the catalog, marked: its step is committed now
     rerun = {name for name, ti in tis.items() if ti["try_number"] > tries_before[name]}
     assert rerun == {"stats", "gate", "train", "report"}, {n: (tries_before[n], ti["try_number"])
                                                            for n, ti in tis.items()}

@@ -127,3 +127,37 @@ def test_recipe_defaults_are_the_gate_config_defaults():
     assert (config.stats, config.mixture_tolerance, config.max_quarantine_rate) == ("stats", 0.02, 0.05)
     assert config.requested == {"a": 0.75, "b": 0.25}
     assert set(gates.GateSettings.model_fields) < set(gates.GateConfig.model_fields)
+
+
+def test_unused_token_bound_fails_with_the_share_and_the_fix(tmp_path):
+    """Issue 21, item 4: the gate can bound the training tokens a mixture leaves unused."""
+    rows = stats_rows(all__mixture_unused_token_fraction=0.83)
+    bounded = {**CONFIG, "max_unused_token_fraction": 0.5}
+    ctx = make_ctx(tmp_path, rows)
+    ctx = StepContext(**{**ctx.__dict__, "config": bounded})
+    with pytest.raises(gates.GateFailed) as err:
+        gates.run(ctx)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "gate failed: 1 of 9 expectations"
+    assert lines[1] == (
+        "  mixture_unused_token_fraction [source=all]: expected <= 0.5, got 0.83: the mixture leaves 83.0 % of the "
+        "training sources' tokens unused (gate.max_unused_token_fraction 0.5); `tidal plan` shows the tokens per "
+        "source: size the mixture with mixture.size {mode: token_budget, tokens: N, max_epochs: E} or change "
+        "mixture.weights")
+    check = next(r for r in err.value.result["results"] if r["column"] == "mixture_unused_token_fraction")
+    assert check["source"] == "all" and check["max"] == 0.5 and check["success"] is False
+
+
+def test_unused_token_bound_passes_and_is_off_by_default(tmp_path):
+    ctx = make_ctx(tmp_path, stats_rows(all__mixture_unused_token_fraction=0.2))
+    assert gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_unused_token_fraction": 0.25}})) == {
+        "gate_success": 1, "expectations": 9, "failed": 0}
+    assert gates.GateSettings(min_total_tokens=1).max_unused_token_fraction is None
+    other = tmp_path / "default"
+    other.mkdir()
+    assert gates.run(make_ctx(other, stats_rows()))["expectations"] == 8  # no row needed without the bound
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    ctx = make_ctx(missing, stats_rows())  # a bound but no row (stats v2): refused, not passed
+    with pytest.raises(gates.StatsIncomplete, match="metric='mixture_unused_token_fraction'"):
+        gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_unused_token_fraction": 0.25}}))

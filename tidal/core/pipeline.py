@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,9 @@ from tidal.steps import StepGraph
 from tidal.storage import Storage, StorageError, open_storage
 from tidal.train import CHECKPOINT_MANIFEST
 
+#: parent-run tag: the run's dotted overrides as JSON (``{}`` for the recipe as written)
+OVERRIDES_TAG = "tidal.overrides"
+
 
 @dataclass(frozen=True)
 class Pipeline:
@@ -42,6 +45,9 @@ class Pipeline:
     recipe: Recipe
     storage: Storage
     tracking_uri_setting: str | None = None
+    #: the dotted overrides this pipeline was loaded with (a DAG run's trigger form): recorded in its
+    #: run plan and parent run, so tools find the run's own step ids (:func:`tidal.core.load.load_run_pipeline`)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -67,7 +73,8 @@ class Pipeline:
                 storage = open_storage(recipe.storage_root, base=path.parent, settings=settings)
             except StorageError as err:
                 raise RecipeError(f"{path}: storage_root: {err}") from None
-        return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri)
+        return cls(path, recipe, storage, current_settings().tracking_uri or recipe.tracking_uri,
+                   dict(sorted((overrides or {}).items())))
 
     @cached_property
     def tracking_uri(self) -> str:
@@ -79,8 +86,14 @@ class Pipeline:
 
     @cached_property
     def graph(self) -> StepGraph:
-        """The recipe's step graph."""
-        return build_graph(self.recipe)
+        """The recipe's step graph (``train.continue_from`` resolved against the storage root).
+
+        Raises:
+            RecipeError: ``train.continue_from`` names no committed train step that can be continued.
+        """
+        from tidal.core.continuation import resolve_continuation
+
+        return build_graph(self.recipe, lambda train: resolve_continuation(train, self.storage, str(self.recipe_path)))
 
     @cached_property
     def recipe_hash(self) -> str:
@@ -138,12 +151,13 @@ class Pipeline:
             "tidal.recipe_version": str(self.recipe.version),
             "tidal.recipe_hash": self.recipe_hash,
             "tidal.recipe_path": str(self.recipe_path),
+            OVERRIDES_TAG: json.dumps(self.overrides, sort_keys=True),
         }
         from tidal.integrity.provenance import git_sha
         from tidal.quality.licences import licence_tags
 
         tags["tidal.git_sha"] = git_sha()
-        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # licences, uses, overrides
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use, self.recipe.licences)  # uses, overrides
         return self.tracker().parent_run(run_key, params=params, tags=tags)
 
     def final_metrics(self) -> tuple[dict[str, float], int]:
@@ -258,7 +272,8 @@ class Pipeline:
         from tidal.integrity.provenance import git_sha
 
         tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
-        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256"):
+        for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256",
+                    "continue_from", "continue_from_root_hash"):  # a continued run's parent step and checkpoint
             if isinstance(result.summary.get(key), str):
                 tags[f"tidal.{key}"] = result.summary[key]
         step_json = result.out_dir / STEP_JSON

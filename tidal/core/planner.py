@@ -9,17 +9,35 @@ recipe ``seed``; each derives its own stream from it and its step name.
 
 from __future__ import annotations
 
-from tidal.recipe import Recipe
+from collections.abc import Callable
+from typing import Any
+
+from tidal.config import RecipeError
+from tidal.data.heldout import split_config
+from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
 
+Continuation = Callable[[TrainConfig], tuple[Step, dict[str, Any]]]
 
-def build_graph(recipe: Recipe) -> StepGraph:
+
+def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> StepGraph:
     """Plan every step of ``recipe``, inputs first.
 
     Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
     ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
-    (mix, held-out tokenized sources, tokenizer, gate).
+    (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
+    committed parent train step, ``continue-from``). With ``evaluation.heldout`` the tokenizer
+    and the training sources' tokenize steps carry the split (:mod:`tidal.data.heldout`) and the
+    train step also reads those tokenize steps, for their held-out part (``heldout_data``).
+
+    Args:
+        continuation: resolves ``train.continue_from`` against the storage root
+            (:func:`tidal.core.continuation.resolve_continuation`, what :class:`tidal.core.pipeline.Pipeline`
+            passes); needed only by a recipe that continues a run.
+
+    Raises:
+        RecipeError: the recipe continues a run and no ``continuation`` was given, or it refuses it.
     """
     steps: list[Step] = []
     clean_cfg = recipe.clean.model_dump()
@@ -40,8 +58,11 @@ def build_graph(recipe: Recipe) -> StepGraph:
         steps += [fetch, clean[src]]
 
     tok_cfg = recipe.tokenizer.model_dump()
+    heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     if recipe.tokenizer.mode == "train":
         tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
+        if heldout is not None:  # the tokenizer never trains on held-out documents either
+            tok_cfg["heldout"] = heldout
         tok_inputs = tuple(clean[src] for src in recipe.train_sources)
     else:
         tok_cfg = {"mode": "file", "path": recipe.tokenizer.path, "sha256": recipe.tokenizer.sha256}
@@ -68,6 +89,7 @@ def build_graph(recipe: Recipe) -> StepGraph:
                 "input": clean[src].name,
                 "tokenizer": tokenizer.name,
                 **recipe.tokenize.model_dump(),
+                **({"heldout": heldout} if heldout is not None and src in recipe.mixture.weights else {}),
             },
             inputs=(clean[src], tokenizer),
         )
@@ -82,6 +104,7 @@ def build_graph(recipe: Recipe) -> StepGraph:
             "inputs": {src: tokenized[src].name for src in recipe.train_sources},
             "n_sequences": recipe.mixture.n_sequences,
             "shards": recipe.mixture.shards,
+            **recipe.mixture.size_config(),  # nothing for the default smallest_source: ids unchanged
         },
         inputs=tuple(tokenized[src] for src in recipe.train_sources),
     )
@@ -95,18 +118,25 @@ def build_graph(recipe: Recipe) -> StepGraph:
         },
         inputs=(*(clean[s] for s in sorted(recipe.sources)), *(tokenized[s] for s in sorted(recipe.sources)), mix),
     )
-    total = sum(recipe.mixture.weights.values())
     gate = Step(
         name="gate",
         kind="gate",
         config={
             "stats": stats.name,
             **recipe.gate.model_dump(),
-            "weights": {src: w / total for src, w in sorted(recipe.mixture.weights.items())},
+            "weights": dict(sorted(recipe.mixture.weights.items())),  # normalized by MixtureSettings
         },
         inputs=(stats,),
     )
     train_cfg = recipe.train.model_dump(exclude={"resources"})
+    parent: tuple[Step, ...] = ()
+    if recipe.train.continue_from is not None:
+        if continuation is None:
+            raise RecipeError("train.continue_from: resolving it needs the storage root; plan the recipe "
+                              "through tidal.core.pipeline.Pipeline (tidal plan, tidal run)")
+        step, train_cfg["continue_from"] = continuation(recipe.train)
+        parent = (step,)
+    heldout_srcs = recipe.train_sources if heldout is not None else []
     train = Step(
         name="train",
         kind="train",
@@ -115,11 +145,13 @@ def build_graph(recipe: Recipe) -> StepGraph:
             **train_cfg,
             "train_data": mix.name,
             "eval_data": {src: tokenized[src].name for src in recipe.eval_sources},
+            **({"heldout_data": {src: tokenized[src].name for src in heldout_srcs}} if heldout_srcs else {}),
             "tokenizer": tokenizer.name,
         },
-        inputs=(mix, tokenizer, *(tokenized[src] for src in recipe.eval_sources), gate),
+        inputs=(mix, tokenizer, *(tokenized[src] for src in sorted({*recipe.eval_sources, *heldout_srcs})), gate,
+                *parent),
     )
-    steps += [mix, stats, gate, train]
+    steps += [mix, stats, gate, *parent, train]
     return StepGraph(tuple(steps))
 
 

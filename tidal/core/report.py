@@ -28,10 +28,14 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
 
     Returns:
         A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
-        step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``gate``,
-        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``, ``replayed`` (buffered tracking calls
+        step names), ``tokens_seen``, ``final_train_loss``, ``eval_loss``, ``evals``
+        (:func:`eval_curves`), ``gate``,
+        ``mlflow_uri``, ``mlflow_run_id``, ``checkpoints``, ``overrides`` (the run's dotted recipe
+        overrides: load ``pipe`` with :func:`tidal.audit.catalog.pipeline_of_run` to get them),
+        ``replayed`` (buffered tracking calls
         sent now; ``replay_error`` if the buffer could not be read), and for a failed gate
-        ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt). For a scaling suite, instead of
+        ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt), ``mixture`` (the mixture
+        table's lines once the mix step is committed, :mod:`tidal.core.mixture`). For a scaling suite, instead of
         the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
         ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`).
     """
@@ -39,7 +43,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
     suite = getattr(pipe, "suite", None)
     missing = [s.name for s in graph if not storage.is_committed(s.step_id)]
     report: dict[str, Any] = {"recipe": pipe.recipe.name if suite is None else suite.name,
-                              "missing": missing, "run_key": run_key}
+                              "missing": missing, "run_key": run_key, "overrides": dict(pipe.overrides)}
     _replay_pending(pipe, report)
     statuses = _mlflow_statuses(pipe, run_key, report)
     report["steps_run"] = [n for n, st in statuses.items() if st == "run"]
@@ -52,6 +56,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         summary = json.loads(storage.read_text(train_id, STEP_JSON))["summary"]
         for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
             report[key] = summary.get(key)
+        report["evals"] = eval_curves(summary)
         report["checkpoints"] = storage.step_uri(train_id).rstrip("/") + "/checkpoints"
     gate = graph["gate"]
     gate_text = _committed_text(storage, gate.step_id, "gate_result.json")
@@ -70,9 +75,25 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
             report["gate"] = (f"FAILED ({report['gate_evidence']})\n    "
                               + result["summary"].replace("\n", "\n    "))
             break
+    if storage.is_committed(graph["mix"].step_id):
+        from tidal.core.mixture import mixture_table
+
+        report["mixture"] = mixture_table(pipe).lines()  # per source: tokens, weight, taken, epochs, unused
     if finish and report.get("mlflow_run_id"):
         pipe.finish_run(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
+
+
+def eval_curves(summary: dict[str, Any]) -> dict[str, list[float | None]]:
+    """``{eval set: [loss at step 0, final loss]}`` (nats/token) from a trainer ``summary.json``
+    (``initial_eval_loss/<set>``, ``eval_loss/<set>``); the first is None for a run trained before
+    step-0 evals existed. Sets in name order: ``heldout/<source>`` (in distribution), then sources."""
+    curves = {}
+    for key, last in sorted(summary.items()):
+        if key.startswith("eval_loss/"):
+            name = key.removeprefix("eval_loss/")
+            curves[name] = [summary.get(f"initial_eval_loss/{name}"), last]
+    return dict(sorted(curves.items(), key=lambda kv: (not kv[0].startswith("heldout/"), kv[0])))
 
 
 def _replay_pending(pipe: Any, report: dict[str, Any]) -> None:
@@ -166,17 +187,20 @@ def format_report(report: dict[str, Any]) -> str:
             else f"recipe {report['recipe']}")
     lines = [
         f"tidal run of {what} (run key {report.get('run_key')})",
+        *([f"  overrides:     {', '.join(f'{k}={v}' for k, v in report['overrides'].items())}"]
+          if report.get("overrides") else []),
         f"  steps run:     {len(report['steps_run'])}  {' '.join(report['steps_run'])}",
         f"  steps skipped: {len(report['steps_skipped'])}",
         f"  gate:          {report['gate']}",
     ]
+    lines += [f"  {line}" for line in report.get("mixture", [])]
     if "tokens_seen" in report:
         lines += [
             f"  tokens seen:   {report['tokens_seen']:,} over {report.get('steps')} training steps",
             f"  train loss:    {fmt(report.get('final_train_loss'))} (final)",
-            f"  eval loss:     {fmt(report.get('eval_loss'))} (held out)",
-            f"  checkpoints:   {report['checkpoints']}",
         ]
+        lines += _format_evals(report, fmt)
+        lines.append(f"  checkpoints:   {report['checkpoints']}")
     if "grid" in report:
         lines += _format_suite(report, fmt)
     if report.get("gate_data_docs"):
@@ -191,6 +215,21 @@ def format_report(report: dict[str, Any]) -> str:
     if report["missing"]:
         lines.append(f"  NOT COMMITTED: {', '.join(report['missing'])}")
     return "\n".join(lines)
+
+
+def _format_evals(report: dict[str, Any], fmt: Any) -> list[str]:
+    """One line per eval set, ``first -> last`` (step 0, before any update, -> the final step), marked
+    in or out of distribution; the mean alone when the report has no per-set values."""
+    evals = report.get("evals") or {}
+    if not evals:
+        return [f"  eval loss:     {fmt(report.get('eval_loss'))} (held out)"]
+    lines = [f"  eval loss:     nats/token, step 0 -> {report.get('steps')} (mean {fmt(report.get('eval_loss'))})"]
+    width = max(len(name) for name in evals)
+    for name, (first, last) in evals.items():
+        where = ("in distribution: held-out documents of a training source" if name.startswith("heldout/")
+                 else "out of distribution: a source kept out of the mixture")
+        lines.append(f"    {name:<{width}}  {fmt(first)} -> {fmt(last)}  ({where})")
+    return lines
 
 
 def _format_suite(report: dict[str, Any], fmt: Any) -> list[str]:

@@ -53,7 +53,7 @@ class SuitePipeline(Pipeline):
             storage = open_storage(base.storage_root, base=(path.parent / suite.base).resolve().parent,
                                    settings=settings)
         tracking = current_settings().tracking_uri or suite.tracking_uri or base.tracking_uri
-        return cls(path, base, storage, tracking, suite)
+        return cls(path, base, storage, tracking, suite=suite)
 
     @cached_property
     def graph(self) -> StepGraph:
@@ -82,5 +82,5 @@ class SuitePipeline(Pipeline):
         tags = {"tidal.recipe": self.suite.name, "tidal.recipe_version": str(self.suite.version),
                 "tidal.recipe_hash": self.recipe_hash, "tidal.recipe_path": str(self.recipe_path),
                 "tidal.suite_base": self.recipe.name, "tidal.git_sha": git_sha()}
-        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use)  # the base recipe's sources
+        tags |= licence_tags(self.recipe.sources, self.recipe.intended_use, self.recipe.licences)  # the base recipe
         return self.tracker().parent_run(run_key, params=params, tags=tags)

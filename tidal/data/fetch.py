@@ -12,19 +12,23 @@ Config (hashed; :class:`tidal.data.fetch_config.FetchConfig`)::
      "max_documents": optional int, keep the first N records in ref order}
 
 File sources (``format``: ``jsonl`` | ``parquet`` | ``text``, :mod:`tidal.data.readers`)
-take ``path`` (a local file or folder, or an ``s3://`` object or prefix) and ``text_field``
-instead of ``archive``, and optionally ``snapshot_sha256``: the sha256 of the files read
-(:func:`tidal.data.snapshot.snapshot_sha256`). Fetch always computes it, writes it with every
-file's own sha256 and size to ``files.json`` and into its summary; with the pin in the
-config, a different value fails the step before anything is written (the files changed
-since the recipe was pinned). With ``max_documents`` fetch stops reading early and the hash
-covers the files read, up to the one holding the last document taken: the output depends on
-nothing else. The pin is part of the step's config, hence of its id: without
-it a file source is addressed by its path only, and a change to its files is not noticed.
+take ``path`` (a local file or folder, or an ``s3://`` object or prefix), ``text_field``,
+``id_field`` and ``keep_fields`` (:mod:`tidal.data.record_fields`) instead of ``archive``, and
+``snapshot_sha256``: the sha256 of the files (:func:`tidal.data.snapshot.snapshot_sha256`), the
+recipe's pin or, unpinned, what the planner hashed (:mod:`tidal.data.fetch_config`: with it the
+step id follows the content, not ``path``). Fetch always computes the hash of the files it
+read, writes it with every file's own sha256 and size to ``files.json`` and into its summary;
+a config value that differs fails the step before anything is written (the files changed
+since they were pinned or planned). With ``max_documents`` fetch stops reading early and the
+hash covers the files read, up to the one holding the last document taken (the output depends
+on nothing else); the hash of every file under ``path`` (what ``tidal plan`` prints) is
+accepted too. A field the source names that a file lacks, or a ``path`` that is gone, fails
+the step with a :class:`tidal.data.record_fields.SourceError` naming ``sources.<name>.<field>``.
 
 Output ``raw.parquet``: columns ``source`` (string), ``ref`` (string), ``raw`` (binary,
 the original bytes), ``reason`` and ``detail`` (string; null for a good record, else why
-the reader could not parse it: the clean step quarantines it under that reason), one row
+the reader could not parse it: the clean step quarantines it under that reason), ``fields``
+(string: the record's own id and ``keep_fields`` as a JSON object, null if none), one row
 per record in ref order (:func:`tidal.data.sources.ref_sort_key`), written with fixed
 writer options so the same input gives byte-identical files.
 """
@@ -44,18 +48,21 @@ import pyarrow.parquet as pq
 from tidal.context import StepContext
 from tidal.data.archives import ensure_archive
 from tidal.data.fetch_config import FetchConfig
+from tidal.data.file_list import list_files
 from tidal.data.jobcli import main
 from tidal.data.readers import ReadRecord, read_path
-from tidal.data.snapshot import snapshot_sha256
+from tidal.data.record_fields import FieldSpec, SourceError
+from tidal.data.snapshot import file_sha256, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
 from tidal.layout import temporary_name
 
-STEP_VERSION = 2
+STEP_VERSION = 3  # 3: the `fields` column; a file source's id follows its content
 RAW_FILE = "raw.parquet"
-# The columns the clean step needs; fetch also writes ``reason`` and ``detail`` (FETCH_SCHEMA).
-# A raw.parquet without them (older or hand-made) means every record parsed.
+# The columns the clean step needs; fetch also writes ``reason``, ``detail`` and ``fields``
+# (FETCH_SCHEMA). A raw.parquet without them (older or hand-made) means every record parsed and
+# kept no field.
 RAW_SCHEMA = pa.schema([("source", pa.string()), ("ref", pa.string()), ("raw", pa.binary())])
-FETCH_SCHEMA = pa.schema([*RAW_SCHEMA, ("reason", pa.string()), ("detail", pa.string())])
+FETCH_SCHEMA = pa.schema([*RAW_SCHEMA, ("reason", pa.string()), ("detail", pa.string()), ("fields", pa.string())])
 FILES_FILE = "files.json"
 # Fixed writer options: same table => same bytes (no timestamps in Parquet; pyarrow's
 # "created_by" names the library version, which the lockfile pins).
@@ -101,6 +108,7 @@ def run(ctx: StepContext) -> dict:
     Raises:
         pydantic.ValidationError: for a bad config (:class:`tidal.data.fetch_config.FetchConfig`).
         ValueError: for malformed archive content, or a reader yielding refs out of order or twice.
+        SourceError: a file source's ``path`` is gone, or a file lacks a field the source names.
         tidal.data.archives.ArchiveError: if the archive cannot be fetched or its sha256
             does not match the pin.
     """
@@ -110,7 +118,8 @@ def run(ctx: StepContext) -> dict:
     reader = None
     if cfg.from_path:
         ctx.log.info("fetch %s: reading %s (%s)", cfg.source, cfg.path, cfg.format)
-        reader = records = read_path(cfg.format, cfg.path, cfg.text_field, skipped, digests)
+        spec = FieldSpec(cfg.text_field, cfg.id_field, tuple(cfg.keep_fields))
+        reader = records = read_path(cfg.format, cfg.path, spec, skipped, digests)
         if cfg.max_documents is not None:
             records = islice(records, cfg.max_documents)
     else:
@@ -118,32 +127,22 @@ def run(ctx: StepContext) -> dict:
         ctx.log.info("fetch %s: reading %s (%s)", cfg.source, archive, cfg.format)
         records = (ReadRecord(ref, raw) for ref, raw in read_source(
             cfg.format, archive, cfg.members, cfg.max_documents, skipped))
-    refs: list[str] = []
-    raws: list[bytes] = []
-    reasons: list[str | None] = []
-    details: list[str | None] = []
-    last_key = None
-    for record in records:
-        key = ref_sort_key(record.ref)
-        if last_key is not None and key <= last_key:
-            raise ValueError(f"fetch step {ctx.name!r}: reader {cfg.format!r} yielded ref {record.ref!r} "
-                             "out of order or twice")
-        last_key = key
-        refs.append(record.ref)
-        raws.append(record.raw)
-        reasons.append(record.reason)
-        details.append(record.detail if record.reason else None)
-    if reader is not None:
-        reader.close()  # stopped early (max_documents): the reader checks its last file did not change
+    try:
+        columns = _collect(ctx, cfg, records)
+        if reader is not None:
+            reader.close()  # stopped early (max_documents): the reader checks its last file (change, fields)
+    except SourceError as err:
+        raise SourceError(f"sources.{cfg.source}.{err.field}: {err}", err.field) from None
+    except FileNotFoundError as err:  # the path was there when the step was planned
+        if not cfg.from_path:
+            raise
+        raise SourceError(f"sources.{cfg.source}.path: {err} (it was there when the step was planned); "
+                          "restore it or point the source at the files", "path") from None
     snapshot = check_snapshot(ctx, cfg, digests) if cfg.from_path else None
-    table = pa.table(
-        {"source": pa.array([cfg.source] * len(refs), pa.string()),
-         "ref": pa.array(refs, pa.string()),
-         "raw": pa.array(raws, pa.binary()),
-         "reason": pa.array(reasons, pa.string()),
-         "detail": pa.array(details, pa.string())},
-        schema=FETCH_SCHEMA,
-    )
+    refs, raws, reasons = columns["ref"], columns["raw"], columns["reason"]
+    table = pa.table({"source": pa.array([cfg.source] * len(refs), pa.string()),
+                      **{name: pa.array(values, FETCH_SCHEMA.field(name).type) for name, values in columns.items()}},
+                     schema=FETCH_SCHEMA)
     write_parquet(table, Path(ctx.out_dir) / RAW_FILE)
     summary = {
         "documents": len(refs),
@@ -153,6 +152,7 @@ def run(ctx: StepContext) -> dict:
     }
     if cfg.from_path:
         summary["snapshot_sha256"] = snapshot
+        summary["path"] = cfg.path  # where it was read: the step id leaves a pinned path out
     else:
         summary["archive_sha256"] = cfg.archive.sha256
     summary.update({f"skipped_{reason}": n for reason, n in sorted(skipped.items())})
@@ -160,8 +160,43 @@ def run(ctx: StepContext) -> dict:
     return summary
 
 
+def _collect(ctx: StepContext, cfg: FetchConfig, records: Iterable[ReadRecord]) -> dict[str, list]:
+    """The ``raw.parquet`` columns but ``source`` of ``records``, checking they come in ref order.
+
+    Raises:
+        ValueError: a ref out of order or twice.
+    """
+    columns: dict[str, list] = {"ref": [], "raw": [], "reason": [], "detail": [], "fields": []}
+    last_key = None
+    for record in records:
+        key = ref_sort_key(record.ref)
+        if last_key is not None and key <= last_key:
+            raise ValueError(f"fetch step {ctx.name!r}: reader {cfg.format!r} yielded ref {record.ref!r} "
+                             "out of order or twice")
+        last_key = key
+        columns["ref"].append(record.ref)
+        columns["raw"].append(record.raw)
+        columns["reason"].append(record.reason)
+        columns["detail"].append(record.detail if record.reason else None)
+        columns["fields"].append(record.fields)
+    return columns
+
+
+def _whole_snapshot(cfg: FetchConfig, digests: list[tuple[str, str, int]]) -> str | None:
+    """The snapshot of every file under a local ``cfg.path`` (the files read, then the rest
+    hashed now), or ``None`` for ``s3://`` (not downloaded again) or when every file was read."""
+    if str(cfg.path).startswith("s3://"):
+        return None
+    listed = list_files(cfg.path)
+    if len(listed) == len(digests) and [rel for rel, _ in listed] == [rel for rel, _, _ in digests]:
+        return None
+    read = {rel: (sha, size) for rel, sha, size in digests}
+    return snapshot_sha256([(rel, *(read.get(rel) or file_sha256(full))) for rel, full in listed])
+
+
 def check_snapshot(ctx: StepContext, cfg: FetchConfig, digests: list[tuple[str, str, int]]) -> str:
-    """Write ``files.json`` and compare the snapshot hash with the config's pin, if any.
+    """Write ``files.json`` and compare the snapshot hash with the config's pin, if any: the
+    hash of the files read, or (``max_documents`` stopped early) of every file under the path.
 
     Returns:
         The snapshot sha256 of the files read (module docstring).
@@ -172,14 +207,16 @@ def check_snapshot(ctx: StepContext, cfg: FetchConfig, digests: list[tuple[str, 
     """
     snapshot = snapshot_sha256(digests)
     pinned = cfg.snapshot_sha256
-    if pinned is not None and pinned != snapshot:
+    if pinned is not None and pinned != snapshot and (cfg.max_documents is None
+                                                      or pinned != _whole_snapshot(cfg, digests)):
         last = digests[-1][0] if digests else "the start"
         capped = (f"; max_documents={cfg.max_documents} stopped reading at {last}, "
                   "and the hash covers only the files read (a pin taken without the cap differs)"
                   if cfg.max_documents is not None else "")
         listing = ", ".join(f"{rel} {sha[:12]}" for rel, sha, _ in digests[:10]) + (" ..." if len(digests) > 10 else "")
         raise ValueError(
-            f"fetch step {ctx.name!r}: the files under {cfg.path} changed since the recipe pinned them: "
+            f"fetch step {ctx.name!r}: the files under {cfg.path} changed since the recipe pinned them "
+            "(or, unpinned, since the step was planned: plan again): "
             f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes: "
             f"{listing or 'none'}), the recipe says {pinned}{capped}; if the change is intended, set "
             f"sources.{cfg.source}.snapshot_sha256 to {snapshot}")

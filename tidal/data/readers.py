@@ -28,7 +28,11 @@ recursion limit), ``not_an_object`` (JSON
 that is not an object), ``missing_text_field`` (no string under ``text_field``; a null too),
 ``truncated_file`` (a compressed stream that ends early or is corrupt: the records read
 before are kept, the partial tail is quarantined), ``unreadable_file`` (a Parquet file
-pyarrow cannot open, or one without a ``text_field`` column; the whole file's bytes are quarantined).
+pyarrow cannot open; the whole file's bytes are quarantined). A field the recipe names that a
+file lacks altogether (a Parquet column; a key no JSON object of the file has) is not bad data
+but a mistake in the recipe: :class:`tidal.data.record_fields.SourceError` names the file,
+the field and what the file has. Each record also carries its kept fields (its own id and
+``keep_fields``: :mod:`tidal.data.record_fields`) as ``fields``.
 
 Text inside JSON is turned back into bytes with ``surrogateescape`` (bytes that were not
 UTF-8 come back unchanged), or ``surrogatepass`` for lone surrogates from ``\\ud800``
@@ -54,11 +58,8 @@ the same bytes.
 from __future__ import annotations
 
 import codecs
-import errno
 import json
 import os
-import posixpath
-import stat
 import sys
 import zlib
 from collections import Counter
@@ -67,8 +68,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidal.data.file_list import list_files
+from tidal.data.record_fields import FieldSpec, JsonlFieldCheck
 from tidal.data.snapshot import READ_CHUNK_BYTES, file_sha256
-from tidal.data.sources import ref_sort_key
 
 PATH_FORMATS = ("jsonl", "parquet", "text")
 READ_REASONS = ("malformed_json", "not_an_object", "missing_text_field", "truncated_file", "unreadable_file")
@@ -83,12 +85,14 @@ class ReadRecord:
         raw: the document's bytes, or for a quarantined record the verbatim input bytes.
         reason: ``None`` for a good record, else one of :data:`READ_REASONS`.
         detail: human-readable explanation naming file, line/row and rule (empty if good).
+        fields: the record's kept fields as JSON (:meth:`FieldSpec.record_fields`), or ``None``.
     """
 
     ref: str
     raw: bytes
     reason: str | None = None
     detail: str = ""
+    fields: str | None = None
 
 
 class TruncatedStream(Exception):
@@ -149,78 +153,6 @@ def _decompressed(handle, new: Callable[[], Any], error: type[Exception], corrup
         raise TruncatedStream(unfinished)
 
 
-def list_files(path: str | Path) -> list[tuple[str, Path]]:
-    """``(relative name, path)`` of the files to read, in natural order (module docstring).
-
-    Symlinked folders and files are followed; a file's relative name and path are as seen
-    under ``path`` (through the link), not its target's.
-
-    Raises:
-        ValueError: for a URI (``s3://`` is read by :func:`read_path`, not listed here), or a
-            symlink that loops back into a folder already being walked (names the link and
-            that folder), or a symlink chain that never ends (``ELOOP``).
-        FileNotFoundError: if ``path`` does not exist or is a folder with no (visible) file;
-            for a broken symlink (its target is missing), naming the link.
-        OSError: a folder that cannot be listed (e.g. ``PermissionError``): never skipped.
-    """
-    text = str(path)
-    if "://" in text:
-        scheme = text.split("://", 1)[0]
-        raise ValueError(f"{text}: {scheme}:// source paths are not supported (local paths and s3:// only); "
-                         "copy the files to a local or mounted path")
-    root = Path(path)
-    top = _stat_entry(root, os.path.islink(root)) if os.path.lexists(root) else None
-    if top is None:
-        raise FileNotFoundError(f"source path {root} does not exist")
-    if not stat.S_ISDIR(top.st_mode):
-        return [(root.name, root)]
-    found: list[tuple[str, Path]] = []
-    # (folder as seen, its relative prefix, {(st_dev, st_ino): folder as seen} of it and its ancestors)
-    pending = [(root, "", {(top.st_dev, top.st_ino): root})]
-    while pending:
-        folder, prefix, walking = pending.pop()
-        with os.scandir(folder) as entries:
-            names = [(entry.name, entry.is_symlink()) for entry in entries if not entry.name.startswith(".")]
-        for name, link in names:
-            full = folder / name
-            info = _stat_entry(full, link)
-            if not stat.S_ISDIR(info.st_mode):
-                found.append((prefix + name, full))
-                continue
-            key = (info.st_dev, info.st_ino)
-            if key in walking:  # name the link that closes the loop: this entry, or the last one above it
-                via = full if link else next((p for p in reversed(walking.values())
-                                              if p != root and p.is_symlink()), None)
-                raise ValueError(f"source path {root}: {f'symlink {via} -> {os.readlink(via)}' if via else 'folder'} "
-                                 f"loops back to {walking[key]}, a folder already being walked (as {full}); "
-                                 "remove the link or point the source at a folder without the cycle")
-            pending.append((full, f"{prefix}{name}/", {**walking, key: full}))
-    if not found:  # as an empty s3:// prefix: a source that reads nothing is a mistake
-        raise FileNotFoundError(f"source path {root} has no file (hidden files and folders are skipped)")
-    return sorted(found, key=lambda item: ref_sort_key(item[0] + ":"))
-
-
-def _stat_entry(full: Path, link: bool) -> os.stat_result:
-    """``os.stat`` of ``full`` through symlinks, with errors that name a bad link.
-
-    Raises:
-        FileNotFoundError: ``full`` is a broken symlink (names it and its target).
-        ValueError: ``full`` is a symlink chain that loops on itself (``ELOOP``).
-    """
-    try:
-        return os.stat(full)
-    except FileNotFoundError:
-        if not link:
-            raise
-        raise FileNotFoundError(f"broken symlink {full} -> {os.readlink(full)}: its target does not exist; "
-                                "fix or remove the link") from None
-    except OSError as err:
-        if err.errno != errno.ELOOP:
-            raise
-        raise ValueError(f"symlink {full} -> {os.readlink(full)} loops on itself "
-                         f"({os.strerror(errno.ELOOP)}); fix or remove the link") from None
-
-
 def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
     """``(line number from 1, line bytes without the newline, complete)``; the last item has
     ``complete=False`` when the stream was truncated (its bytes are the partial tail).
@@ -249,14 +181,31 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
         yield number + 1, buffer, True
 
 
-def read_jsonl(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
-    """One record per non-blank line of a JSON Lines file: the string under ``text_field``.
+def read_jsonl(path: Path, rel: str, spec: FieldSpec, skipped: Counter) -> Iterator[ReadRecord]:
+    """One record per non-blank line of a JSON Lines file: the string under ``spec.text``.
 
     Blank lines (only whitespace) are not records and are counted as ``blank_line`` in
     ``skipped``; CRLF line ends are accepted (the ``\\r`` is JSON whitespace). A UTF-8
     byte-order mark before the first line (Windows editors write one) is not part of the JSON
     and is dropped; anywhere else it is data (the line is ``malformed_json``).
+
+    Raises:
+        SourceError: at the end of the file (or when the caller stops early), if no JSON
+            object of it held a field ``spec`` requires (:class:`JsonlFieldCheck`).
     """
+    check = JsonlFieldCheck(spec, rel)
+    try:
+        yield from _jsonl_records(path, rel, spec, skipped, check)
+    except GeneratorExit:  # stopped early (max_documents): what was read must hold the fields too
+        check.finish()
+        raise
+    check.finish()
+
+
+def _jsonl_records(path: Path, rel: str, spec: FieldSpec, skipped: Counter,
+                   check: JsonlFieldCheck) -> Iterator[ReadRecord]:
+    """:func:`read_jsonl`'s records; each JSON object is shown to ``check``."""
+    text_field = spec.text
     count = 0
     for number, line, complete in _lines(path):
         ref = f"{rel}:{number}"
@@ -284,56 +233,64 @@ def read_jsonl(path: Path, rel: str, text_field: str, skipped: Counter) -> Itera
             yield ReadRecord(ref, line, "not_an_object",
                              f"{rel} line {number}: JSON {type(obj).__name__}, not an object")
             continue
+        check.seen(obj)
         text = obj.get(text_field)
         if not isinstance(text, str):
             yield ReadRecord(ref, line, "missing_text_field",
-                             f"{rel} line {number}: no string field {text_field!r} (got {type(text).__name__})")
+                             f"{rel} line {number}: no string field {text_field!r} (got {type(text).__name__})",
+                             spec.record_fields(obj))
             continue
-        yield ReadRecord(ref, _to_bytes(text))
+        yield ReadRecord(ref, _to_bytes(text), fields=spec.record_fields(obj))
     if count == 0:
         skipped["empty_file"] += 1
 
 
-def read_parquet(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
-    """One record per row of a Parquet file: the string column ``text_field``, read by row group.
+def read_parquet(path: Path, rel: str, spec: FieldSpec, skipped: Counter) -> Iterator[ReadRecord]:
+    """One record per row of a Parquet file: the string column ``spec.text``, read by row group.
 
     A zero-byte or zero-row file is counted as ``empty_file``; a file pyarrow cannot open is
     one ``unreadable_file`` record; a row whose field is null or not a string is
     ``missing_text_field`` with the row as JSON for its raw bytes.
+
+    Raises:
+        SourceError: the file has no column for a field ``spec`` requires
+            (:meth:`FieldSpec.check_columns`).
     """
     import pyarrow.parquet as pq
 
+    text_field = spec.text
     if path.stat().st_size == 0:
         skipped["empty_file"] += 1
         return
     try:
         parquet = pq.ParquetFile(path)
-        if text_field not in parquet.schema_arrow.names:
-            raise ValueError(f"no column {text_field!r} (columns {parquet.schema_arrow.names})")
+        columns = parquet.schema_arrow.names
     except Exception as err:  # noqa: BLE001 - any pyarrow failure quarantines the file, named
         yield ReadRecord(f"{rel}:0", path.read_bytes(), "unreadable_file", f"{rel}: {type(err).__name__}: {err}")
         return
+    spec.check_columns(rel, columns)
     row = 0
     for group in range(parquet.num_row_groups):
         table = parquet.read_row_group(group)
         for record in table.to_pylist():
             value = record.get(text_field)
             ref = f"{rel}:{row}"
+            kept = spec.record_fields(record)
             if isinstance(value, str):
-                yield ReadRecord(ref, _to_bytes(value))
+                yield ReadRecord(ref, _to_bytes(value), fields=kept)
             elif isinstance(value, bytes):
-                yield ReadRecord(ref, value)
+                yield ReadRecord(ref, value, fields=kept)
             else:
                 raw = json.dumps(record, default=repr, sort_keys=True,
                                  ensure_ascii=False).encode("utf-8", "surrogatepass")
                 yield ReadRecord(ref, raw, "missing_text_field",
-                                 f"{rel} row {row}: {text_field!r} is {type(value).__name__}, not a string")
+                                 f"{rel} row {row}: {text_field!r} is {type(value).__name__}, not a string", kept)
             row += 1
     if row == 0:
         skipped["empty_file"] += 1
 
 
-def read_text(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterator[ReadRecord]:
+def read_text(path: Path, rel: str, spec: FieldSpec, skipped: Counter) -> Iterator[ReadRecord]:
     """One document per file, its bytes verbatim (decompressed for ``.gz`` / ``.zst``).
 
     A zero-byte file is counted as ``empty_file`` (it holds no document); a truncated
@@ -355,14 +312,15 @@ def read_text(path: Path, rel: str, text_field: str, skipped: Counter) -> Iterat
 _READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "text": read_text}
 
 
-def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Counter | None = None,
+def read_path(fmt: str, path: str | Path, text_field: str | FieldSpec = "text", skipped: Counter | None = None,
               digests: list[tuple[str, str, int]] | None = None) -> Iterator[ReadRecord]:
     """Every record of the files under ``path`` in format ``fmt``, file by file in ref order.
 
     Args:
         fmt: one of :data:`PATH_FORMATS`.
         path: a local file or folder (module docstring).
-        text_field: JSON key / Parquet column holding the document text.
+        text_field: JSON key / Parquet column holding the document text, or a
+            :class:`~tidal.data.record_fields.FieldSpec` (the text and the fields to keep).
         skipped: receives ``reason -> n`` for things that are not records (empty files,
             blank JSONL lines).
         digests: receives ``(relative name, sha256, bytes)`` of each file as its reading
@@ -374,17 +332,21 @@ def read_path(fmt: str, path: str | Path, text_field: str = "text", skipped: Cou
             under ``path`` (:func:`list_files`); a file that changed while it was read (its
             size, mtime or inode after its reader finished differ from before it was hashed),
             raised after that file's last record.
+        SourceError: a file lacks a field the spec requires (:mod:`tidal.data.record_fields`).
         FileNotFoundError: missing path, a broken symlink under it, or an S3 prefix with no
             object. botocore errors for S3 access.
     """
     if fmt not in _READERS:
         raise ValueError(f"unknown path format {fmt!r}; known: {PATH_FORMATS}")
     skipped = skipped if skipped is not None else Counter()
+    spec = text_field if isinstance(text_field, FieldSpec) else FieldSpec(text_field)
     if str(path).startswith("s3://"):
-        yield from _read_s3(fmt, str(path), text_field, skipped, digests)
+        from tidal.data.readers_s3 import read_s3
+
+        yield from read_s3(fmt, str(path), spec, skipped, digests, read_file)
         return
     for rel, full in list_files(path):
-        yield from _read_file(fmt, full, rel, text_field, skipped, digests)
+        yield from read_file(fmt, full, rel, spec, skipped, digests)
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
@@ -396,9 +358,10 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino
 
 
-def _read_file(fmt: str, full: Path, rel: str, text_field: str, skipped: Counter,
+def read_file(fmt: str, full: Path, rel: str, spec: FieldSpec, skipped: Counter,
                digests: list[tuple[str, str, int]] | None) -> Iterator[ReadRecord]:
-    """Hash (with ``digests``) then parse one file, checking it did not change in between.
+    """Hash (with ``digests``) then parse one file (its name relative to the source ``rel``),
+    checking it did not change in between.
 
     Raises:
         ValueError: the file's size, mtime or inode after its reader finished differ from
@@ -408,7 +371,7 @@ def _read_file(fmt: str, full: Path, rel: str, text_field: str, skipped: Counter
     if digests is not None:
         digests.append((rel, *file_sha256(full)))
     try:
-        yield from _READERS[fmt](full, rel, text_field, skipped)
+        yield from _READERS[fmt](full, rel, spec, skipped)
     except GeneratorExit:  # a caller that stopped early (max_documents) closed the reader: check too
         _check_unchanged(full, before)
         raise
@@ -424,53 +387,3 @@ def _check_unchanged(full: Path, before: tuple[int, int, int, int] | None) -> No
             f"{field} {old} -> {new}" for field, old, new in zip(fields, before, after) if old != new))
         raise ValueError(f"{full} changed while fetch read it ({what}): the records read and its sha256 "
                          "may describe different bytes; rerun the step once the files stay put")
-
-
-def list_s3(client, uri: str) -> tuple[str, list[tuple[str, str]]]:
-    """``(bucket, [(relative name, key)])`` of an ``s3://`` object or prefix, in ref order.
-
-    An exact object key is one file (its relative name is its base name); otherwise the keys
-    under ``prefix/`` are listed with paginated ``ListObjectsV2``.
-
-    Raises:
-        FileNotFoundError: when nothing is there.
-    """
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise ValueError(f"{uri}: no bucket in the s3:// URI")
-    entries: list[tuple[str, str]] = []
-    if prefix and not prefix.endswith("/"):
-        try:
-            client.head_object(Bucket=bucket, Key=prefix)
-            entries = [(posixpath.basename(prefix), prefix)]
-        except client.exceptions.ClientError:
-            prefix += "/"
-    if not entries:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix):]
-                if rel and not rel.endswith("/") and not any(part.startswith(".") for part in rel.split("/")):
-                    entries.append((rel, obj["Key"]))
-    if not entries:
-        raise FileNotFoundError(f"source path {uri} has no object")
-    return bucket, sorted(entries, key=lambda item: ref_sort_key(item[0] + ":"))
-
-
-def _read_s3(fmt: str, uri: str, text_field: str, skipped: Counter,
-             digests: list[tuple[str, str, int]] | None) -> Iterator[ReadRecord]:
-    """Records of the objects under ``uri`` (module docstring), one download at a time."""
-    import tempfile
-
-    from tidal.storage import StorageSettings
-    from tidal.storage.s3 import s3_client
-
-    client = s3_client(StorageSettings())
-    bucket, entries = list_s3(client, uri)
-    with tempfile.TemporaryDirectory(prefix="tidal-read-") as tmp:
-        for rel, key in entries:
-            local = Path(tmp) / posixpath.basename(rel)  # keeps the extension (.gz, .zst, .parquet)
-            client.download_file(bucket, key, str(local))
-            try:  # the temporary copy is ours; _read_file's change check is a formality here
-                yield from _read_file(fmt, local, rel, text_field, skipped, digests)
-            finally:
-                local.unlink()

@@ -39,3 +39,33 @@ def _sha256sum_line(name: str, sha: str) -> str:
         return f"{sha}  {name}\n"
     escaped = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
     return f"\\{sha}  {escaped}\n"
+
+
+_DIGESTS: dict[tuple[str, int, int, int, int], tuple[str, int]] = {}  # file identity -> (sha256, size)
+
+
+def planned_snapshot(path: str | Path) -> str:
+    """The snapshot sha256 of every file under a local ``path``, in read order: what a fetch of
+    it without ``max_documents`` records, and the value to pin. The planner puts it into an
+    unpinned file source's fetch config, so the step id follows the content.
+
+    Each file is read once per process and identity (path, size, mtime_ns, device, inode): a
+    recipe planned again (a DAG parsed again) hashes only files that changed; a pinned source
+    is never hashed at plan time.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or holds no (visible) file.
+        ValueError: a symlink cycle under it (:func:`tidal.data.readers.list_files`).
+    """
+    import os
+
+    from tidal.data.file_list import list_files
+
+    digests = []
+    for rel, full in list_files(path):
+        info = os.stat(full)
+        key = (str(Path(full).absolute()), info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = file_sha256(full)
+        digests.append((rel, *_DIGESTS[key]))
+    return snapshot_sha256(digests)

@@ -1,7 +1,7 @@
 """Spill files of the clean step: a batch's surviving documents and LSH bucket entries, on disk.
 
 A batch's survivors are written once, by the worker that cleaned them, one uncompressed
-Arrow IPC file per shard they go to (``id``, ``ref``, ``source``, ``language``, ``text``:
+Arrow IPC file per shard they go to (``id``, ``ref``, ``source``, ``language``, ``fields``, ``text``:
 :data:`SPILL_SCHEMA`); its bucket entries (near-dedup on) one ``.npz`` file
 (:func:`write_bands`). Only the paths travel through Beam's shuffles, one element per batch
 and shard (or partition), not an element per document (near-dedup candidates' texts are the
@@ -32,8 +32,8 @@ from tidal.files import StepFiles, is_uri
 from tidal.files.output import OutputDir
 
 SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
-                          ("language", pa.string()), ("text", pa.string())])
-STUB_COLUMNS = ("id", "ref", "source", "language")  # what the shard writer reads before the texts
+                          ("language", pa.string()), ("fields", pa.string()), ("text", pa.string())])
+STUB_COLUMNS = ("id", "ref", "source", "language", "fields")  # what the shard writer reads before the texts
 
 
 def _read(location: str | Path) -> pa.Buffer | pa.MemoryMappedFile:
@@ -46,7 +46,8 @@ def _read(location: str | Path) -> pa.Buffer | pa.MemoryMappedFile:
 
 def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) -> str:
     """Write a batch's documents for one shard as file ``name`` of ``spill``: ``columns`` maps every
-    name of :data:`SPILL_SCHEMA` to a sequence of strings, all the same length. Returns its location.
+    name of :data:`SPILL_SCHEMA` to a sequence of strings (``fields``: or ``None``), all the same
+    length. Returns its location.
 
     Raises:
         KeyError: if a column of :data:`SPILL_SCHEMA` is missing.

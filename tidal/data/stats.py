@@ -19,8 +19,10 @@ Per tokenized source: tokens (packed tokens, ``n_tokens``), sequences and, when 
     tokenize step's meta has them (tokenize v2), ``unknown_token_rate`` and
     ``byte_fallback_rate`` (over every encoded token, end-of-text ids excluded).
 Per mixture source: mixture_weight_requested (normalized), mixture_weight_realized,
-    mixture_sequences.
-Source ``all``: total_tokens (tokens in the mixture), quarantine_rate (quarantined over
+    mixture_sequences, mixture_epochs (sequences taken / sequences the tokenize step packed;
+    above 1: up-sampled) and mixture_tokens_unused (tokens never taken; 0 once used whole).
+Source ``all``: total_tokens (tokens in the mixture), mixture_tokens_unused and
+    mixture_unused_token_fraction (unused over the mixture sources' packed tokens), quarantine_rate (quarantined over
     documents_in, summed over every cleaned source), documents_in, documents_kept; with
     clean v2 inputs also documents_filtered, documents_duplicate, documents_quarantined,
     duplicate_rate, bytes_kept, chars_p10/p50/p90/p99 (over every kept document),
@@ -55,10 +57,11 @@ from pydantic import Field
 import tidal.data.jobcli
 from tidal.config import Strict
 from tidal.context import StepContext
+from tidal.data.mix_sizing import MixtureTable
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
 from tidal.files import StepFiles
 
-STEP_VERSION = 3  # 3: stats.png (tidal/data/stats_plots.py)
+STEP_VERSION = 4  # 3: mixture sizing rows (mixture_epochs, mixture_tokens_unused, ...); 4: stats.png
 STATS_PARQUET = "stats.parquet"
 STATS_JSON = "stats.json"
 ALL = "all"
@@ -210,8 +213,13 @@ def meta_rows(src: str, meta: dict) -> list[Row]:
     return rows
 
 
-def mix_rows(step: StepFiles | str | Path) -> list[Row]:
-    """Per-source mixture rows and ``all/total_tokens``, from ``mixture.json``."""
+def mix_rows(step: StepFiles | str | Path, available: dict[str, int] | None = None) -> list[Row]:
+    """Per-source mixture rows and ``all/total_tokens``, from ``mixture.json``; with ``available``
+    (sequences per source, the tokenize steps' ``n_sequences``) also the sizing rows: per source
+    ``mixture_epochs`` and ``mixture_tokens_unused``, and ``all/mixture_tokens_unused`` and
+    ``all/mixture_unused_token_fraction`` (over the mixture sources' tokens), computed as the mixture
+    table does (:class:`tidal.data.mix_sizing.MixtureTable`). A source missing from ``available``
+    gets no sizing row, and ``all`` none either."""
     mixture = StepFiles.open(step).read_json("mixture.json")
     rows = [(ALL, "total_tokens", mixture["n_sequences"] * mixture["seq_len"])]
     for src in mixture["sources"]:
@@ -220,6 +228,16 @@ def mix_rows(step: StepFiles | str | Path) -> list[Row]:
             (src, "mixture_weight_realized", mixture["realized"][src]),
             (src, "mixture_sequences", mixture["counts"][src]),
         ]
+    available = available or {}
+    table = MixtureTable(weights=mixture["requested"], seq_len=mixture["seq_len"], size=mixture.get("size")
+                         or {"mode": "smallest_source"}, n_sequences=None,
+                         available={s: available.get(s) for s in mixture["sources"]}, taken=mixture["counts"])
+    sized = [r for r in table.rows() if r["tokens_unused"] is not None]
+    rows += [(r["source"], metric, r[key]) for r in sized
+             for metric, key in (("mixture_epochs", "epochs"), ("mixture_tokens_unused", "tokens_unused"))]
+    if len(sized) == len(mixture["sources"]):
+        rows += [(ALL, "mixture_tokens_unused", sum(r["tokens_unused"] for r in sized)),
+                 (ALL, "mixture_unused_token_fraction", table.unused_fraction())]
     return rows
 
 
@@ -258,7 +276,7 @@ def collect_rows(ctx: StepContext) -> list[Row]:
                  (ALL, "unknown_token_rate", _rate(sum(m["unknown_tokens"] for m in metas), encoded)),
                  (ALL, "byte_fallback_rate", _rate(sum(m["byte_fallback_tokens"] for m in metas), encoded))]
     if cfg.mix:
-        rows += mix_rows(ctx.input_files(cfg.mix))
+        rows += mix_rows(ctx.input_files(cfg.mix), {src: meta["n_sequences"] for src, meta in token_metas.items()})
     rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)
     keys = [(s, m) for s, m, _ in rows]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})

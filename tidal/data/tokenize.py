@@ -36,13 +36,18 @@ Outputs: ``tokens-00000-of-0000N.npy`` ``[n_seq, seq_len]`` (uint16 / uint32, se
 packed tokens), n_documents (encoded), vocab_size, tokens_dropped_tail, documents_failed,
 encoded_tokens, unknown_tokens, byte_fallback_tokens}``,
 and ``failed_documents.json`` (``[{"id", "error"}]``, sorted by id; always written).
+With ``heldout`` (:class:`tidal.data.heldout.HeldoutSplit`) the held-out documents are packed
+apart, by the same rules, into ``heldout-tokens-00000-of-00001.npy`` with ``heldout-meta.json``
+(the same keys, for that part, plus ``heldout``) and ``heldout-documents.json`` (their ids,
+sorted); ``meta.json`` then describes the training part only and adds ``heldout_documents`` and
+``heldout_sequences``. A split that packs into no sequence fails the step (raise the fraction).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ import tidal.data.jobcli
 from tidal.context import StepContext
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.beam_options import beam_options, create_spread
+from tidal.data.heldout import HELDOUT_PREFIX, HeldoutSplit, is_heldout
 from tidal.data.shards import (
     DOCUMENTS_PREFIX,
     META_NAME,
@@ -70,6 +76,9 @@ from tidal.files.output import OutputDir
 
 STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
+HELDOUT_META = f"{HELDOUT_PREFIX}{META_NAME}"  # the held-out split's meta.json (same keys, plus "heldout")
+HELDOUT_TOKENS = shard_name(f"{HELDOUT_PREFIX}{TOKENS_PREFIX}", 0, 1, "npy")  # one shard, whatever `shards`
+HELDOUT_DOCUMENTS = f"{HELDOUT_PREFIX}documents.json"  # the held-out document ids, sorted
 ENCODE_BATCH_DOCUMENTS = 256
 ENCODE_BATCH_CHARS = 1 << 18  # characters per encode batch (see encode_batches; CJK: ~3 tokens a character)
 ID_DTYPE = np.uint32  # token ids of encoded documents in the spills
@@ -162,11 +171,13 @@ def special_token_ids(tokenizer: Tokenizer) -> tuple[list[int], int | None]:
 
 
 def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS,
-                   max_chars: int = ENCODE_BATCH_CHARS) -> Iterator[list[tuple[str, str]]]:
+                   max_chars: int = ENCODE_BATCH_CHARS,
+                   keep: Callable[[str], bool] | None = None) -> Iterator[list[tuple[str, str]]]:
     """``(id, text)`` batches of a document shard in id order, each of at most ``max_documents``
     documents and, unless one document alone is longer, ``max_chars`` characters. ``path`` is the
     shard's location, a local path or a bucket URI; only its ``id`` and ``text`` columns are read,
-    in place (:func:`tidal.data.shards.iter_shard_rows`).
+    in place (:func:`tidal.data.shards.iter_shard_rows`). With ``keep``, only the documents whose
+    id it accepts (one side of the held-out split).
 
     ``tokenizers`` keeps about 100 bytes per token of a batch's encodings (ids, tokens,
     offsets, masks) until the batch is done, so the character bound, not the document count,
@@ -176,6 +187,8 @@ def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS
     chars = 0
     for rows in iter_shard_rows(path, ("id", "text"), max_documents):
         for doc_id, text in rows:
+            if keep is not None and not keep(doc_id):
+                continue
             size = len(text) if isinstance(text, str) else 0  # a null text fails in encode_documents, reported
             if batch and (len(batch) >= max_documents or chars + size > max_chars):
                 yield batch
@@ -190,13 +203,17 @@ class EncodeShardFn(beam.DoFn):
     """Beam DoFn: ``(shard number, [document shard location])`` (as
     :func:`tidal.data.beam_options.create_spread` gives them) -> ``(0, summary)``, that shard's
     token spill summary (:func:`tidal.data.token_spill.encode_shard`) under one key, for the
-    single merging worker. Loads the tokenizer once per worker.
+    single merging worker. Loads the tokenizer once per worker. With a held-out split
+    (:mod:`tidal.data.heldout`) a shard gives two summaries, ``part`` ``train`` and ``heldout``
+    (the held-out spill goes to ``spill``'s ``heldout`` child).
 
     Locations are what the committed steps' ``StepContext.inputs`` name: bucket URIs on an
     object-store root, so a worker on another machine reads the shards and the tokenizer in place
     (``tokenizer_dir`` is the tokenizer step's location too)."""
 
-    def __init__(self, tokenizer_dir: str, eos_id: int, spill: OutputDir, fallback_ids: list[int], unk_id: int | None):
+    def __init__(self, tokenizer_dir: str, eos_id: int, spill: OutputDir, fallback_ids: list[int], unk_id: int | None,
+                 heldout: HeldoutSplit | None = None):
+        self.heldout = heldout
         self.tokenizer_dir = tokenizer_dir
         self.eos_id = eos_id
         self.spill = spill
@@ -209,9 +226,15 @@ class EncodeShardFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[str]]):
         index, paths = element
+        split = self.heldout
+        parts = [("train", None, self.spill)] if split is None else [
+            ("train", lambda doc_id: not is_heldout(doc_id, split), self.spill),
+            ("heldout", lambda doc_id: is_heldout(doc_id, split), self.spill.child("heldout"))]
         for path in paths:
-            batches = (encode_documents(self.tokenizer, batch, self.eos_id) for batch in encode_batches(path))
-            yield 0, encode_shard(index, path, self.spill, batches, self.fallback_ids, self.unk_id)
+            for part, keep, spill in parts:
+                batches = (encode_documents(self.tokenizer, batch, self.eos_id)
+                           for batch in encode_batches(path, keep=keep))
+                yield 0, {**encode_shard(index, path, spill, batches, self.fallback_ids, self.unk_id), "part": part}
 
 
 def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dict[str, Any], spill: OutputDir) -> None:
@@ -222,13 +245,30 @@ def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dic
     that a Beam provider launched on a cluster is committed when the job ends (see
     :mod:`tidal.core.beam_job`), whether or not the launching process got to clean up.
     """
-    dtype = token_dtype(settings["vocab_size"])
     spills = sorted(spills, key=lambda s: s["index"])
-    names = [shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
-    merged = merge_spills(spills, out, names, settings["seq_len"], dtype)
     failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(f for s in spills for f in s["failed"])]
     out.write_text(FAILED_FILE, json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
-    meta = {
+    train = [s for s in spills if s.get("part", "train") == "train"]
+    names = [shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
+    meta = {**_merge_part(train, out, names, settings), "documents_failed": len(failures)}
+    if settings.get("heldout") is not None:
+        held = [s for s in spills if s.get("part") == "heldout"]
+        held_meta = _merge_part(held, out, [HELDOUT_TOKENS], settings)
+        ids = sorted(doc_id for s in held for doc_id in _spill_ids(s))
+        out.write_text(HELDOUT_DOCUMENTS, json.dumps(ids, indent=0) + "\n")
+        out.write_text(HELDOUT_META, json.dumps({**held_meta, "heldout": settings["heldout"]},
+                                                indent=1, sort_keys=True) + "\n")
+        meta |= {"heldout_documents": held_meta["n_documents"], "heldout_sequences": held_meta["n_sequences"]}
+    out.write_text(META_NAME, json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    spill.remove()
+
+
+def _merge_part(spills: list[dict[str, Any]], out: OutputDir, names: list[str], settings: dict[str, Any]) -> dict:
+    """Merge one part's spills (training or held-out) into the shards ``names``; returns the part's
+    ``meta.json`` fields (all but ``documents_failed``)."""
+    dtype = token_dtype(settings["vocab_size"])
+    merged = merge_spills(spills, out, names, settings["seq_len"], dtype)
+    return {
         "tokenizer_hash": settings["tokenizer_hash"],
         "seq_len": settings["seq_len"],
         "dtype": dtype.name,
@@ -237,19 +277,26 @@ def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dic
         "n_documents": merged["n_documents"],
         "vocab_size": settings["vocab_size"],
         "tokens_dropped_tail": merged["tokens_dropped_tail"],
-        "documents_failed": len(failures),
         "encoded_tokens": sum(s["encoded_tokens"] for s in spills),
         "unknown_tokens": sum(s["unknown_tokens"] for s in spills),
         "byte_fallback_tokens": sum(s["byte_fallback_tokens"] for s in spills),
     }
-    out.write_text(META_NAME, json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    spill.remove()
+
+
+def _spill_ids(spill: dict[str, Any]) -> list[str]:
+    """The document ids one spill holds (its ``ids`` file)."""
+    files, name = StepFiles.of_file(spill["ids"])
+    return json.loads(files.read_bytes(name, checked=False))["ids"]
 
 
 def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out: OutputDir, settings: dict[str, Any],
                    spill: OutputDir) -> None:
     """``(0, [spill summary...])``, every shard's summary under one key -> :func:`_merge_and_write`."""
     _merge_and_write(list(element[1]), out, settings, spill)
+
+
+def _split(settings: dict[str, Any]) -> HeldoutSplit | None:
+    return None if settings.get("heldout") is None else HeldoutSplit.model_validate(settings["heldout"])
 
 
 def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str, eos_id: int,
@@ -259,12 +306,14 @@ def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str
     place) with the tokenizer at ``tokenizer_dir`` into token spills under ``spill``, then one worker
     merges them into ``out`` (a local directory or the attempt's staging prefix in the bucket).
     ``special`` is :func:`special_token_ids`' ``(byte-fallback ids, unknown id)``; ``settings`` holds
-    ``seq_len``, ``shards``, ``vocab_size`` and ``tokenizer_hash``. Few transforms: each is a fixed
+    ``seq_len``, ``shards``, ``vocab_size``, ``tokenizer_hash`` and ``heldout`` (the split's dict
+    or None). Few transforms: each is a fixed
     cost of every run."""
     fallback_ids, unk_id = special
     (
         create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
-        | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id))
+        | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id,
+                                                     _split(settings)))
         | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
         | "MergeAndWrite" >> beam.Map(_merge_grouped, out=out, settings=settings, spill=spill)
     )
@@ -285,7 +334,8 @@ def run(ctx: StepContext) -> dict:
     documents = ctx.input_files(cfg.input)
     paths = [documents.uri_of(name) for name in shard_names(documents, DOCUMENTS_PREFIX, "parquet")]
     settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
-                "tokenizer_hash": tok_meta["tokenizer_hash"]}
+                "tokenizer_hash": tok_meta["tokenizer_hash"],
+                "heldout": None if cfg.heldout is None else cfg.heldout.model_dump()}
     out, spill = ctx.output(), ctx.spill()  # workers write there directly (a directory or the bucket)
     try:
         with beam.Pipeline(options=beam_options()) as pipeline:
@@ -294,6 +344,10 @@ def run(ctx: StepContext) -> dict:
     finally:
         spill.remove()
     meta = StepFiles.open(out.location).read_json(META_NAME)
+    if cfg.heldout is not None and not meta["heldout_sequences"]:
+        raise ValueError(f"source {cfg.source}: evaluation.heldout.fraction {cfg.heldout.fraction} holds out "
+                         f"{meta['heldout_documents']} documents, fewer tokens than one sequence of {seq_len}; "
+                         "raise the fraction")
     if meta["documents_failed"]:
         ctx.log.warning(
             "%s: %d documents failed to encode, see %s",
@@ -322,13 +376,14 @@ def expected_outputs(config: dict[str, Any]) -> list[str]:
     ``failed_documents.json`` and ``shards`` token shards (part of the kind's commit contract,
     :func:`tidal.core.commit.check_outputs`)."""
     shards = int(config.get("shards", 1))
-    return [META_NAME, FAILED_FILE, *(shard_name(TOKENS_PREFIX, k, shards, "npy") for k in range(shards))]
+    heldout = [HELDOUT_META, HELDOUT_DOCUMENTS, HELDOUT_TOKENS] if config.get("heldout") else []
+    return [META_NAME, FAILED_FILE, *(shard_name(TOKENS_PREFIX, k, shards, "npy") for k in range(shards)), *heldout]
 
 
 def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     """Before a commit: the token shards hold ``meta.json``'s ``n_sequences`` rows of ``seq_len``
-    tokens of its ``dtype`` (read from the ``.npy`` headers only), and ``failed_documents.json``
-    lists ``documents_failed`` documents.
+    tokens of its ``dtype`` (read from the ``.npy`` headers only), ``failed_documents.json``
+    lists ``documents_failed`` documents, and a held-out shard holds its meta's ``n_sequences``.
 
     Raises:
         ValueError: naming the file and both values on a mismatch.
@@ -352,6 +407,12 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
         rows += shape[0]
     if rows != meta["n_sequences"]:
         raise ValueError(f"{out}: token shards hold {rows} sequences but {META_NAME} says {meta['n_sequences']}")
+    if config.get("heldout"):
+        held, held_meta = files.array(HELDOUT_TOKENS), files.read_json(HELDOUT_META)
+        if held.shape[0] != held_meta["n_sequences"] or held_meta["n_sequences"] != meta["heldout_sequences"]:
+            raise ValueError(f"{out}/{HELDOUT_TOKENS}: {held.shape[0]} sequences but {HELDOUT_META} says "
+                             f"{held_meta['n_sequences']} and {META_NAME} {meta['heldout_sequences']}")
+        del held
     failed = len(files.read_json(FAILED_FILE))
     files.close()
     if failed != meta["documents_failed"]:

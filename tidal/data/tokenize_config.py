@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 from pydantic import Strict as StrictType
 
 from tidal.config import PositiveInt, Strict
+from tidal.data.heldout import HeldoutSplit
 
 
 class TokenizeSettings(Strict):
@@ -27,3 +28,14 @@ class TokenizeConfig(TokenizeSettings):
     source: str = Field(min_length=1, description="source name, e.g. brown")
     input: str = Field(min_length=1, description="the clean step whose document shards to encode")
     tokenizer: str = Field(default="tokenizer", min_length=1, description="the tokenizer step to encode with")
+    heldout: HeldoutSplit | None = Field(
+        default=None, description="documents packed apart as the held-out split (heldout-*), not into the "
+        "training shards (tidal/data/heldout.py); None: every document is training data")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_split(self, handler: Any) -> dict[str, Any]:
+        # no split: the key stays out of the step config, so recipes without one keep their step ids
+        data = handler(self)
+        if data.get("heldout", ...) is None:
+            del data["heldout"]
+        return data

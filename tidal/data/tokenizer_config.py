@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from tidal.config import PositiveInt, Sha256, Strict
+from tidal.data.heldout import HeldoutSplit
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
 
@@ -51,6 +52,8 @@ class TokenizerConfig(TokenizerSettings):
         default_factory=list, description="clean steps to train on, in this order (mode: train); empty: every "
         "input, sorted"
     )
+    heldout: HeldoutSplit | None = Field(
+        default=None, description="documents held out of training (mode: train; tidal/data/heldout.py)")
     encoder_path: str | None = Field(default=None, description="GPT-2 encoder.json (mode: gpt2)")
     encoder_sha256: Sha256 | None = Field(default=None, description="sha256 of encoder.json (mode: gpt2)")
     merges_path: str | None = Field(default=None, description="GPT-2 vocab.bpe (mode: gpt2)")

@@ -8,14 +8,20 @@ datasource in an ephemeral GX context. Every expectation is an
 ``ExpectColumnValuesToBeBetween`` on one metric column, restricted to one source's row with a
 GX row condition (``Column("source") == src``), so each result names one (source, metric):
 
-==========================  ===========================  ======================================
-metric column               rows (sources)               bound
-==========================  ===========================  ======================================
-``total_tokens``            ``all``                      ``>= min_total_tokens`` (tokens)
-``quarantine_rate``         ``all`` + each clean source  ``<= max_quarantine_rate`` (fraction)
-``duplicate_rate``          each clean source            ``<= max_duplicate_rate`` (if not null)
-``mixture_weight_realized`` each source in ``weights``   requested ± ``mixture_tolerance``
-==========================  ===========================  ======================================
+=================================  ===========================  ======================================
+metric column                      rows (sources)               bound
+=================================  ===========================  ======================================
+``total_tokens``                   ``all``                      ``>= min_total_tokens`` (tokens)
+``quarantine_rate``                ``all`` + each clean source  ``<= max_quarantine_rate`` (fraction)
+``duplicate_rate``                 each clean source            ``<= max_duplicate_rate`` (if not null)
+``mixture_weight_realized``        each source in ``weights``   requested ± ``mixture_tolerance``
+``mixture_unused_token_fraction``  ``all``                      ``<= max_unused_token_fraction`` (if
+                                                                not null)
+=================================  ===========================  ======================================
+
+``mixture_unused_token_fraction`` is the share of the training sources' packed tokens that the
+mixture never takes (a ``smallest_source`` mixture leaves the rest of the larger sources unused;
+``tidal plan`` prints the table per source).
 
 A *clean source* is any source other than ``all`` with a ``documents_in`` row. Requested
 weights are the config's ``weights`` normalized to sum to 1 (the mixture's proportions);
@@ -45,7 +51,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from tidal.config import Fraction, PositiveInt, Strict
 from tidal.context import StepContext
@@ -88,6 +94,17 @@ class GateSettings(Strict):
     )
     max_quarantine_rate: Fraction = Field(default=0.05, description="over all cleaned sources")
     max_duplicate_rate: Fraction | None = Field(default=None, description="per source, if set")
+    max_unused_token_fraction: Fraction | None = Field(
+        default=None, description="most of the training sources' tokens the mixture may leave unused, if set "
+        "(stats row all/mixture_unused_token_fraction; `tidal plan` shows the mixture table)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # an unset bound stays out of the step config (and the recipe hash), like train's options
+        data = handler(self)
+        if data.get("max_unused_token_fraction", 0) is None:
+            del data["max_unused_token_fraction"]
+        return data
 
 
 class GateConfig(GateSettings):
@@ -129,6 +146,9 @@ def plan_checks(stats: pd.DataFrame, cfg: GateConfig) -> list[dict[str, Any]]:
     if cfg.max_duplicate_rate is not None:
         checks += [{"source": s, "metric": "duplicate_rate", "min": None, "max": cfg.max_duplicate_rate}
                    for s in clean_sources]
+    if cfg.max_unused_token_fraction is not None:
+        checks.append({"source": ALL, "metric": "mixture_unused_token_fraction", "min": None,
+                       "max": cfg.max_unused_token_fraction})
     tol = cfg.mixture_tolerance
     mixed = set(stats.loc[stats["metric"] == "mixture_weight_realized", "source"])
     checks += [{"source": s, "metric": "mixture_weight_realized", "min": w - tol, "max": w + tol}
@@ -238,14 +258,26 @@ def validate(wide: pd.DataFrame, checks: list[dict[str, Any]], docs_dir: Path | 
     return results
 
 
+# What a failed check means and what to change, for checks whose metric name alone does not say.
+HINTS = {
+    "mixture_unused_token_fraction": lambda r: (
+        f"the mixture leaves {100 * r['observed']:.1f} % of the training sources' tokens unused "
+        f"(gate.max_unused_token_fraction {r['max']:g}); `tidal plan` shows the tokens per source: size the "
+        "mixture with mixture.size {mode: token_budget, tokens: N, max_epochs: E} or change mixture.weights"),
+}
+
+
 def summarize(results: list[dict[str, Any]]) -> str:
-    """A readable summary: a headline, then one line per failed expectation (what, expected, got)."""
+    """A readable summary: a headline, then one line per failed expectation (what, expected, got;
+    what it means for the checks in :data:`HINTS`)."""
     failed = [r for r in results if not r["success"]]
     if not failed:
         return f"gate passed: {len(results)} expectations"
     lines = [f"gate failed: {len(failed)} of {len(results)} expectations"]
-    lines += [f"  {r['column']} [source={r['source']}]: expected {r['expected']}, got {r['observed']:.6g}"
-              for r in failed]
+    for r in failed:
+        hint = HINTS.get(r["column"])
+        lines.append(f"  {r['column']} [source={r['source']}]: expected {r['expected']}, got {r['observed']:.6g}"
+                     + (f": {hint(r)}" if hint else ""))
     return "\n".join(lines)
 
 

@@ -16,7 +16,8 @@ The package has one module per concern; import every name from ``tidal.recipe``:
 * :mod:`tidal.recipe.operations`: the sections that are never hashed (resources, Beam,
   storage, schedule, baseline);
 * :mod:`tidal.recipe.schema`: the whole :class:`Recipe` and its cross-section rules;
-* :mod:`tidal.recipe.loader`: YAML, overrides and error messages (:func:`load_recipe`).
+* :mod:`tidal.recipe.loader`: overrides, validation and error messages (:func:`load_recipe`);
+* :mod:`tidal.recipe.yaml_file`: reading the YAML of a recipe, suite or licences file safely.
 """
 
 from tidal.config import Fraction, PositiveInt, RecipeError, Sha256, Strict
@@ -30,7 +31,7 @@ from tidal.data.neardup_config import NearDupConfig
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
 from tidal.quality.gates import GateSettings
-from tidal.recipe.data import EvaluationConfig, LicenceOverride, Source
+from tidal.recipe.data import EvaluationConfig, LicenceDeclaration, LicenceOverride, Source
 from tidal.recipe.loader import load_recipe, parse_recipe
 from tidal.recipe.operations import (
     BEAM_JOB_ARGS,
@@ -66,6 +67,7 @@ __all__ = [
     "Fraction",
     "GateSettings",
     "LanguageFilter",
+    "LicenceDeclaration",
     "LicenceOverride",
     "MeshConfig",
     "MixtureSettings",

@@ -10,23 +10,60 @@ that reads it, defined beside that kind's code, so a rule or default is typed on
 * ``tokenizer``, ``tokenize``, ``mixture``: :mod:`tidal.data.tokenizer_config`,
   :mod:`tidal.data.tokenize_config`, :mod:`tidal.data.mix_config`;
 * ``gate``: :class:`tidal.quality.gates.GateSettings`;
-* ``evaluation`` (:class:`EvaluationConfig`, recipe-only).
+* ``evaluation`` (:class:`EvaluationConfig`, recipe-only);
+* ``licences`` (:class:`LicenceDeclaration`, recipe-only, inline or a file: :func:`licences_section`).
 
 Every field here is hashed into the ids of the steps that read it (tidal/core/planner.py), except
-a source's licence fields.
+a source's licence fields and the ``licences`` section.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
 from tidal.config import Strict
 from tidal.data.fetch_config import FetchSettings
 from tidal.data.filters import QualityFilters
+from tidal.data.heldout import HeldoutSettings
 from tidal.data.langid import LanguageFilter
 from tidal.quality.licences import Use
+from tidal.quality.spdx import LicenceSyntaxError, licence_id, parse
+
+
+def _expression(text: str) -> str:
+    """A source's ``licence``: a valid SPDX expression, normalized (ValueError names the parse problem)."""
+    return parse(text).text
+
+
+def _unique_uses(uses: list[str]) -> list[str]:
+    if len(set(uses)) != len(uses):
+        raise ValueError("a use is listed twice")
+    return uses
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must say why (who granted it, where the terms are written), not be blank")
+    return text.strip()
+
+
+LicenceExpression = Annotated[str, AfterValidator(_expression)]
+LicenceId = Annotated[str, AfterValidator(licence_id)]
+
+
+class LicenceDeclaration(Strict):
+    """A licence a recipe declares (``licences: {<id>: ...}``): the uses it permits and why. It extends
+    or overrides tidal's built-in table (tidal/quality/licence_table.py) for this recipe only (not hashed)."""
+
+    uses: Annotated[list[Use], AfterValidator(_unique_uses)] = Field(
+        description="the uses the licence permits: research, commercial, redistribution_of_weights "
+        "([] for none)")
+    reason: Annotated[str, AfterValidator(_non_empty)] = Field(
+        max_length=500, description="why it permits these uses: who decided, and where its terms are written")
+    source: str | None = Field(
+        default=None, max_length=500, description="where the licence text is: a URL, contract or ticket reference")
 
 
 class LicenceOverride(Strict):
@@ -46,12 +83,15 @@ class Source(FetchSettings):
     language: LanguageFilter = Field(
         default_factory=LanguageFilter, description="allowed languages of this source (langid)"
     )
-    licence: str = Field(min_length=1, description="SPDX identifier of the text's licence (tidal/quality/licences.py)")
+    licence: LicenceExpression = Field(
+        description="SPDX licence expression of the text: an id (MIT), `A OR B` (either: union of uses), "
+        "`A AND B` (both: intersection), `A WITH exception`, or a LicenseRef-<name> declared under `licences:`; "
+        "each id must be in tidal/quality/licence_table.py or declared (not hashed)")
     permitted_uses: list[Use] | None = Field(
         default=None, description="narrow the licence's uses (never widen; default: all the licence permits)"
     )
     licence_override: LicenceOverride | None = Field(
-        default=None, description="widen the uses of a known licence, with a reason (not hashed)"
+        default=None, description="widen the uses of a known or declared licence, with a reason (not hashed)"
     )
 
     def clean_overrides(self, defaults: QualityFilters) -> dict[str, Any]:
@@ -60,6 +100,81 @@ class Source(FetchSettings):
 
 
 class EvaluationConfig(Strict):
-    """Held-out evaluation sources (never part of the training mixture)."""
+    """What the train step evaluates: whole sources kept out of the mixture (out of distribution, e.g.
+    UDHR) and an in-distribution held-out split of every training source (``heldout/<source>``)."""
 
-    sources: list[str] = Field(min_length=1, description="source names used only for eval loss")
+    sources: list[str] = Field(default_factory=list, description="source names used only for eval loss")
+    heldout: HeldoutSettings | None = Field(
+        default=None, description="hold out a fraction of every training source's documents (tidal/data/heldout.py)"
+    )
+
+    @model_validator(mode="after")
+    def _something_to_evaluate(self) -> EvaluationConfig:
+        if not self.sources and self.heldout is None:
+            raise ValueError("evaluation needs `sources` (held-out sources), `heldout` (a split of the "
+                             "training sources) or both")
+        return self
+
+
+LicenceTable = dict[LicenceId, LicenceDeclaration]
+
+
+def licences_section(value: Any, handler: Any, info: Any) -> dict[str, LicenceDeclaration]:
+    """Validate the recipe's ``licences:``: a mapping id -> :class:`LicenceDeclaration`, or the name of a
+    YAML file holding that mapping, resolved against the recipe file's directory (the validation
+    context's ``recipe_dir``, which :func:`tidal.recipe.load_recipe` sets).
+
+    Raises:
+        ValueError: the file cannot be read, is no YAML mapping, or a relative name has no recipe file;
+        ValidationError: a declaration is invalid (in a file: the message names the file).
+    """
+    from pathlib import Path
+
+    from pydantic import ValidationError
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    from tidal.config import RecipeError
+    from tidal.recipe.yaml_file import read_yaml
+
+    if not isinstance(value, str):
+        return handler(_declared_once(value))
+    base = (info.context or {}).get("recipe_dir")
+    path = Path(value)
+    if not path.is_absolute():
+        if base is None:
+            raise ValueError(f"licences file {value!r} is relative, and this recipe was given as data, not read "
+                             "from a file: give an absolute path")
+        path = Path(base) / path
+    try:
+        content = read_yaml(path, "licences")
+    except RecipeError as err:
+        raise ValueError(f"licences file: {err}") from None
+    if not isinstance(content, dict):  # a ValueError: pydantic makes it this field's error, a TypeError it would not
+        raise ValueError(  # noqa: TRY004
+            f"licences file {path}: must be a YAML mapping of licence id -> {{uses, reason}}, "
+            f"got {type(content).__name__}")
+    try:
+        return handler(_declared_once(content))
+    except ValidationError as err:
+        raise ValidationError.from_exception_data(err.title, [
+            InitErrorDetails(type=PydanticCustomError("licences_file", "{msg}", {
+                "msg": f"in {path}: " + ("unknown field" if e["type"] == "extra_forbidden"
+                                         else e["msg"].removeprefix("Value error, "))}),
+                loc=e["loc"], input=e["input"])
+            for e in err.errors()]) from None
+
+
+def _declared_once(table: Any) -> Any:
+    """Refuse two keys that name one licence (``MIT`` and ``mit``; ``GPL-2.0+`` and ``GPL-2.0-or-later``)."""
+    if not isinstance(table, dict):
+        return table
+    seen: dict[str, str] = {}
+    for key in table:
+        try:
+            normal = licence_id(key).lower() if isinstance(key, str) else key
+        except LicenceSyntaxError:
+            continue  # the key's own validator names the problem
+        if normal in seen:
+            raise ValueError(f"licence {key!r} is declared twice (also as {seen[normal]!r})")
+        seen[normal] = key
+    return table

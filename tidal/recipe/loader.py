@@ -1,16 +1,23 @@
 """Reading a recipe: YAML (duplicate keys refused), dotted-path overrides, validation, and
-errors that name the file, the dotted field and the rule."""
+errors that name the file, the dotted field and the rule.
+
+A file source's relative ``path`` is read from the recipe file's directory (as ``storage_root``
+and ``baseline.file``), whatever the current directory: :func:`load_recipe` writes it out
+absolute, and a local path that does not exist is a :class:`RecipeError` naming the recipe file
+and ``sources.<name>.path``. URIs (``s3://...``) are left as they are."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from tidal.config import RecipeError, problems
 from tidal.recipe.schema import Recipe
+from tidal.recipe.yaml_file import MAX_RECIPE_BYTES, read_yaml
+
+__all__ = ["MAX_RECIPE_BYTES", "load_recipe", "parse_recipe", "read_yaml"]
 
 
 def _format_errors(path: str, err: ValidationError) -> str:
@@ -18,58 +25,66 @@ def _format_errors(path: str, err: ValidationError) -> str:
     return "\n".join([f"{path}: {err.error_count()} problem(s) in the recipe:", *(f"  {line}" for line in lines)])
 
 
-MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; 1 MiB leaves room for long source lists
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one) and every
-    anchor and alias: nested aliases expand ~1 KB of YAML into gigabytes (the "billion laughs"), and a
-    recipe has no use for them (write the value out, or use overrides)."""
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            kind = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
-            raise yaml.composer.ComposerError(
-                None, None, f"YAML {kind}{str(event.anchor)[:40]} is not allowed in a recipe (write the value out)",
-                event.start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]` or `? {a: 1}`: unhashable in Python
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"a mapping key must be a plain value, not a {key_node.id}", key_node.start_mark)
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None) -> Recipe:
+def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None,
+                 base: Path | None = None) -> Recipe:
     """Validate recipe data (already parsed YAML), optionally with dotted-path overrides.
 
     Args:
         data: the mapping from YAML.
         path: file name used in error messages.
         overrides: ``{"train.steps": 10, "seed": 3}`` applied before validation.
+        base: the recipe file's directory: relative source paths are made absolute against it
+            and local ones must exist (module docstring), and relative file names in it
+            (``licences:``) are resolved against it; ``None`` (a recipe given as data) leaves them.
 
     Raises:
-        RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``.
+        RecipeError: listing every invalid field as ``path: dotted.field: reason (got value)``;
+            with ``base``, a local source path that does not exist.
     """
     if data is None:
         raise RecipeError(f"{path}: the recipe is empty")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
     data = _apply_overrides(data, overrides or {}, path)
+    if base is not None:
+        data = _resolve_source_paths(data, base)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, context={"recipe_dir": base})
     except ValidationError as err:
         raise RecipeError(_format_errors(path, err)) from None
+    if base is not None:
+        _check_source_paths(recipe, path, base)
+    return recipe
+
+
+def _resolve_source_paths(data: dict, base: Path) -> dict:
+    """``data`` with each source's relative local ``path`` joined to ``base`` (a copy where changed)."""
+    sources = data.get("sources")
+    if not isinstance(sources, dict):
+        return data
+    resolved = {}
+    for name, source in sources.items():
+        where = source.get("path") if isinstance(source, dict) else None
+        if isinstance(where, str) and where and "://" not in where and not Path(where).is_absolute():
+            source = {**source, "path": str(base / where)}
+        resolved[name] = source
+    return {**data, "sources": resolved}
+
+
+def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
+    """Every local source path must exist.
+
+    Raises:
+        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path.
+    """
+    import os
+
+    missing = [(name, source.path) for name, source in sorted(recipe.sources.items())
+               if source.path is not None and "://" not in source.path and not os.path.lexists(source.path)]
+    if missing:
+        raise RecipeError("\n".join(
+            f"{path}: sources.{name}.path: {where} does not exist (a relative path is read from the recipe "
+            f"file's directory, {base})" for name, where in missing))
 
 
 def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:
@@ -94,27 +109,4 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     Raises:
         RecipeError: file missing, YAML syntax error (with line and column), or invalid fields.
     """
-    return parse_recipe(read_yaml(path), str(path), overrides)
-
-
-def read_yaml(path: str | Path, what: str = "recipe") -> Any:
-    """Parse a recipe or suite file: at most :data:`MAX_RECIPE_BYTES`, no duplicate keys, no anchors
-    or aliases (:class:`_UniqueKeyLoader`).
-
-    Raises:
-        RecipeError: unreadable, too large, or not such YAML (``path: line L, column C YAML ...``).
-    """
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_RECIPE_BYTES:
-            raise RecipeError(f"{path}: a {what} file is at most {MAX_RECIPE_BYTES} bytes, this one is {size}")
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise RecipeError(f"{path}: cannot read {what}: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError(f"{path}:{where} YAML syntax error: {getattr(err, 'problem', err)}") from None
+    return parse_recipe(read_yaml(path), str(path), overrides, base=Path(path).resolve().parent)

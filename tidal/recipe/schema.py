@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict
+from tidal.config import PositiveInt, Strict, field_error
 from tidal.data.clean.config import CleanSettings
 from tidal.data.mix_config import MixtureSettings
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
 from tidal.quality.gates import GateSettings
 from tidal.quality.licences import Use
-from tidal.recipe.data import EvaluationConfig, Source
+from tidal.recipe.data import EvaluationConfig, LicenceTable, Source, licences_section
 from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
 from tidal.recipe.training import TrainSection
 
@@ -24,6 +24,15 @@ from tidal.recipe.training import TrainSection
 # or digit, at most 64 characters (no space, ':', '/', '.', markup or NUL; so no '..' either).
 SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 SourceName = Annotated[str, Field(pattern=SOURCE_NAME_PATTERN)]
+
+
+def _or_file_name(schema: dict) -> None:
+    """JSON schema of ``licences``: the mapping, or a file name (read by :func:`licences_section`)."""
+    mapping = {k: v for k, v in schema.items() if k not in ("description", "title", "default")}
+    for key in list(mapping):
+        schema.pop(key)
+    schema["anyOf"] = [mapping, {"type": "string", "description": "a YAML file of such declarations, "
+                                 "relative to the recipe file"}]
 
 
 class Recipe(Strict):
@@ -38,6 +47,12 @@ class Recipe(Strict):
     intended_use: list[Use] = Field(
         min_length=1, description="research, commercial, redistribution_of_weights: every source must permit "
         "each (tidal/quality/licences.py; not hashed)"
+    )
+    licences: LicenceTable = Field(
+        default_factory=dict, json_schema_extra=_or_file_name,
+        description="licences this recipe declares beyond tidal's table (tidal/quality/licence_table.py), or "
+        "overrides for this recipe: SPDX id or LicenseRef-<name> -> {uses, reason, source}; or the name of a YAML "
+        "file holding that mapping, relative to the recipe file (not hashed)",
     )
     clean: CleanSettings = CleanSettings()
     tokenizer: TokenizerSettings = TokenizerSettings()
@@ -61,6 +76,12 @@ class Recipe(Strict):
     baseline: BaselineConfig | None = Field(
         default=None, description="known-good stats and loss curve that runs are compared with (not hashed)"
     )
+
+    @field_validator("licences", mode="wrap")
+    @classmethod
+    def _licences_file(cls, value: object, handler: ValidatorFunctionWrapHandler,
+                       info: ValidationInfo) -> dict:
+        return licences_section(value, handler, info)
 
     @field_validator("schedule")
     @classmethod
@@ -93,6 +114,18 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _budget_passes_gate(self) -> Recipe:
+        from tidal.data.mix_sizing import requested_total
+
+        total = requested_total(self.mixture.size, None, self.tokenize.seq_len)
+        if total is not None and total * self.tokenize.seq_len < self.gate.min_total_tokens:
+            raise field_error("Recipe", ("mixture", "size", "tokens"), (
+                f"{total * self.tokenize.seq_len:,} tokens (in whole sequences of {self.tokenize.seq_len}) is below "
+                f"gate.min_total_tokens {self.gate.min_total_tokens:,}: the gate would fail every run; raise the "
+                "budget or lower the bound"), self.mixture.size.tokens)
+        return self
+
+    @model_validator(mode="after")
     def _training_fits(self) -> Recipe:
         from tidal.train.memory import check_recipe
 
@@ -103,9 +136,15 @@ class Recipe(Strict):
     def _licence_gate(self) -> Recipe:
         from tidal.quality.licences import gate_problems
 
-        problems = gate_problems(self.sources, self.intended_use)
-        if problems:
-            raise ValueError("licence gate: " + "; ".join(problems))
+        problems = gate_problems(self.sources, self.intended_use, self.licences)
+        if problems:  # one error per problem, each at its field (sources.<name>.licence ...)
+            from pydantic import ValidationError
+            from pydantic_core import InitErrorDetails, PydanticCustomError
+
+            raise ValidationError.from_exception_data("Recipe", [
+                InitErrorDetails(type=PydanticCustomError("licence_gate", "{msg}", {"msg": p.message}),
+                                 loc=p.loc, input=p.value)
+                for p in problems])
         return self
 
     @property
@@ -117,4 +156,10 @@ class Recipe(Strict):
     def eval_sources(self) -> list[str]:
         """Names of the held-out evaluation sources, sorted."""
         return sorted(self.evaluation.sources)
+
+    @property
+    def heldout_fraction(self) -> float | None:
+        """``evaluation.heldout.fraction``: the share of each training source held out, or None."""
+        heldout = self.evaluation.heldout
+        return None if heldout is None else heldout.fraction
 

@@ -4,7 +4,8 @@ The model shape (presets, GQA, MoE), optimizer, device mesh and training loop ar
 beside the trainer's code (:mod:`tidal.train.flops`, :mod:`tidal.train.config`), and used here
 as they are: a recipe's ``train`` section is a :class:`tidal.train.config.TrainConfig` plus
 ``resources`` (tidal/launch/config.py), which says where training runs and is never hashed.
-Everything else is hashed into the train step's id.
+Everything else is hashed into the train step's id; ``continue_from`` (a committed train step to
+continue) is hashed as the planner resolves it (:mod:`tidal.core.continuation`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from tidal.recipe.operations import ResourceConfig
-from tidal.train.config import MeshConfig, OptimizerConfig, TrainConfig
+from tidal.train.config import ContinueFrom, MeshConfig, OptimizerConfig, TrainConfig
 from tidal.train.flops import ModelConfig, MoEConfig
 
-__all__ = ["MeshConfig", "MoEConfig", "ModelConfig", "OptimizerConfig", "TrainConfig", "TrainSection"]
+__all__ = ["ContinueFrom", "MeshConfig", "MoEConfig", "ModelConfig", "OptimizerConfig", "TrainConfig", "TrainSection"]
 
 
 class TrainSection(TrainConfig):

@@ -35,6 +35,7 @@ import re
 import secrets
 import socket
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -165,13 +166,21 @@ def list_failures(store: CatalogStore, recipe: str | None = None) -> list[dict[s
     return sorted(records, key=lambda r: r.get("time", ""), reverse=True)
 
 
-def group_failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def group_failures(records: list[dict[str, Any]],
+                   is_committed: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
     """Group records (newest first) by fingerprint; groups ordered by their newest failure.
+
+    Args:
+        is_committed: step id -> committed now (``Storage.is_committed``); with it, a group whose
+            newest failure's step has been committed since is marked ``resolved`` (the step
+            failed, then a retry, rerun or backfill committed it). Kept, not deleted: the catalog
+            is history.
 
     Returns:
         ``[{"fingerprint", "count", "last_seen", "first_seen", "exception_type", "latest",
-        "tasks"}]`` where ``latest`` is the newest record and ``tasks`` counts per
-        ``dag_id.task_id``.
+        "tasks", "resolved"}]`` where ``latest`` is the newest record, ``tasks`` counts per
+        ``dag_id.task_id`` and ``resolved`` is True, False, or None (no step id, or no
+        ``is_committed`` given).
     """
     groups: dict[str, dict[str, Any]] = {}
     for record in records:
@@ -183,6 +192,9 @@ def group_failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group["count"] += 1
         group["first_seen"] = record.get("time")
         group["tasks"][f"{record.get('dag_id')}.{record.get('task_id')}"] += 1
+    for group in groups.values():
+        step_id = group["latest"].get("step_id")
+        group["resolved"] = bool(is_committed(step_id)) if is_committed is not None and step_id else None
     return sorted(groups.values(), key=lambda g: g["last_seen"] or "", reverse=True)
 
 
@@ -194,8 +206,9 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
     for group in groups:
         latest = group["latest"]
         tasks = ", ".join(f"{name} x{n}" for name, n in group["tasks"].most_common())
+        mark = "  RESOLVED (its step is committed now)" if group.get("resolved") else ""
         lines.append(f"{group['fingerprint']}  {group['count']:>3} failure(s)  last {group['last_seen']}  "
-                     f"{group['exception_type']}")
+                     f"{group['exception_type']}{mark}")
         lines.append(f"    tasks:   {tasks}")
         lines.append(f"    latest:  step {latest.get('step_id')} try {latest.get('try_number')} "
                      f"run {latest.get('run_id')}")

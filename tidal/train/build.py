@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 
+from tidal.data.heldout import EVAL_PREFIX, HELDOUT_PREFIX
 from tidal.files import StepFiles
 from tidal.layout import SPEC_JSON as SPEC
 from tidal.train import distributed
@@ -48,7 +49,8 @@ class Inputs:
 
 def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     """Open the tokenizer, train and eval steps named by ``cfg`` among ``inputs`` (step name ->
-    directory or bucket URI, as ``spec.json`` records them), in place: from a bucket only the
+    directory or bucket URI, as ``spec.json`` records them; ``heldout_data`` steps give the eval sets
+    ``heldout/<source>``, their held-out split), in place: from a bucket only the
     metadata, the ``.npy`` headers and ``tokenizer.json`` are read here, token rows per batch.
 
     Raises:
@@ -66,6 +68,9 @@ def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
     evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
              for src, step in sorted(cfg.eval_data.items())}
+    evals |= {f"{EVAL_PREFIX}{src}": TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"],
+                                                 tokenizer_dir=tok.uri, prefix=HELDOUT_PREFIX)
+              for src, step in sorted(cfg.heldout_data.items())}
     return Inputs(meta, train, evals, token_byte_lengths(tok, int(meta["vocab_size"]), meta["tokenizer_hash"]))
 
 
@@ -94,6 +99,7 @@ class Run:
     eval_loss: dict[tuple[int, ...], tuple[Any, Any]]  # batch shape -> (layout, compiled mean CE)
     schedule: Callable
     peak: float | None
+    optimizer: Any = None  # the optax transformation (its init: a rewarmed continuation's fresh state)
 
     @property
     def context(self) -> int:
@@ -113,6 +119,10 @@ class Run:
     def fresh_state(self) -> Any:
         """Initial ``{"params", "opt_state"}`` from the step seed, already sharded."""
         return jax.jit(self.init, out_shardings=self.shardings)(self.key)
+
+    def fresh_opt_state(self, params: Any) -> Any:
+        """A fresh optimizer state (zero moments, update count 0) for ``params``, sharded."""
+        return jax.jit(self.optimizer.init, out_shardings=self.shardings["opt_state"])(params)
 
     def mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of ``tokens_per_s`` (None without a known device peak)."""
@@ -162,13 +172,19 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     seq_len = data.train.seq_len
     context = seq_len - 1
     rows = meshlib.process_rows(meshlib.batch_sharding(mesh), cfg.batch_size)  # this host's rows of each batch
-    loader = BatchLoader(data.train, cfg.batch_size, seed, vocab_size=vocab, rows=rows)
+    ref = cfg.continue_from  # a continued run reads the parent's batch order on (tidal/train/continuation.py)
+    loader = BatchLoader(data.train, cfg.batch_size, seed if ref is None else ref.data_seed, vocab_size=vocab,
+                         rows=rows)
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()} reads rows {rows.start}:{rows.stop} "
               f"of each batch of {cfg.batch_size}", flush=True)
     eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
                  for src, shards in data.evals.items()}
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
+    if ref is not None and ref.schedule == "rewarm":  # a new schedule over the new updates, fresh Adam state
+        tx, new_schedule = make_optimizer(cfg.optimizer, cfg.steps - ref.checkpoint_step)
+        schedule = lambda index: new_schedule(index - ref.checkpoint_step)
+    else:
+        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
 
     def init(key):
         params = init_params(model_cfg, key, context)
@@ -220,7 +236,7 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
                     params_abstract, jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=layout)).compile())
     kind = jax.devices()[0].device_kind
     return Run(cfg, data, seed, model_cfg, seq_len, loader, eval_sets, mesh, shardings, abstract, init, key,
-               step, eval_loss, schedule, peak_flops(kind, jax.device_count()))
+               step, eval_loss, schedule, peak_flops(kind, jax.device_count()), tx)
 
 
 NO_CEILING = np.float32(np.inf)

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 NonNegativeInt = Annotated[int, StrictType(), Field(ge=0)]
 InputStep = Annotated[str, StrictType(), Field(min_length=1)]
+# a step id as tidal.steps derives it: ``{name}-{12 hex}``
+StepId = Annotated[str, StrictType(), Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*-[0-9a-f]{12}$")]
+Sha256Hex = Annotated[str, StrictType(), Field(pattern=r"^[0-9a-f]{64}$")]
+CONTINUE_INPUT = "continue-from"  # the input step name of the train step a continued run starts from
 
 
 class ConfigError(ValueError):
@@ -77,6 +81,38 @@ class DivergenceConfig(Strict):
     max_reruns: PositiveInt = Field(default=2, description="rerun: reruns from a checkpoint before failing")
 
 
+class ContinueFrom(Strict):
+    """``train.continue_from``: start from a checkpoint of a committed train step instead of from the
+    initial parameters (docs: README "Continue training").
+
+    ``steps`` of the continued run counts every update the model has had, the parent's included: a
+    400-step run continued with ``steps: 800`` runs 400 more. The batches are the parent's order
+    continued (batch ``i`` of the parent's seed for ``i`` from the checkpoint's step on), so no batch
+    of the parent is repeated at the seam.
+    """
+
+    step: StepId = Field(description="id of a committed train step under this storage root (`train-<12 hex>`, "
+                         "as `tidal plan` or `tidal report` printed it for that run; any recipe's)")
+    checkpoint: Literal["final"] | PositiveInt = Field(
+        default="final", description="final: the checkpoint the parent committed last; or the step number "
+        "of a checkpoint it kept (keep_checkpoints / checkpoint_permanent_every)")
+    schedule: Literal["continue", "rewarm"] = Field(
+        default="continue", description="continue: restore the optimizer state (Adam moments, update count) "
+        "and follow this optimizer's schedule over all `steps` from the checkpoint's step on (equal to one "
+        "uninterrupted run when the parent ran the same schedule, e.g. a constant LR: min_lr_ratio 1.0); "
+        "rewarm: restore the parameters only, fresh Adam state, a new warmup and cosine decay over the "
+        "`steps - checkpoint step` new updates")
+
+
+class ResolvedContinue(ContinueFrom):
+    """``continue_from`` as the planner writes it into the step config: what the user named plus what
+    was read from the committed parent (hashed, so the step id depends on the checkpoint's content)."""
+
+    checkpoint_step: PositiveInt = Field(description="completed updates of the parent's checkpoint")
+    checkpoint_root_hash: Sha256Hex = Field(description="root hash of that checkpoint's manifest")
+    data_seed: NonNegativeInt = Field(description="the parent's step seed: the batch order continued")
+
+
 class TrainConfig(Strict):
     """A training run: model, optimizer, steps, batch, checkpoint and eval cadence, mesh.
 
@@ -97,6 +133,9 @@ class TrainConfig(Strict):
     mesh: MeshConfig | None = Field(default=None, description="device mesh axis sizes; null: derived")
     divergence: DivergenceConfig | None = Field(
         default=None, description="divergence guard (non-finite loss or grad norm, loss spikes); null: none")
+    continue_from: ContinueFrom | None = Field(
+        default=None, description="continue a committed train step's checkpoint to `steps` updates; null: "
+        "train from the initial parameters")
 
     @model_validator(mode="after")
     def _warmup_below_steps(self) -> TrainConfig:
@@ -111,7 +150,7 @@ class TrainConfig(Strict):
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
         data = handler(self)
-        for key in ("checkpoint_permanent_every", "mesh", "divergence"):
+        for key in ("checkpoint_permanent_every", "mesh", "divergence", "continue_from"):
             if key in data and data[key] is None:
                 del data[key]
         return data
@@ -127,7 +166,34 @@ class TrainStepConfig(TrainConfig):
     train_data: InputStep = Field(description="input step name of the mixture")
     eval_data: dict[str, InputStep] = Field(
         default_factory=dict, description="eval source name -> input step name of its tokenized data")
+    heldout_data: dict[str, InputStep] = Field(
+        default_factory=dict, description="training source name -> its tokenize step, whose held-out split "
+        "is evaluated as heldout/<source> (tidal/data/heldout.py)")
     tokenizer: InputStep = Field(description="input step name of the tokenizer")
+    continue_from: ResolvedContinue | None = Field(
+        default=None, description=f"the parent checkpoint, read from the input step {CONTINUE_INPUT!r}")
+
+    @model_validator(mode="after")
+    def _continues_forward(self) -> TrainStepConfig:
+        ref = self.continue_from
+        if ref is not None:
+            problem = continuation_problem(self, ref.checkpoint_step)
+            if problem:
+                raise ValueError(f"continue_from: {problem}")
+        return self
+
+
+def continuation_problem(cfg: TrainConfig, checkpoint_step: int) -> str | None:
+    """Why ``cfg`` cannot continue a checkpoint of ``checkpoint_step`` updates, or None: ``steps`` must
+    be above it, and a rewarm's warmup must end before the new updates do."""
+    ref = cfg.continue_from
+    if cfg.steps <= checkpoint_step:
+        return (f"steps ({cfg.steps}) must be above the checkpoint's step ({checkpoint_step}): steps counts "
+                "every update, the parent's included")
+    if ref is not None and ref.schedule == "rewarm" and cfg.optimizer.warmup_steps >= cfg.steps - checkpoint_step:
+        return (f"schedule rewarm: optimizer.warmup_steps ({cfg.optimizer.warmup_steps}) must be below the new "
+                f"updates (steps - checkpoint step = {cfg.steps - checkpoint_step})")
+    return None
 
 
 
@@ -153,7 +219,8 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.Gradie
     """Clip-by-global-norm then AdamW on ``optax.warmup_cosine_decay_schedule``.
 
     The schedule rises linearly from 0 to ``lr`` over ``warmup_steps`` and decays by a cosine to
-    ``lr * min_lr_ratio`` at ``total_steps`` (optax's ``decay_steps`` includes the warmup).
+    ``lr * min_lr_ratio`` at ``total_steps`` (optax's ``decay_steps`` includes the warmup). The
+    schedule reads the update count kept in the optimizer state, so a restored state continues it.
 
     Returns:
         ``(transformation, schedule)``; ``schedule(i)`` is the learning rate of 0-based update i.

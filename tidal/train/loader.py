@@ -88,8 +88,11 @@ class TokenShards:
         remote: True when the shards are read from a bucket.
     """
 
-    def __init__(self, directory: StepFiles | str | Path, *, tokenizer_hash: str, tokenizer_dir: str | Path = "?"):
-        """Open and check every ``tokens-*.npy`` shard of the step ``directory`` (headers only).
+    def __init__(self, directory: StepFiles | str | Path, *, tokenizer_hash: str, tokenizer_dir: str | Path = "?",
+                 prefix: str = ""):
+        """Open and check every ``tokens-*.npy`` shard of the step ``directory`` (headers only); with
+        ``prefix`` (``"heldout-"``: a tokenize step's held-out split, tidal/data/heldout.py) the
+        ``{prefix}tokens-*.npy`` shards and their ``{prefix}meta.json``.
 
         Raises:
             DataContractError: no metadata file or shards; the metadata's ``tokenizer_hash``
@@ -98,7 +101,7 @@ class TokenShards:
         """
         self.files = files = StepFiles.open(directory)
         self.directory, self.remote = files.uri, files.remote
-        meta_name = next((n for n in META_NAMES if files.exists(n)), None)
+        meta_name = next((f"{prefix}{n}" for n in META_NAMES if files.exists(f"{prefix}{n}")), None)
         if meta_name is None:
             raise DataContractError(f"{self.directory}: no {' or '.join(META_NAMES)} (token data metadata)")
         self.meta_path = meta_path = files.uri_of(meta_name)
@@ -114,9 +117,9 @@ class TokenShards:
                 f"{tokenizer_hash!r}; rule: a reader refuses data whose tokenizer hash differs "
                 f"from the model's (docs/contracts.md)")
         self.seq_len = int(meta["seq_len"])
-        names = [n for n in files.names(TOKEN_GLOB) if "/" not in n]
+        names = [n for n in files.names(prefix + TOKEN_GLOB) if "/" not in n]
         if not names:
-            raise DataContractError(f"{self.directory}: no {TOKEN_GLOB} shards")
+            raise DataContractError(f"{self.directory}: no {prefix}{TOKEN_GLOB} shards")
         paths = [files.uri_of(n) for n in names]
         self.shards: list[Any] = []  # np.ndarray memory maps, or tidal.files.NpyRows
         for name, path in zip(names, paths):
@@ -134,7 +137,7 @@ class TokenShards:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.n_sequences = int(self._starts[-1])
         if self.n_sequences == 0:
-            raise DataContractError(f"{self.directory}: shards hold no sequences")
+            raise DataContractError(f"{self.directory}: {prefix}{TOKEN_GLOB} shards hold no sequences")
 
     def locate(self, index: int) -> tuple[str, int]:
         """(shard location, row) of global sequence ``index``."""

@@ -23,7 +23,8 @@ checkpointed and the process exits with :data:`EXIT_PREEMPTED`. A SIGKILL loses 
 steps since the last finished checkpoint.
 
 Files written in the step directory by process 0 (besides ``checkpoints/``, see
-checkpoints.py): ``metrics.jsonl`` one JSON object per logged step; ``summary.json`` at the
+checkpoints.py): ``metrics.jsonl`` one JSON object per logged step (and a step-0 line of the
+initial parameters' evals on a fresh start); ``summary.json`` at the
 end; ``profile.json`` for ``--profile N`` runs (which never write a summary or checkpoint).
 """
 
@@ -55,6 +56,7 @@ from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
+from tidal.train.initial_eval import evaluate_initial
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
@@ -79,8 +81,13 @@ def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
 
 
 def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
-    return {"tidal.environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
+    tags = {"tidal.environment_fingerprint": json.dumps(fingerprint, sort_keys=True),
             "tidal.mesh": meshlib.describe(run.mesh), "tidal.param_count": str(param_count(run.model_cfg))}
+    ref = run.cfg.continue_from
+    if ref is not None:  # the parent step and the checkpoint this run started from
+        tags |= {"tidal.continue_from": ref.step, "tidal.continue_from_checkpoint_step": str(ref.checkpoint_step),
+                 "tidal.continue_from_root_hash": ref.checkpoint_root_hash, "tidal.continue_schedule": ref.schedule}
+    return tags
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Session:
     abstract: Any = None  # the state's ShapeDtypeStructs with shardings (what a restore fills)
     goodput: Goodput = field(default_factory=Goodput)  # badput clocks (set by train: started with it)
     guard: Guard | None = None  # the divergence guard (train.divergence), None without one
+    spec: dict[str, Any] = field(default_factory=dict)  # spec.json (a continuation's parent input)
 
     @property
     def metrics_path(self) -> Path:
@@ -157,9 +165,11 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
     session = Session(run, step_dir, log, primary, fingerprint, live, ckpt, abstract=abstract,
-                      guard=_make_guard(run, step_dir, primary, log))
+                      guard=_make_guard(run, step_dir, primary, log), spec=spec)
     try:
         restored = ckpt.restore_latest(abstract)
+        if restored is None and run.cfg.continue_from is not None:
+            restored = _continue_parent(session)
     except Exception:
         ckpt.close()
         if live is not None:
@@ -171,7 +181,8 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     session.start, session.state, session.manifest = restored
     if session.guard is not None:
         session.guard.restore((session.manifest.get("trainer") or {}).get("divergence"))
-    print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
+    if not session.manifest.get("continued"):  # a continuation's first start is printed by _continue_parent
+        print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
     before = session.manifest.get("fingerprint")
     session.changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
     if session.changed:
@@ -180,6 +191,37 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
         if live is not None:
             live.set_tags({"tidal.fingerprint_changed": "; ".join(session.changed)})
     return session
+
+
+def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
+    """The first start of a continued run: the parent's checkpoint, adopted into this step's own
+    (:mod:`tidal.train.continuation`) and restored; with ``schedule: rewarm`` a fresh optimizer state.
+    The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
+    from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
+    from tidal.train.mirror import MANIFEST_DIR
+
+    run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
+    parent = parent_location(session.spec)
+    if session.primary or ckpt.gather:  # a shared disk gets one copy; without one, every process its own
+        adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
+    if jax.process_count() > 1 and not ckpt.gather:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("tidal-continue-from")
+    restored = ckpt.restore_latest(session.abstract)
+    if restored is None or restored[0] != ref.checkpoint_step:
+        raise ConfigError(f"continue_from: checkpoint {ref.checkpoint_step} of {ref.step} was copied but does not "
+                          "restore (see the log)")
+    step, state, manifest = restored
+    if ref.schedule == "rewarm":
+        state = {"params": state["params"], "opt_state": run.fresh_opt_state(state["params"])}
+    if session.primary:
+        atomic_write_text(session.metrics_path, parent_metrics(parent, step))
+        if ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
+            ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
+    print(f"continuing {ref.step} from its checkpoint step {step} (root {ref.checkpoint_root_hash[:12]}, "
+          f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
+    return step, state, {**manifest, "continued": True}
 
 
 @dataclass
@@ -281,13 +323,15 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     with goodput.timing("restore"):
         session = open_session(step_dir, spec, run, log, mirror)
     session.goodput = goodput
-    if session.primary:
-        _truncate_metrics(session.metrics_path, session.start)
+    if session.primary:  # a fresh start drops every line, step 0's too: it is evaluated again below
+        _truncate_metrics(session.metrics_path, session.start if session.start else -1)
     print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
           f"{run.seq_len} tokens from step {session.start} on mesh {meshlib.describe(run.mesh)}", flush=True)
     metrics_file = open(session.metrics_path, "a") if session.primary else None  # noqa: SIM115 - closed below
     term = SigtermFlag()
     hooks, meters = training_hooks(session, term, metrics_file, stop_after)
+    if session.start == 0:
+        evaluate_initial(session, meters, metrics_file)
     status, state = "FAILED", session.state
     from tidal.train.watchdog import Watchdog
 
@@ -338,6 +382,9 @@ def _rewind(session: Session, metrics_file: Any) -> Any:
     reruns: state, guard history and metrics as of that step. Returns the reopened metrics file."""
     session.ckpt.wait()
     restored = session.ckpt.restore_latest(session.abstract)
+    ref = session.run.cfg.continue_from
+    if ref is not None and (restored is None or restored[0] <= ref.checkpoint_step):  # back to the parent's
+        restored = _continue_parent(session)
     if restored is None:
         session.start, session.state, session.manifest = 0, session.run.fresh_state(), None
     else:
@@ -355,8 +402,10 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     """The run's summary; process 0 writes it to ``summary.json``.
 
     Keys: ``steps``, ``tokens_seen`` (predicted token positions, ``steps * B * (S - 1)``),
-    ``final_train_loss`` (nats/token), ``eval_loss`` (mean over sources), ``eval_loss/<src>``,
-    ``eval_bpb/<src>`` (bits/byte), ``param_count``, ``flops_per_token``, ``checkpoint_step``,
+    ``final_train_loss`` (nats/token), ``eval_loss`` (mean over eval sets), ``eval_loss/<set>``,
+    ``eval_bpb/<set>`` (bits/byte), ``initial_eval_loss/<set>`` (the step-0 eval before any update,
+    :func:`evaluate_initial`; eval sets are the held-out sources and ``heldout/<source>``
+    splits), ``param_count``, ``flops_per_token``, ``checkpoint_step``,
     ``checkpoint_root_hash``, ``params_sha256`` (:func:`tree_sha256` of the final parameters:
     equal across identical runs), ``environment_fingerprint`` (JSON), ``mesh`` and, when steps
     ran in this process, ``tokens_per_second``/``step_time_s`` after the first (compiling) step,
@@ -369,8 +418,9 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     last_eval = meters.evaluation.last
     if session.start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
         last_eval = evaluate(run, session.state["params"])
-    final = ([r for r in _read_metrics(session.metrics_path) if r["step"] == cfg.steps]
-             if session.primary else [])
+    records = _read_metrics(session.metrics_path) if session.primary else []
+    final = [r for r in records if r["step"] == cfg.steps]
+    initial = next((r for r in records if r["step"] == 0), {})  # evaluate_initial's line
     summary: dict[str, Any] = {
         "steps": cfg.steps, "tokens_seen": cfg.steps * run.tokens_per_step,
         "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
@@ -382,6 +432,10 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     }
     if session.changed:
         summary["fingerprint_changed"] = "; ".join(session.changed)
+    ref = cfg.continue_from
+    if ref is not None:
+        summary |= {"continue_from": ref.step, "continue_from_checkpoint_step": ref.checkpoint_step,
+                    "continue_from_root_hash": ref.checkpoint_root_hash}
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
@@ -391,6 +445,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         if bpbs:
             summary["eval_bpb"] = sum(bpbs) / len(bpbs)
         summary.update(last_eval)
+    summary |= {f"initial_{k}": v for k, v in sorted(initial.items()) if k.startswith("eval_loss/")}
     summary |= meters.throughput.summary(steps_after_first=cfg.steps - session.start - 1)
     summary |= session.goodput.summary(cfg.steps - session.start, summary.get("step_time_s"),
                                        meters.throughput.first_step_s)

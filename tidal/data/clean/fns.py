@@ -74,12 +74,13 @@ COUNTS_FILE = "counts.json"
 QUARANTINE_FILE = "quarantine.parquet"
 REMOVED_FILE = "removed.parquet"
 METRICS_NAMESPACE = "tidal.clean"
+# ``fields``: the record's own id and kept fields as JSON (tidal/data/record_fields.py), or null
 DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
-                             ("ref", pa.string()), ("language", pa.string())])
+                             ("ref", pa.string()), ("language", pa.string()), ("fields", pa.string())])
 QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()),
-                               ("detail", pa.string())])
+                               ("detail", pa.string()), ("fields", pa.string())])
 REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
-                            ("cluster", pa.string()), ("detail", pa.string())])
+                            ("cluster", pa.string()), ("detail", pa.string()), ("fields", pa.string())])
 # Count groups of counts.json besides in/kept (outcome key prefix -> counts.json key).
 GROUPS = {"filtered": "filtered", "quarantined": "quarantined", "duplicates": "duplicates_by_kind",
           "hits": "hits", "c4_lines": "c4_lines_dropped", "repaired": "repaired",
@@ -141,7 +142,7 @@ class DocStub(NamedTuple):
     """A surviving document without its text, which waits in a spill file (:mod:`tidal.data.spill`).
 
     Attributes:
-        id, ref, source, language: as :class:`tidal.data.clean.record.Document`.
+        id, ref, source, language, fields: as :class:`tidal.data.clean.record.Document`.
         spill: the spill file holding the text.
         row: the text's row in it.
         nbytes: the text's UTF-8 bytes.
@@ -151,6 +152,7 @@ class DocStub(NamedTuple):
     ref: str
     source: str
     language: str
+    fields: str | None
     spill: str
     row: int
     nbytes: int
@@ -242,8 +244,8 @@ def read_stubs(paths: Iterable[str]) -> list[DocStub]:
     """The :class:`DocStub` of every row of the spill files ``paths`` (their texts stay on disk).
 
     Memory: about 360 bytes a document with :func:`dedup_shard` (the tuple, the 64-character id, a ~40-character ref,
-    two ints; ``source`` and ``language`` strings shared, the spill path shared per file),
-    measured by ``tests/data/test_clean_spill.py``.
+    two ints; ``source`` and ``language`` strings shared, the spill path shared per file), plus
+    the kept fields' JSON where the source keeps any, measured by ``tests/data/test_clean_spill.py``.
     """
     stubs: list[DocStub] = []
     shared: dict[str, str] = {}  # one string object per distinct source / language value
@@ -252,8 +254,9 @@ def read_stubs(paths: Iterable[str]) -> list[DocStub]:
         ids, refs = table.column("id").to_pylist(), table.column("ref").to_pylist()
         sources = [shared.setdefault(v, v) for v in table.column("source").to_pylist()]
         languages = [shared.setdefault(v, v) for v in table.column("language").to_pylist()]
+        fields = table.column("fields").to_pylist()
         nbytes = pc.binary_length(table.column("text")).to_pylist()  # the offsets only: no text read
-        stubs.extend(map(DocStub, ids, refs, sources, languages, repeat(path), count(), nbytes))
+        stubs.extend(map(DocStub, ids, refs, sources, languages, fields, repeat(path), count(), nbytes))
     return stubs
 
 
@@ -275,11 +278,13 @@ def dedup_shard(stubs: list[DocStub], near: dict[str, tuple[str, float]]) -> tup
             else (doc_id, None)
         for dup in group[1:]:
             counts["duplicates.exact"] += 1
-            removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail))
+            removed.append(removed_row(dup.ref, "duplicate", "exact", cluster=cluster, detail=detail,
+                                       fields=dup.fields))
         if doc_id in near:
             survivor, sim = near[doc_id]
             counts["duplicates.near"] += 1
-            removed.append(removed_row(first.ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}"))
+            removed.append(removed_row(first.ref, "duplicate", "near", cluster=survivor, detail=f"jaccard={sim:.6f}",
+                                       fields=first.fields))
         else:
             kept.append(first)
             counts[f"languages.{first.language}"] += 1
@@ -326,7 +331,8 @@ def write_shard(out: OutputDir, shard: int, shards: int, kept: list[DocStub]) ->
     (:func:`shard_chunks`), so memory holds one row group's texts, not the shard's. Returns its location."""
     tables = (pa.table({"id": [d.id for d in chunk], "text": shard_texts(chunk),
                         "source": [d.source for d in chunk], "ref": [d.ref for d in chunk],
-                        "language": [d.language for d in chunk]}, schema=DOCUMENT_SCHEMA)
+                        "language": [d.language for d in chunk], "fields": [d.fields for d in chunk]},
+                       schema=DOCUMENT_SCHEMA)
               for chunk in shard_chunks(kept))
     name = shard_name(shard, shards)
     with out.file(name) as path:

@@ -39,6 +39,7 @@ class Document(NamedTuple):
         text: the normalized, filtered text (C4 may have dropped lines).
         source: the source name.
         language: ISO 639-1 code from py3langid.
+        fields: the record's own id and kept fields as JSON (``raw.parquet`` ``fields``), or ``None``.
     """
 
     id: str
@@ -46,17 +47,18 @@ class Document(NamedTuple):
     text: str
     source: str
     language: str
+    fields: str | None = None
 
 
-def quarantine_row(ref: str, raw: bytes, reason: str, detail: str) -> dict[str, Any]:
-    """A ``quarantine.parquet`` row: the record's original bytes with its reason."""
-    return {"ref": ref, "raw": raw, "reason": reason, "detail": detail}
+def quarantine_row(ref: str, raw: bytes, reason: str, detail: str, fields: str | None = None) -> dict[str, Any]:
+    """A ``quarantine.parquet`` row: the record's original bytes with its reason and kept fields."""
+    return {"ref": ref, "raw": raw, "reason": reason, "detail": detail, "fields": fields}
 
 
 def removed_row(ref: str, outcome: str, reason: str, cluster: str | None = None,
-                detail: str | None = None) -> dict[str, Any]:
-    """A ``removed.parquet`` row (``outcome`` is ``filtered`` or ``duplicate``)."""
-    return {"ref": ref, "outcome": outcome, "reason": reason, "cluster": cluster, "detail": detail}
+                detail: str | None = None, fields: str | None = None) -> dict[str, Any]:
+    """A ``removed.parquet`` row (``outcome`` is ``filtered`` or ``duplicate``) with the record's kept fields."""
+    return {"ref": ref, "outcome": outcome, "reason": reason, "cluster": cluster, "detail": detail, "fields": fields}
 
 
 def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tuple[str, Any]:
@@ -64,7 +66,7 @@ def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tupl
 
     Args:
         row: ``{"ref", "raw" (bytes), "source", "reason" (reader quarantine or None),
-            "detail"}``.
+            "detail", "fields" (optional)}``.
         cfg: the step's :class:`tidal.data.clean.CleanConfig`.
         counts: outcome keys seen are added here (module docstring).
 
@@ -72,12 +74,12 @@ def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tupl
         ``("quarantine", quarantine row)``, ``("removed", removed row)`` for a filtered
         record, or ``("document", Document)``.
     """
-    ref, raw = row["ref"], row["raw"]
+    ref, raw, fields = row["ref"], row["raw"], row.get("fields")
     if row.get("reason"):
-        return _quarantine(ref, raw, row["reason"], row.get("detail") or "", counts)
+        return _quarantine(ref, raw, row["reason"], row.get("detail") or "", counts, fields)
     text, problem = decode_with_policy(raw, cfg.invalid_utf8)
     if isinstance(text, Quarantine):
-        return _quarantine(ref, raw, text.reason, text.detail, counts)
+        return _quarantine(ref, raw, text.reason, text.detail, counts, fields)
     if problem is not None:
         counts[f"repaired.{problem}"] += 1
     text, steps = normalize_text_steps(text, cfg.normalization)
@@ -87,10 +89,10 @@ def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tupl
     if found:
         counts[f"special_tokens.{cfg.special_tokens}"] += 1
     if isinstance(text, Quarantine):
-        return _quarantine(ref, raw, text.reason, text.detail, counts)
+        return _quarantine(ref, raw, text.reason, text.detail, counts, fields)
     rule = filter_reason(text, cfg)
     if rule is not None:
-        return _filtered(ref, rule, [rule], counts)
+        return _filtered(ref, rule, [rule], counts, fields=fields)
     line_drops: Counter = Counter()
     text, hits = cfg.filters.apply(text, line_drops)
     for reason, n in line_drops.items():
@@ -102,17 +104,20 @@ def clean_record(row: dict[str, Any], cfg: CleanConfig, counts: Counter) -> tupl
     if not text and not hits:  # C4 removed every line but C4's own rules were off
         hits.append("empty")
     if hits:
-        return _filtered(ref, hits[0], hits, counts, f"language {lang} ({confidence})" if language_rule else None)
-    return "document", Document(document_id(text), ref, text, row["source"], lang)
+        return _filtered(ref, hits[0], hits, counts, f"language {lang} ({confidence})" if language_rule else None,
+                         fields)
+    return "document", Document(document_id(text), ref, text, row["source"], lang, fields)
 
 
-def _quarantine(ref: str, raw: bytes, reason: str, detail: str, counts: Counter) -> tuple[str, dict]:
+def _quarantine(ref: str, raw: bytes, reason: str, detail: str, counts: Counter,
+                fields: str | None) -> tuple[str, dict]:
     counts[f"quarantined.{reason}"] += 1
-    return "quarantine", quarantine_row(ref, raw, reason, detail)
+    return "quarantine", quarantine_row(ref, raw, reason, detail, fields)
 
 
-def _filtered(ref: str, rule: str, hits: list[str], counts: Counter, detail: str | None = None) -> tuple[str, dict]:
+def _filtered(ref: str, rule: str, hits: list[str], counts: Counter, detail: str | None = None,
+              fields: str | None = None) -> tuple[str, dict]:
     counts[f"filtered.{rule}"] += 1
     for hit in hits:
         counts[f"hits.{hit}"] += 1
-    return "removed", removed_row(ref, "filtered", rule, detail=detail)
+    return "removed", removed_row(ref, "filtered", rule, detail=detail, fields=fields)

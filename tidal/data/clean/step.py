@@ -34,13 +34,16 @@ near-duplicates into the cluster of their survivor.
 Outputs (in ``out_dir``):
 
 * ``documents-SSSSS-of-NNNNN.parquet``: ``id`` (64 hex chars), ``text``, ``source``, ``ref``
-  (the kept record's ref), ``language`` (ISO 639-1, ``und`` if none); document goes to shard
+  (the kept record's ref), ``language`` (ISO 639-1, ``und`` if none), ``fields`` (the kept
+  record's own id and ``keep_fields`` as a JSON object from ``raw.parquet``, null if none:
+  :mod:`tidal.data.record_fields`; never part of the text or the id); document goes to shard
   ``int(id, 16) % N``; every shard file exists (possibly empty) and is sorted by ``id``.
 * ``quarantine.parquet``: ``ref``, ``raw`` (the original bytes), ``reason``, ``detail``,
-  sorted by ref.
+  ``fields`` (as above, where the reader could read them), sorted by ref.
 * ``removed.parquet``: ``ref``, ``outcome`` (``filtered`` | ``duplicate``), ``reason`` (the
   rule, or ``exact`` / ``near``), ``cluster`` (the survivor's id for duplicates), ``detail``
-  (Jaccard similarity of a near duplicate), sorted by ref.
+  (Jaccard similarity of a near duplicate), ``fields`` (the removed record's own, as above),
+  sorted by ref.
 * ``counts.json``: ``{"in", "kept", "filtered": {rule: n}, "duplicates", "duplicates_by_kind":
   {"exact", "near"}, "quarantined": {reason: n}, "hits": {rule: n}, "c4_lines_dropped":
   {reason: n}, "repaired": {reason: n}, "normalized": {step: records it changed} (``bom``,
@@ -119,7 +122,7 @@ from tidal.data.neardup import NearDuplicates
 from tidal.files import StepFiles
 from tidal.files.output import OutputDir
 
-STEP_VERSION = 5  # 5: near-dup shingles of folded text (tidal/data/neardup.py fold_text)
+STEP_VERSION = 6  # 6: the `fields` column (a record's own id and keep_fields); 5: near-dup shingles of folded text
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
            "check_counts", "check_files", "check_outputs", "clean", "counts_from_totals", "expected_outputs",
            "flat_counts", "run", "shard_name", "shard_of", "summarize"]

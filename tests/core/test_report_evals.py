@@ -1,0 +1,28 @@
+"""The report's eval lines: each eval set's loss at step 0 (before any update) -> the last step."""
+
+from __future__ import annotations
+
+from tidal.core.report import eval_curves, format_report
+
+SUMMARY = {"steps": 400, "eval_loss": 5.42, "eval_loss/udhr": 6.6686, "initial_eval_loss/udhr": 8.3397,
+           "eval_loss/heldout/brown": 5.3353, "initial_eval_loss/heldout/brown": 8.3495,
+           "eval_bpb/udhr": 5.5, "eval_loss/old": 7.0}
+
+
+def test_eval_curves_pair_first_and_last_in_distribution_first():
+    assert eval_curves(SUMMARY) == {"heldout/brown": [8.3495, 5.3353], "old": [None, 7.0], "udhr": [8.3397, 6.6686]}
+
+
+def test_report_prints_first_to_last_for_each_eval():
+    report = {"recipe": "tiny", "run_key": "k", "steps_run": ["train"], "steps_skipped": [], "gate": "passed",
+              "tokens_seen": 812800, "steps": 400, "final_train_loss": 5.2239, "eval_loss": 5.42,
+              "evals": eval_curves(SUMMARY), "checkpoints": "/x/checkpoints", "mlflow_uri": "sqlite:///m.db",
+              "missing": []}
+    lines = format_report(report).splitlines()
+    assert "  eval loss:     nats/token, step 0 -> 400 (mean 5.4200)" in lines
+    assert ("    heldout/brown  8.3495 -> 5.3353  (in distribution: held-out documents of a training source)"
+            in lines)
+    assert "    udhr           8.3397 -> 6.6686  (out of distribution: a source kept out of the mixture)" in lines
+    assert "    old            None -> 7.0000  (out of distribution: a source kept out of the mixture)" in lines
+    without = format_report({**report, "evals": {}}).splitlines()
+    assert "  eval loss:     5.4200 (held out)" in without

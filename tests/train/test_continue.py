@@ -1,0 +1,133 @@
+"""Continuing a committed train step (``train.continue_from``, tidal/train/continuation.py).
+
+A 4-step run continued to 8 steps with the same constant-LR schedule ends bitwise where one
+uninterrupted 8-step run ends (every logged loss, the final parameters), even under another recipe
+seed: the batch order is the parent's continued, so no batch is repeated at the seam. The parent
+and the continued step go through the real runner (tidal.core.runner.run_step: inputs, seeds,
+spec, subprocess, commit) on a local root, the continuation resolved as the planner resolves it
+(tidal.core.continuation). ``rewarm`` restarts the warmup with a fresh optimizer state; a
+checkpoint whose root hash is not the planned one is refused. The tiny model of test_train_e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, final_params, losses, make_ctx  # noqa: F401
+
+import tidal.train
+from tests.conftest import seal
+from tidal.core.continuation import resolve_continuation
+from tidal.core.runner import run_step
+from tidal.steps import Step, derive_seed
+from tidal.storage import open_storage
+from tidal.train.config import CONTINUE_INPUT, ConfigError, TrainConfig
+from tidal.train.trainer import train
+
+RECIPE_SEED = 3
+CONSTANT = dict(CONFIG, optimizer={**CONFIG["optimizer"], "min_lr_ratio": 1.0, "warmup_steps": 2},
+                steps=8, checkpoint_every=4, eval_every=4, log_every=1, keep_checkpoints=2)
+INPUT_NAMES = ("train_data", "eval_data", "tokenizer")
+
+
+def train_fields(**changes) -> TrainConfig:
+    """The recipe's ``train`` section (what the planner dumps into the step config)."""
+    return TrainConfig.model_validate({k: v for k, v in CONSTANT.items() if k not in INPUT_NAMES} | changes)
+
+
+def train_step(inputs: tuple[Step, ...], fields: TrainConfig, seed: int, resolved=None, parent=None) -> Step:
+    config = {"seed": seed, **fields.model_dump(), **({"continue_from": resolved} if resolved else {}),
+              **{k: CONSTANT[k] for k in INPUT_NAMES}}
+    return Step("train", "train", config, inputs=(*inputs, *((parent,) if parent else ())))
+
+
+def run(out, inputs, config, seed):
+    """Train in this process into ``out`` (no commit)."""
+    ctx = make_ctx(out, inputs, config)
+    spec = {**tidal.train.write_spec(ctx), "seed": seed}
+    (out / "spec.json").write_text(tidal.train.spec_text(spec))
+    return train(out, spec, log=logging.getLogger("test.continue"))
+
+
+def continued(parent_dir, steps=8, schedule="continue", root_hash=None):
+    summary = json.loads((parent_dir / "summary.json").read_text())
+    return dict(CONSTANT, steps=steps, continue_from={
+        "step": "train-0123456789ab", "checkpoint": "final", "schedule": schedule,
+        "checkpoint_step": summary["checkpoint_step"],
+        "checkpoint_root_hash": root_hash or summary["checkpoint_root_hash"],
+        "data_seed": derive_seed(RECIPE_SEED, "train")})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Committed input steps (sealed by hand), the 4-step parent committed by the runner, and one
+    uninterrupted 8-step run under the parent's step seed (in this process)."""
+    root = tmp_path_factory.mktemp("continue")
+    (root / "root").mkdir()
+    storage = open_storage(str(root / "root"))
+    build_inputs(root / "inputs")
+    inputs = tuple(Step(name, "fetch", {"made": name}) for name in ("tokenizer", "mix", "tokenize-udhr"))
+    for step in inputs:
+        (root / "inputs" / step.name).rename(storage.step_dir(step.step_id))
+        seal(storage.step_dir(step.step_id))
+    parent = train_step(inputs, train_fields(steps=4), RECIPE_SEED)
+    run_step(parent, storage)
+    located = {step.name: storage.step_dir(step.step_id) for step in inputs}
+    run(root / "whole", located, CONSTANT, derive_seed(RECIPE_SEED, "train"))
+    return root, storage, inputs, parent, located
+
+
+def test_continuing_a_constant_schedule_equals_one_run(runs):
+    root, storage, inputs, parent, _ = runs
+    fields = train_fields(steps=8, continue_from={"step": parent.step_id})
+    ref, resolved = resolve_continuation(fields, storage, "test.yaml")
+    # another recipe seed: the parameters come from the checkpoint, the batch order from the parent's seed
+    step = train_step(inputs, fields, 7, resolved, ref)
+    result = run_step(step, storage)
+    out = storage.step_dir(step.step_id)
+    assert result.status == "run" and storage.is_committed(step.step_id)
+    assert losses(out) == losses(root / "whole")  # the parent's lines 1..4, then 5..8 bitwise equal
+    got, want = final_params(out), final_params(root / "whole")
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+    parent_summary = json.loads(storage.read_text(parent.step_id, "summary.json"))
+    record = json.loads(storage.read_text(step.step_id, "step.json"))
+    assert record["hash_input"]["inputs"][CONTINUE_INPUT] == parent.step_id
+    assert record["hash_input"]["config"]["continue_from"]["checkpoint_root_hash"] == \
+        parent_summary["checkpoint_root_hash"]
+    summary = record["summary"]
+    assert summary["continue_from"] == parent.step_id and summary["continue_from_checkpoint_step"] == 4
+    assert summary["continue_from_root_hash"] == parent_summary["checkpoint_root_hash"]
+    assert summary["steps"] == 8 and summary["checkpoint_step"] == 8
+    assert not (storage.step_dir(parent.step_id) / "checkpoints" / "8").exists()  # the parent is only read
+
+
+def test_rewarm_restarts_the_schedule_with_a_fresh_optimizer(runs):
+    root, storage, _, parent, located = runs
+    out, parent_dir = root / "rewarm", storage.step_dir(parent.step_id)
+    run(out, {**located, CONTINUE_INPUT: parent_dir}, continued(parent_dir, schedule="rewarm"), seed=7)
+    lr = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    peak = CONSTANT["optimizer"]["lr"]
+    assert lr[4] == pytest.approx(peak) and lr[5] == 0.0 and lr[6] == pytest.approx(peak / 2)
+    assert lr[7] == pytest.approx(peak)  # warmup 2 over the 4 new updates, then constant
+    got, want = final_params(out), final_params(root / "whole")
+    assert not all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_checkpoint_of_another_content_is_refused(runs):
+    root, storage, _, parent, located = runs
+    out, parent_dir = root / "wrong-hash", storage.step_dir(parent.step_id)
+    with pytest.raises(ConfigError, match="is not the planned"):
+        run(out, {**located, CONTINUE_INPUT: parent_dir}, continued(parent_dir, root_hash="0" * 64), seed=7)
+    assert not (out / "checkpoints" / "4").exists()
+
+
+def test_steps_not_above_the_checkpoint_is_refused():
+    from tidal.train.config import parse_step_config
+
+    config = dict(CONSTANT, steps=4, continue_from={"step": "train-0123456789ab", "checkpoint_step": 4,
+                                                    "checkpoint_root_hash": "a" * 64, "data_seed": 1})
+    with pytest.raises(ConfigError, match=r"continue_from: steps \(4\) must be above the checkpoint's step \(4\)"):
+        parse_step_config(config)

@@ -1,0 +1,109 @@
+"""A continued run's first state: the parent train step's checkpoint, brought into this step's own.
+
+``train.continue_from`` (:class:`tidal.train.config.ResolvedContinue`) names a checkpoint of a
+committed train step, read from the input :data:`tidal.train.config.CONTINUE_INPUT` (its directory on
+a local root, its URI in the bucket: nothing else). When this step has no verified checkpoint of its
+own yet, :func:`adopt_parent_checkpoint` copies (or downloads) that checkpoint and its manifest into
+this step's ``checkpoints/`` and ``checkpoint_manifests/``, refusing one whose manifest root hash is
+not the planned one, so the ordinary restore (:meth:`tidal.train.checkpoints.Checkpointer.restore_latest`)
+verifies every file and loads it like a checkpoint of this run; the parent's committed directory is
+never written. A continued run that was interrupted resumes from its own newest checkpoint instead.
+
+``metrics.jsonl`` starts with the parent's lines up to the checkpoint's step, so the curve of a
+continued run is the whole curve of the model (the parent's lines as the parent measured them).
+
+What continues (decided here, documented in the README, "Continue training"):
+
+* ``schedule: continue`` restores parameters and optimizer state (Adam moments and the update
+  count the optax schedule reads), and the schedule is this step's optimizer over all ``steps``.
+  Continuing N more updates of a run whose schedule agrees with that one over its updates (a
+  constant LR after warmup, ``min_lr_ratio: 1.0``) is bitwise one uninterrupted run of the
+  combined length (tests/train/test_continue.py), because batch ``i`` is the parent's batch order
+  (its seed) continued and a restore is exact. With a cosine decay the parent's schedule ended at
+  its own ``steps``; the continuation jumps to this schedule's LR at the seam.
+* ``schedule: rewarm`` restores the parameters only: fresh AdamW state and a new warmup and cosine
+  decay over the ``steps - checkpoint_step`` new updates.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tidal.context import is_uri
+from tidal.integrity.hashing import verify_manifest
+from tidal.layout import atomic_write_text
+from tidal.train.config import CONTINUE_INPUT, ConfigError, ResolvedContinue
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
+
+METRICS = "metrics.jsonl"
+
+__all__ = ["adopt_parent_checkpoint", "parent_location", "parent_metrics"]
+
+
+def parent_location(spec: dict[str, Any]) -> str:
+    """Where the parent train step lives (``spec.json`` ``inputs``; a directory or a bucket URI).
+
+    Raises:
+        ConfigError: the spec continues a run but has no :data:`CONTINUE_INPUT` input.
+    """
+    try:
+        return str(spec["inputs"][CONTINUE_INPUT])
+    except (KeyError, TypeError):
+        raise ConfigError(f"train config continues a run (continue_from) but the step has no input "
+                          f"{CONTINUE_INPUT!r}; inputs: {sorted(spec.get('inputs') or {})}") from None
+
+
+def adopt_parent_checkpoint(ref: ResolvedContinue, parent: str, checkpoints_dir: Path, manifests_dir: Path) -> None:
+    """Bring the parent's checkpoint ``ref.checkpoint_step`` into this step's checkpoint directories.
+
+    Args:
+        ref: the resolved reference (step, root hash) from the step config.
+        parent: the parent step's location (:func:`parent_location`).
+        checkpoints_dir, manifests_dir: this step's ``checkpoints/`` and ``checkpoint_manifests/``.
+
+    Raises:
+        ConfigError: the parent's checkpoint is missing, does not verify against its manifest, or its
+            manifest's root hash is not ``ref.checkpoint_root_hash`` (what the step id was planned on).
+    """
+    step = ref.checkpoint_step
+    dest = checkpoints_dir / str(step)
+    shutil.rmtree(dest, ignore_errors=True)
+    where = f"{parent.rstrip('/')}/{CHECKPOINT_DIR}/{step}"
+    if is_uri(parent):
+        manifest = CheckpointMirror(parent).fetch(step, dest)
+        problems = [] if manifest is not None else ["missing or does not verify against its manifest (see the log)"]
+    else:
+        source = Path(parent) / CHECKPOINT_DIR / str(step)
+        try:
+            manifest = json.loads((Path(parent) / MANIFEST_DIR / f"{step}.json").read_text())
+            problems = verify_manifest(source, manifest)
+        except (OSError, ValueError) as err:
+            manifest, problems = None, [f"manifest unreadable: {type(err).__name__}: {err}"]
+        if not problems:
+            shutil.copytree(source, dest)
+    if manifest is not None and not problems and manifest.get("root_hash") != ref.checkpoint_root_hash:
+        problems = [f"manifest root hash {manifest.get('root_hash')} is not the planned {ref.checkpoint_root_hash}"]
+    if problems:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise ConfigError(f"continue_from: checkpoint {where} of {ref.step}: {'; '.join(problems[:3])}; rule: a "
+                          "run continues exactly the checkpoint its step id was planned on (plan the recipe again)")
+    manifests_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(manifests_dir / f"{step}.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def parent_metrics(parent: str, step: int) -> str:
+    """The parent's ``metrics.jsonl`` lines with ``step <= step`` ('' when it has none)."""
+    try:
+        if is_uri(parent):
+            from tidal.storage import uris
+
+            text = uris.read_bytes(uris.join(parent, METRICS)).decode()
+        else:
+            text = (Path(parent) / METRICS).read_text()
+    except FileNotFoundError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "".join(line + "\n" for line in lines if json.loads(line)["step"] <= step)
