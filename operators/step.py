@@ -129,6 +129,9 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
 class TidalReportOperator(BaseOperator):
     """Close the DAG run's MLflow parent run and log a summary; runs whatever happened.
 
+    The parent run ends FINISHED with the run's final metrics
+    (:meth:`tidal.core.pipeline.Pipeline.finish_run`), or FAILED when this task fails.
+
     It fails (so the DAG run is marked failed) when any step of the recipe is not
     committed at the end, naming those steps, or when the recipe has a ``baseline`` and the
     run (without overrides) differs from it beyond tolerance (tidal/quality/baseline.py): the error
@@ -162,24 +165,30 @@ class TidalReportOperator(BaseOperator):
             for step in pipe.graph:
                 self.log.info("dry run: %-24s %-8s %s", step.name, pipe.status(step.name), step.step_id)
             return {"dry_run": True, "missing": [s.name for s in pipe.graph if pipe.status(s.name) != "skip"]}
-        report = build_report(pipe, run_key_of(context), finish=True)
+        report = build_report(pipe, run_key_of(context))
         for line in format_report(report).splitlines():
             self.log.info("%s", line)
         _emit_checkpoint_metrics(pipe)
-        if report["missing"]:
-            err = AirflowFailException(f"steps not committed: {report['missing']}")
-            # derived: each missing step's own task failed (and was recorded) or never ran because one did
-            err.tidal_derived = True  # type: ignore[attr-defined]
-            raise err
-        baseline = None
-        if getattr(pipe.recipe, "baseline", None) is not None:
-            overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))
-            if overrides:
-                self.log.info("baseline not compared: this run overrides %s", sorted(overrides))
-                baseline = "not compared: overrides"
-            else:
-                _compare_baseline(pipe, self.log)
-                baseline = "within tolerance"
+        status = "FAILED"  # what the MLflow parent run ends as unless every check below passes
+        try:
+            if report["missing"]:
+                err = AirflowFailException(f"steps not committed: {report['missing']}")
+                # derived: each missing step's own task failed (and was recorded) or never ran because one did
+                err.tidal_derived = True  # type: ignore[attr-defined]
+                raise err
+            baseline = None
+            if getattr(pipe, "suite", None) is None and getattr(pipe.recipe, "baseline", None) is not None:
+                overrides = overrides_from_params(load_recipe(self.recipe_path), dict(context.get("params") or {}))
+                if overrides:
+                    self.log.info("baseline not compared: this run overrides %s", sorted(overrides))
+                    baseline = "not compared: overrides"
+                else:
+                    _compare_baseline(pipe, self.log)
+                    baseline = "within tolerance"
+            status = "FINISHED"
+        finally:  # closed with the run's final metrics, FAILED when the DAG run fails here
+            if report.get("mlflow_run_id"):
+                pipe.finish_run(report["mlflow_run_id"], status)
         summary = {k: v for k, v in report.items() if k in ("steps_run", "steps_skipped", "tokens_seen")}
         return {**summary, "baseline": baseline}
 

@@ -13,14 +13,15 @@ from pathlib import Path
 from airflow.sdk import DAG
 
 from operators.dag_args import pipeline_dag_args
-from operators.step import TidalStepOperator
+from operators.step import TidalReportOperator, TidalStepOperator
 
 
 def build_suite_dag(suite_path: Path) -> DAG:
     """The DAG ``tidal_{suite.name}`` for a suite file (top-level ``kind: scaling_suite``).
 
     Tasks: one per data step of the base recipe (same dependencies), ``train`` mapped over the
-    grid's train steps (after every data step it reads), ``fit`` after all of them.
+    grid's train steps (after every data step it reads), ``fit`` after all of them, and ``report``
+    whatever happened (it closes the MLflow parent run, FAILED when a step is missing).
 
     Raises:
         tidal.scaling.suite.SuiteError: the suite or its base recipe is invalid.
@@ -59,4 +60,6 @@ def build_suite_dag(suite_path: Path) -> DAG:
         fit = TidalStepOperator(task_id=FIT_STEP, recipe_path=str(suite_path), step_name=FIT_STEP,
                                 doc_md=f"step `{graph[FIT_STEP].step_id}` (scaling_fit)")
         train >> fit
+        report = TidalReportOperator(task_id="report", recipe_path=str(suite_path))
+        [*tasks.values(), train, fit] >> report
     return dag

@@ -155,10 +155,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except Exception as err:
             if type(err).__name__ != "StepBlocked":  # a step run too early did not fail: nothing to record
                 _record_failure(pipe, name, run_key, err)
+                _finish_parent(pipe, run_key, "FAILED")
             raise
         print(f"{result.status:<4} {result.step_id}  {result.seconds:.2f} s", flush=True)
+    _finish_parent(pipe, run_key, "FINISHED")
     print(f"done in {time.perf_counter() - started:.1f} s; MLflow run key {run_key}")
     return 0
+
+
+def _finish_parent(pipe, run_key: str, status: str) -> None:
+    """Close the run's MLflow parent run (``FINISHED``/``FAILED``, with the final metrics) so no
+    ``tidal run`` leaves it RUNNING (issue 21, item 7); never masks the step's own error."""
+    try:
+        parent = pipe.parent_run(run_key)
+        if parent is not None:
+            pipe.finish_run(parent, status)
+    except Exception as problem:  # noqa: BLE001 - tracking never takes a run down (DESIGN.md §5)
+        print(f"warning: the MLflow run {run_key} could not be closed: {problem}", file=sys.stderr)
 
 
 def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:

@@ -40,10 +40,10 @@ KINDS: dict[str, KindSpec] = {
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),
-    "stats": KindSpec("tidal.data.stats", 3),
-    "gate": KindSpec("tidal.quality.gates", 1),
-    "train": KindSpec("tidal.train", 2, resumable=True, seeded=True),
-    "scaling_fit": KindSpec("tidal.scaling.fit_step", 1, seeded=True),
+    "stats": KindSpec("tidal.data.stats", 4),
+    "gate": KindSpec("tidal.quality.gates", 2),
+    "train": KindSpec("tidal.train", 3, resumable=True, seeded=True),
+    "scaling_fit": KindSpec("tidal.scaling.fit_step", 2, seeded=True),
 }
 
 BEAM_KINDS = frozenset(name for name, spec in KINDS.items() if spec.beam)

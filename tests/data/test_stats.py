@@ -176,8 +176,13 @@ def test_contract_rows_present_typed_and_sorted(chain, tmp_path):
 def test_stats_are_byte_identical_on_rerun(chain, tmp_path):
     for out in ("a", "b"):
         stats_step.run(ctx("stats", "stats", STATS_CONFIG, tmp_path / out, chain))
-    for name in ("stats.parquet", "stats.json"):
+    for name in ("stats.parquet", "stats.json", "stats.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    import matplotlib.image as mpimg
+
+    picture = mpimg.imread(tmp_path / "a" / "stats.png")  # a valid PNG, drawn (issue 21, item 10)
+    assert picture.ndim == 3 and picture.shape[1] > 1000 and picture.std() > 0
+    assert b"Matplotlib" not in (tmp_path / "a" / "stats.png").read_bytes()  # no version chunk
 
 
 def test_unbalanced_counts_are_refused(chain, tmp_path):

@@ -51,7 +51,8 @@ def scheduled(tmp_path):
     _commit(pipe, "stats", {"stats.parquet": pd.DataFrame(STATS, columns=["source", "metric", "value"])}, {})
     metrics = "".join(json.dumps({"step": s, "loss": loss, "lr": 0.001}) + "\n" for s, loss in CURVE)
     metrics += json.dumps({"step": 10, "eval_loss/udhr": 7.1}) + "\n"
-    _commit(pipe, "train", {"metrics.jsonl": metrics, "summary.json": json.dumps({"eval_loss": 7.1})}, {})
+    summary = {"eval_loss": 7.1, "steps": 10, "tokens_seen": 320}
+    _commit(pipe, "train", {"metrics.jsonl": metrics, "summary.json": json.dumps(summary)}, summary)
     return {"plain": plain, "nightly": path, "pipe": pipe}
 
 
@@ -124,3 +125,24 @@ def test_a_malformed_baseline_names_the_file(scheduled):
         check_pipeline(scheduled["pipe"])
     data = yaml.safe_load(scheduled["nightly"].read_text())
     assert data["baseline"]["file"] == "baselines/nightly.json"
+
+
+def test_report_task_closes_the_parent_run_failed_with_the_final_metrics(scheduled, monkeypatch):
+    """Issue 21, item 7 (the Airflow path): the report task ends the parent run, FAILED when the
+    DAG run fails there (steps not committed here), and puts the run's final metrics on it."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from mlflow.tracking import MlflowClient
+
+    from operators.step import TidalReportOperator
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    pipe = scheduled["pipe"]
+    parent = pipe.parent_run("tidal_ops_nightly__manual__closing")
+    context = {"dag_run": SimpleNamespace(dag_id="tidal_ops_nightly", run_id="manual__closing"), "params": {}}
+    with pytest.raises(AirflowFailException, match="steps not committed"):
+        TidalReportOperator(task_id="report", recipe_path=str(scheduled["nightly"])).execute(context)
+    run = MlflowClient(pipe.tracking_uri).get_run(parent)
+    assert run.info.status == "FAILED" and run.data.metrics == {"eval_loss": 7.1, "steps": 10, "tokens_seen": 320}
+    assert [m.step for m in MlflowClient(pipe.tracking_uri).get_metric_history(parent, "eval_loss")] == [10]

@@ -57,6 +57,23 @@ def test_passing_stats_writes_result_and_data_docs(tmp_path):
     assert list((ctx.out_dir / "data_docs" / "validations").rglob("*.html"))
 
 
+def test_gate_summary_page_renders_offline_with_the_run_time(tmp_path):
+    """Issue 21, item 10: GX's Data Docs need CDNs and showed 1970; tidal's page needs nothing."""
+    import datetime as dt
+    import re
+
+    ctx = make_ctx(tmp_path, stats_rows(brown__mixture_weight_realized=0.9))
+    with pytest.raises(gates.GateFailed):
+        gates.run(ctx)
+    page = (ctx.out_dir / "gate_summary.html").read_text()
+    assert not re.search(r"https?://", page) and "<script" not in page and "<link" not in page
+    assert "1970" not in page and f"Run time: {dt.datetime.now(dt.UTC):%Y-%m-%d}" in page
+    assert page.count("<tr>") == 9 and page.count('"fail">FAIL</td>') == 1 and page.count('"pass">PASS</td>') == 7
+    assert '<span class="fail">FAIL</span>' in page
+    assert re.search(r"<td>brown</td><td>mixture_weight_realized</td>.*?<td class=\"num\">0\.9</td>", page)
+    assert not [p for p in (ctx.out_dir / "data_docs").rglob("*") if "1970" in p.name]
+
+
 def test_failed_expectations_raise_readable_summary(tmp_path):
     ctx = make_ctx(tmp_path, stats_rows(brown__mixture_weight_realized=0.9, udhr__quarantine_rate=0.4))
     with pytest.raises(gates.GateFailed) as err:

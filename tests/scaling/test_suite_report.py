@@ -83,3 +83,22 @@ def test_report_of_a_suite_lists_grid_runs_and_the_fit(tmp_path, monkeypatch, ca
     report = build_report(pipe)
     assert report["fit"]["summary"]["n_runs"] == len(points)
     assert abs(report["fit"]["summary"]["alpha"] - LAW["alpha"]) < 0.1  # the law the stand-ins follow
+
+    # issue 21, item 7: the suite's parent run is closed with the fit's numbers (the runs table compares suites)
+    from mlflow.tracking import MlflowClient
+
+    parent = pipe.parent_run("suite__closing")
+    pipe.finish_run(parent, "FINISHED")
+    run = MlflowClient(pipe.tracking_uri).get_run(parent)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["alpha"] == report["fit"]["summary"]["alpha"] and "n_runs" in run.data.metrics
+
+
+def test_suite_dag_ends_in_the_report_task(tmp_path):
+    """The report task closes the suite's MLflow parent run whatever happened (it was left RUNNING)."""
+    from operators.suite_factory import build_suite_dag
+
+    dag = build_suite_dag(write_suite(tmp_path))
+    report = dag.task_dict["report"]
+    assert {"fit", "train"} <= report.upstream_task_ids and report.trigger_rule == "all_done"
+    assert set(dag.task_dict) - {"report"} <= report.upstream_task_ids

@@ -92,7 +92,8 @@ def outage(tmp_path_factory):
             assert params["tracking_uri"] == shown and not [k for k, v in params.items() if PASSWORD in v]
             assert PASSWORD not in json.dumps(recipe_status(recipe), default=str)
             found = parent_run(pipe.tracking_uri, pipe.experiment, RUN_KEY)
-            assert mlflow_link(pipe, RUN_KEY) == (parent, f"{shown}/#/experiments/{found.experiment_id}/runs/{parent}")
+            assert mlflow_link(pipe, RUN_KEY) == (
+                parent, f"{shown}/#/experiments/{found.experiment_id}/runs/{parent}?workflowType=machine_learning")
             fetched = commit_stand_in_fetch(pipe)
             os.killpg(proc.pid, signal.SIGKILL)  # the server and its uvicorn worker
             proc.wait()
@@ -218,7 +219,8 @@ def test_links_names_and_redaction(monkeypatch):
     run = TrackedRun("r1", "7", "k", "FAILED", 0, {"tidal.run_key": "k"})
     assert experiment_name("tiny") == "tidal-tiny" and run.run_key == "k"
     assert run_link("sqlite:////tmp/x/mlflow.db", run) == "runs:/r1"
-    assert run_link("https://u:p@mlflow.example:5000/", run) == "https://mlflow.example:5000/#/experiments/7/runs/r1"
+    assert run_link("https://u:p@mlflow.example:5000/", run) == \
+        "https://mlflow.example:5000/#/experiments/7/runs/r1?workflowType=machine_learning"
     monkeypatch.setenv("TIDAL_MLFLOW_UI_URL", "https://ui.example/")
     assert ui_url("sqlite:////tmp/x/mlflow.db") == "https://ui.example"
     text = "postgresql://tidal:pw@db:5432/mlflow and http://a:b@h"

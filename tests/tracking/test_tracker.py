@@ -96,6 +96,41 @@ def test_log_step_nested_run_tags_metrics_history_artifacts(store, tmp_path):
     assert {c.info.run_id for c in children} == {child, skipped}
 
 
+def test_summary_is_logged_at_the_last_step_and_never_doubles_a_curve(store):
+    """Issue 21, item 7: a summary value that has a curve (``eval_loss/x``) adds no point to it
+    (the old step-0 point drew the curve as a V); other numbers sit at the run's last step."""
+    _, uri = store
+    tracker = Tracker(uri, EXPERIMENT)
+    parent = tracker.parent_run("dagrun-summary", {}, {})
+    history = [{"step": s, "loss": 4.0 - s / 100, **({"eval_loss/x": 5.0 - s / 50} if s % 20 == 0 else {})}
+               for s in range(10, 70, 10)]
+    summary = {"steps": 60, "final_train_loss": 3.4, "eval_loss/x": 3.8, "eval_loss": 3.8, "mesh": "1x1"}
+    child = tracker.log_step(parent, "train", "train-0123456789ab", "train", "run", summary, history)
+    client = MlflowClient(uri)
+    evals = client.get_metric_history(child, "eval_loss/x")
+    assert sorted(m.step for m in evals) == [20, 40, 60]  # the history's points, no step 0
+    assert [m.value for m in sorted(evals, key=lambda m: m.step)] == pytest.approx([4.6, 4.2, 3.8])
+    assert [m.step for m in client.get_metric_history(child, "final_train_loss")] == [60]
+    assert [m.step for m in client.get_metric_history(child, "eval_loss")] == [60]
+    assert client.get_run(child).data.tags["mesh"] == "1x1"
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_finish_logs_final_metrics_on_the_parent_even_after_an_outage(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    _, uri = store
+    up = Tracker(uri, EXPERIMENT, pending_dir=tmp_path)
+    parent = up.parent_run("dagrun-final", {}, {})
+    down = Tracker("http://127.0.0.1:9", EXPERIMENT, pending_dir=tmp_path, attempts=1, backoff_s=0.01)
+    down.finish(parent, "success", metrics={"final_train_loss": 3.25, "mfu": 0.4, "mesh": "1x1"}, step=60)
+    assert up.replay_pending() == 1
+    run = MlflowClient(uri).get_run(parent)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"final_train_loss": 3.25, "mfu": 0.4}
+    assert [m.step for m in MlflowClient(uri).get_metric_history(parent, "mfu")] == [60]
+
+
 def test_unreachable_server_buffers_then_replays(store, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")

@@ -160,6 +160,39 @@ class Pipeline:
         tags |= licence_tags(self.recipe.sources, self.recipe.intended_use, self.recipe.licences)  # uses, overrides
         return self.tracker().parent_run(run_key, params=params, tags=tags)
 
+    def final_metrics(self) -> tuple[dict[str, float], int]:
+        """The DAG run's final numbers for its parent run, and the step they are logged at.
+
+        The numbers of the committed ``train`` step's ``summary.json`` (``final_train_loss``,
+        ``eval_loss``, ``eval_loss/<src>``, ``eval_bpb``, ``tokens_per_second``, ``mfu``,
+        ``tokens_seen`` ...) at its last training step; for a scaling suite, the committed fit's
+        numbers (``alpha``, ``beta``, ``E``, ``holdout_rel_error`` ...) at step 0; else ``({}, 0)``.
+        """
+        train = [s for s in self.graph if s.kind == "train"]
+        fit = [s for s in self.graph if s.kind == "scaling_fit" and self.storage.is_committed(s.step_id)]
+        if len(train) != 1 and fit:  # a scaling suite: the fit's numbers (alpha, beta, E, hold-out error ...)
+            summary = json.loads(self.storage.read_text(fit[0].step_id, STEP_JSON)).get("summary") or {}
+            return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, 0
+        if len(train) != 1 or not self.storage.is_committed(train[0].step_id):
+            return {}, 0
+        summary = json.loads(self.storage.read_text(train[0].step_id, SUMMARY_JSON))
+        numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return numbers, int(summary.get("steps") or 0)
+
+    def finish_run(self, parent_run_id: str, status: str) -> None:
+        """Close the parent run ``parent_run_id`` (``FINISHED`` or ``FAILED``) with the run's
+        :meth:`final_metrics`, so MLflow's runs table compares DAG runs. Never raises on a
+        tracking outage (the call is buffered); a storage error reading the summary closes the
+        run without metrics."""
+        try:
+            metrics, step = self.final_metrics()
+        except (OSError, StorageError, ValueError) as err:  # the run still gets closed
+            import logging
+
+            logging.getLogger("tidal.tracking").warning("final metrics of %s not read: %s", self.recipe.name, err)
+            metrics, step = {}, 0
+        self.tracker().finish(parent_run_id, status, metrics=metrics, step=step)
+
     def run(self, name: str, run_key: str | None = None, force: bool = False) -> StepResult:
         """Run one step (or skip it if committed) and record it under ``run_key``'s parent run."""
         step = self.graph[name]
@@ -248,12 +281,45 @@ class Pipeline:
             tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
         artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
-        tracker.log_step(
-            parent, result.name, result.step_id, result.kind, result.status, result.summary,
-            history=history if result.status == "run" and (live_run is None or complete_history) else None,
-            artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
-            tags=tags, run_id=live_run,
-        )
+        with tempfile.TemporaryDirectory(prefix="tidal-artifacts-") as tmp:
+            if result.kind == "train" and result.status == "run":
+                artifacts += self._train_context_files(Path(tmp))
+            tracker.log_step(
+                parent, result.name, result.step_id, result.kind, result.status, result.summary,
+                history=history if result.status == "run" and (live_run is None or complete_history) else None,
+                artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
+                tags=tags, run_id=live_run,
+            )
+
+    def _train_context_files(self, dest: Path) -> list[Path]:
+        """What a train run's MLflow artifacts carry beside the step's own files: ``recipe.yaml``
+        (the resolved recipe, every URI without user:password) and the ``tokenizer.json`` it
+        trained with (from the committed tokenizer step), written into ``dest``."""
+        import yaml
+
+        from tidal.data.tokenizer import TOKENIZER_FILE
+        from tidal.tracking import safe_uri
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            return safe_uri(value) if isinstance(value, str) else value
+
+        recipe = dest / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump(clean(self.recipe.model_dump(mode="json")), sort_keys=True))
+        found = [recipe]
+        for step in self.graph:
+            if step.kind == "tokenizer" and self.storage.is_committed(step.step_id):
+                try:
+                    data = self.storage.read_text(step.step_id, TOKENIZER_FILE)
+                except (FileNotFoundError, StorageError):
+                    continue
+                (dest / TOKENIZER_FILE).write_text(data)
+                found.append(dest / TOKENIZER_FILE)
+                break
+        return found
 
 
 _ARTIFACTS = {
@@ -261,9 +327,10 @@ _ARTIFACTS = {
     "tokenizer": ("tokenizer_meta.json", STEP_JSON),
     "tokenize": ("meta.json",),
     "mix": ("mixture.json",),
-    "stats": ("stats.json", STEP_JSON),
-    "gate": ("gate_result.json", "data_docs"),
-    "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON, "divergence.jsonl", "profile_trace"),
+    "stats": ("stats.json", "stats.png", STEP_JSON),
+    "gate": ("gate_result.json", "gate_summary.html", "data_docs"),
+    "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON, "metrics.jsonl", "loss_curve.png",
+              "divergence.jsonl", "profile_trace"),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
 

@@ -23,7 +23,8 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
 
     Args:
         run_key: MLflow parent-run key; None picks the newest parent run of the recipe.
-        finish: also mark the MLflow parent run FINISHED (or FAILED when steps are missing).
+        finish: also mark the MLflow parent run FINISHED (or FAILED when steps are missing), with
+            the run's final metrics (:meth:`tidal.core.pipeline.Pipeline.finish_run`).
 
     Returns:
         A flat dict: ``steps_run``, ``steps_skipped`` (names), ``missing`` (uncommitted
@@ -79,7 +80,7 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
 
         report["mixture"] = mixture_table(pipe).lines()  # per source: tokens, weight, taken, epochs, unused
     if finish and report.get("mlflow_run_id"):
-        pipe.tracker().finish(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
+        pipe.finish_run(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
     return report
 
 

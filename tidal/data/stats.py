@@ -37,8 +37,9 @@ need every kept text, so the ``text`` column is read once per shard.
 
 Config (:class:`StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
 step name or null).
-Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64) and
-``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order).
+Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64),
+``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order) and ``stats.png``
+(tokens, document lengths and document outcomes per source, :mod:`tidal.data.stats_plots`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from tidal.data.mix_sizing import MixtureTable
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
 from tidal.files import StepFiles
 
-STEP_VERSION = 3  # 3: mixture sizing rows (mixture_epochs, mixture_tokens_unused, ...)
+STEP_VERSION = 4  # 3: mixture sizing rows (mixture_epochs, mixture_tokens_unused, ...); 4: stats.png
 STATS_PARQUET = "stats.parquet"
 STATS_JSON = "stats.json"
 ALL = "all"
@@ -287,7 +288,7 @@ def collect_rows(ctx: StepContext) -> list[Row]:
 
 
 def run(ctx: StepContext) -> dict:
-    """Write ``stats.parquet`` and ``stats.json``; return ``{"rows": n}`` plus the ``all`` rows."""
+    """Write ``stats.parquet``, ``stats.json`` and ``stats.png``; return ``{"rows": n}`` plus the ``all`` rows."""
     rows = collect_rows(ctx)
     table = pa.table(
         {
@@ -300,6 +301,9 @@ def run(ctx: StepContext) -> dict:
     pq.write_table(table, ctx.out_dir / STATS_PARQUET)
     as_json = [{"source": s, "metric": m, "value": v} for s, m, v in rows]
     (ctx.out_dir / STATS_JSON).write_text(json.dumps(as_json, indent=1, allow_nan=False) + "\n")
+    from tidal.data.stats_plots import STATS_PNG, write_stats_plot
+
+    write_stats_plot(rows, ctx.out_dir / STATS_PNG, all_name=ALL)
     return {"rows": len(rows), **{f"{ALL}/{m}": v for s, m, v in rows if s == ALL}}
 
 

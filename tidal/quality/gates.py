@@ -34,10 +34,12 @@ Before GX runs, every (source, metric) cell the suite reads must be present and 
 otherwise :class:`StatsIncomplete` is raised, since a between-expectation silently ignores
 missing values and would pass.
 
-Outputs in ``ctx.out_dir``: ``gate_result.json`` (see :func:`run`) and ``data_docs/`` (the GX
-Data Docs static site, built by GX's ``UpdateDataDocsAction`` into that directory; open
-``data_docs/index.html``). The validation run id is fixed (step name, epoch time) so the
-site's paths do not depend on the wall clock.
+Outputs in ``ctx.out_dir``: ``gate_result.json`` (see :func:`run`), ``gate_summary.html`` (the
+verdict as one static page that renders offline, :mod:`tidal.quality.gate_html`) and
+``data_docs/`` (the GX Data Docs static site, built by GX's ``UpdateDataDocsAction`` into that
+directory; open ``data_docs/index.html``; its styles come from CDNs, so it needs network access to
+render styled). The validation run id is (step name, the real run time): the gate's output is
+compared across runs by ``gate_result.json``, not by bytes (its Data Docs carry render times).
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ from pydantic import Field, model_serializer, model_validator
 
 from tidal.config import Fraction, PositiveInt, Strict
 from tidal.context import StepContext
+from tidal.quality.gate_html import write_summary_html
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a table is read: the recipe imports this module's config
 
-STEP_VERSION = 1
+STEP_VERSION = 2  # 2: gate_summary.html, Data Docs at the real run time
 STATS_FILE = "stats.parquet"
 RESULT_FILE = "gate_result.json"
 DOCS_DIR = "data_docs"
@@ -190,8 +193,10 @@ def _expected_text(check: dict[str, Any]) -> str:
 
 
 def validate(wide: pd.DataFrame, checks: list[dict[str, Any]], docs_dir: Path | None,
-             run_name: str) -> list[dict[str, Any]]:
+             run_name: str, run_time: dt.datetime | None = None) -> list[dict[str, Any]]:
     """Run the checks as a GX suite over ``wide``; build Data Docs into ``docs_dir`` if given.
+
+    ``run_time``: the validation's time (timezone-aware; default now), shown in the Data Docs.
 
     Returns:
         One result per check, in order: ``{"expectation", "source", "column", "observed",
@@ -234,7 +239,7 @@ def validate(wide: pd.DataFrame, checks: list[dict[str, Any]], docs_dir: Path | 
     checkpoint = context.checkpoints.add(gx.Checkpoint(
         name="gate", validation_definitions=[definition], actions=actions, result_format="SUMMARY",
     ))
-    run_id = RunIdentifier(run_name=run_name, run_time=dt.datetime(1970, 1, 1, tzinfo=dt.UTC))
+    run_id = RunIdentifier(run_name=run_name, run_time=run_time or dt.datetime.now(dt.UTC))
     outcome = checkpoint.run(batch_parameters={"dataframe": wide}, run_id=run_id)
     (validation,) = outcome.run_results.values()
     by_check = {r.expectation_config.meta["tidal_check"]: r for r in validation.results}
@@ -277,7 +282,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
-    """Validate the stats step's table; write ``gate_result.json`` and ``data_docs/``.
+    """Validate the stats step's table; write ``gate_result.json``, ``gate_summary.html`` and ``data_docs/``.
 
     ``gate_result.json`` = ``{"success": bool, "results": [...], "summary": str}`` with the
     results of :func:`validate`; when the statistics are incomplete it is still written, with no
@@ -307,12 +312,15 @@ def run(ctx: StepContext) -> dict[str, Any]:
         result = {"success": False, "results": [], "error": "stats_incomplete",
                   "summary": f"gate failed: statistics incomplete: {err}"}
         (ctx.out_dir / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        write_summary_html(ctx.out_dir, result, dt.datetime.now(dt.UTC), ctx.name, path)
         raise
     ctx.log.info("gate: %d expectations over %d sources from %s", len(checks), len(wide), path)
-    results = validate(wide, checks, ctx.out_dir / DOCS_DIR, run_name=ctx.name)
+    run_time = dt.datetime.now(dt.UTC)
+    results = validate(wide, checks, ctx.out_dir / DOCS_DIR, run_name=ctx.name, run_time=run_time)
     success = all(r["success"] for r in results)
     result = {"success": success, "results": results, "summary": summarize(results)}
     (ctx.out_dir / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_summary_html(ctx.out_dir, result, run_time, ctx.name, path)
     if not success:
         raise GateFailed(result["summary"], result)
     ctx.log.info("%s", result["summary"])

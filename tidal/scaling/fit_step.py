@@ -48,7 +48,7 @@ from tidal.context import StepContext
 from tidal.files import StepFiles
 from tidal.layout import SPEC_JSON, SUMMARY_JSON
 
-STEP_VERSION = 1
+STEP_VERSION = 2  # 2: plots without matplotlib's version chunk (tidal/plots.py)
 FITS_JSON = "fits.json"
 BOOTSTRAP = "bootstrap.parquet"
 

@@ -20,13 +20,11 @@ def _finite(q: dict[str, Any] | None) -> bool:
 
 
 def _save(fig, path: Path) -> str:
-    """Lay out, write as PNG (110 dpi) and close ``fig``; returns the file name."""
-    import matplotlib.pyplot as plt
+    """Lay out, write as PNG (110 dpi, no version chunk: :func:`tidal.plots.save_png`) and close
+    ``fig``; returns the file name."""
+    from tidal.plots import save_png
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
+    return save_png(fig, path, dpi=110).name
 
 
 def _empty(ax, text: str) -> None:
@@ -40,10 +38,9 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
         fits: the ``fits.json`` mapping (see :mod:`tidal.scaling.fit_step`).
         runs: columns ``n``, ``d``, ``c``, ``loss``, ``budget``, ``resid3`` (arrays ``[n_runs]``).
     """
-    import matplotlib
+    from tidal.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     names = []

@@ -23,6 +23,10 @@ from typing import Any, TypeVar
 log = logging.getLogger("tidal.tracking")
 T = TypeVar("T")
 RUN_KEY_TAG = "tidal.run_key"
+# MLflow 3's experiment kind: its UI opens a "genai_development" experiment (and, in 3.17, any
+# experiment unless told otherwise) on the GenAI traces page; see tidal/tracking/runs.py UI_QUERY.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def tracking_uri_for(storage_root: str | Path) -> str:
@@ -96,13 +100,18 @@ def earliest_run(runs: list[Any]) -> Any | None:
 
 def get_or_create_experiment(client: Any, uri: str, name: str) -> str:
     """The id of experiment ``name``, created on first use with its artifacts beside the store
-    (:func:`artifact_location_for`; MLflow's default is ``./mlruns`` of the working directory).
-    Another process creating it at the same moment is not an error: its id is returned."""
+    (:func:`artifact_location_for`; MLflow's default is ``./mlruns`` of the working directory)
+    and tagged a classic model-training experiment (``EXPERIMENT_KIND``; an older experiment
+    without the tag gets it here). Another process creating it at the same moment is not an
+    error: its id is returned."""
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in (found.tags or {}):
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(uri))
+        return client.create_experiment(name, artifact_location=artifact_location_for(uri),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:  # another process created it first
         found = client.get_experiment_by_name(name)
         if found is None:

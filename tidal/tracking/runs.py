@@ -41,6 +41,11 @@ from tidal.tracking.client import (
 T = TypeVar("T")
 EXPERIMENT_PREFIX = "tidal-"
 UI_URL_ENV = "TIDAL_MLFLOW_UI_URL"
+# MLflow 3.17's UI takes an experiment's kind from its "workflow type" (the sidebar's GenAI /
+# Model training switch, kept in the browser's local storage ``mlflow.workflowType``, default
+# ``genai``), not from the ``mlflow.experimentKind`` tag (the bundle's reader of the tag sits
+# behind a flag that is always on): a link carrying this query opens the classic runs table.
+UI_QUERY = "?workflowType=machine_learning"
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
 _clients: dict[str, Any] = {}
 
@@ -255,12 +260,15 @@ def ui_url(uri: str) -> str | None:
 
 
 def experiments_link(uri: str) -> str | None:
-    """The UI page listing experiments, or None without a UI (:func:`ui_url`)."""
+    """The UI page listing experiments (model-training view, ``UI_QUERY``), or None without a UI
+    (:func:`ui_url`)."""
     ui = ui_url(uri)
-    return f"{ui}/#/experiments" if ui else None
+    return f"{ui}/#/experiments{UI_QUERY}" if ui else None
 
 
 def run_link(uri: str, run: TrackedRun) -> str:
-    """Where a person opens ``run``: its UI page (:func:`ui_url`), else the ``runs:/<id>`` URI."""
+    """Where a person opens ``run``: its UI page in the model-training view (``UI_QUERY``,
+    :func:`ui_url`), else the ``runs:/<id>`` URI."""
     ui = ui_url(uri)
-    return f"{ui}/#/experiments/{run.experiment_id}/runs/{run.run_id}" if ui else f"runs:/{run.run_id}"
+    return (f"{ui}/#/experiments/{run.experiment_id}/runs/{run.run_id}{UI_QUERY}" if ui
+            else f"runs:/{run.run_id}")

@@ -22,9 +22,7 @@ When the parent run itself could not be reached, :meth:`Tracker.parent_run` retu
 placeholder ``"pending:<run_key>"``; :meth:`Tracker.log_step` and :meth:`Tracker.finish`
 accept it and resolve it once MLflow answers again.
 
-Limits applied (from ``mlflow.utils.validation``): param values are cut to 6000 chars, tag
-values to 8000, keys to 250; names keep only ``[/\\w.\\- :]``; batches hold at most 100
-params/tags and 1000 metrics.
+MLflow's limits on keys, values and batches are applied (:mod:`tidal.tracking.limits`).
 
 ``mlflow`` is imported lazily so that importing this module stays cheap (DAG parsing).
 """
@@ -32,11 +30,9 @@ params/tags and 1000 metrics.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -60,6 +56,17 @@ from tidal.tracking.client import (  # noqa: F401 - re-exported: the Tracker's p
     safe_uri,
     tracking_uri_for,
 )
+from tidal.tracking.limits import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VALUE,
+    _chunks,
+    _is_number,
+    _key,
+    _text,
+    flatten_params,
+    summary_metrics,
+)
 from tidal.tracking.pending import PendingDir, PendingStore
 
 log = logging.getLogger("tidal.tracking")
@@ -67,51 +74,8 @@ log = logging.getLogger("tidal.tracking")
 T = TypeVar("T")
 STEP_TAG_PREFIX = "tidal.step_id."
 PENDING_PREFIX = "pending:"
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY = 250
-MAX_PARAMS_TAGS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
-_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 PENDING_OBJECTS = ".tracking/pending/"  # under the storage root (module docstring, rule 4)
 _FINISH_STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-
-
-def _key(name: str) -> str:
-    """A valid MLflow param/metric/tag key: bad characters become ``_``, at most 250 chars."""
-    key = _BAD_KEY_CHARS.sub("_", str(name)) or "_"
-    if len(key) > MAX_KEY:
-        key = key[: MAX_KEY - 13] + "~" + hashlib.sha256(key.encode()).hexdigest()[:12]
-    return key
-
-
-def _text(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested dicts -> ``{"a.b.c": value}``; lists and scalars become strings (JSON for lists).
-
-    Keys are made valid MLflow keys (max 250 chars), values are cut to 6000 chars
-    (MLflow's ``MAX_PARAM_VAL_LENGTH``).
-    """
-    flat: dict[str, str] = {}
-    for name, value in params.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_params(value, prefix=f"{key}."))
-        else:
-            flat[_key(key)] = _text(value, MAX_PARAM_VALUE)
-    return flat
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float))
-
-
-def _chunks(items: list[T], size: int) -> Iterable[list[T]]:
-    yield from (items[start:start + size] for start in range(0, len(items), size))
 
 
 class Tracker:
@@ -279,7 +243,8 @@ class Tracker:
             step_name, step_id, kind: the step's name, content address and kind.
             status: ``"run"`` (computed now), ``"skip"`` (already committed) or ``"failed"``
                 (the nested run is then marked FAILED; ``summary["error"]`` says why).
-            summary: flat dict; numbers become metrics (step 0), everything else tags.
+            summary: flat dict; numbers become metrics at the run's last step, except those that
+                already have a curve (:func:`tidal.tracking.limits.summary_metrics`); the rest tags.
             history: rows with an int ``"step"`` key (e.g. ``{"step": 10, "loss": 3.2,
                 "tokens_per_second": 1e4}``); every other numeric key is a metric at that step.
             artifacts: files or directories to upload (a directory lands under its own name).
@@ -328,9 +293,9 @@ class Tracker:
             log.warning("tracking: no live run for step %s (%s); it is recorded when it ends", step_name, err)
             return None
 
-    def _held_steps(self, run_id: str, history: list[dict[str, Any]]) -> dict[str, set[int]]:
-        """``{metric key: steps}`` live run ``run_id`` holds, for ``history``'s keys (a call per key)."""
-        have = self._retry("read live run", lambda: self._client().get_run(run_id)).data.metrics
+    def _held_steps(self, run_id: str, history: list[dict[str, Any]], have: dict[str, float]) -> dict[str, set[int]]:
+        """``{metric key: steps}`` live run ``run_id`` holds (``have``: its latest metrics), for
+        ``history``'s keys (a call per key)."""
         keys = {_key(k) for row in history for k in row if k != "step"} & set(have)
         client = self._client()
         return {k: {m.step for m in self._retry(f"read {k}", lambda k=k: client.get_metric_history(run_id, k))}
@@ -346,13 +311,13 @@ class Tracker:
         run_tags |= {"mlflow.parentRunId": parent, "tidal.step_id": step_id, "tidal.kind": kind,
                      "tidal.status": status}
         now_ms = int(time.time() * 1000)
-        metrics, extra_tags = [], []
-        for name, value in sorted(summary.items()):
-            if _is_number(value):
-                metrics.append(Metric(_key(name), float(value), now_ms, 0))
-            else:
-                extra_tags.append(RunTag(_key(name), _text(value, MAX_TAG_VALUE)))
-        held = self._held_steps(run_id, history) if run_id is not None and history else {}
+        extra_tags = [RunTag(_key(k), _text(v, MAX_TAG_VALUE)) for k, v in sorted(summary.items())
+                      if not _is_number(v)]
+        live = (self._retry("read live run", lambda: self._client().get_run(run_id)).data.metrics
+                if run_id is not None else {})
+        finals, last = summary_metrics(summary, history, curves=live)  # at the last step, no curve twice
+        metrics = [Metric(k, v, now_ms, last) for k, v in finals.items()]
+        held = self._held_steps(run_id, history, live) if run_id is not None and history else {}
         for row in history:
             step = int(row["step"])
             metrics += [Metric(_key(k), float(v), now_ms, step) for k, v in sorted(row.items())
@@ -392,16 +357,29 @@ class Tracker:
             raise
         return run_id
 
-    def finish(self, parent_run_id: str, status: str) -> None:
-        """Close the parent run: ``status`` "success"/"failed"/"killed" or an MLflow RunStatus name."""
-        try:
-            self._finish(parent_run_id, status)
-        except TrackingUnavailable as err:
-            self._buffer("finish", {"parent_run_id": parent_run_id, "status": status}, err)
+    def finish(self, parent_run_id: str, status: str, metrics: dict[str, Any] | None = None, step: int = 0) -> None:
+        """Close the parent run: ``status`` "success"/"failed"/"killed" or an MLflow RunStatus name.
 
-    def _finish(self, parent_run_id: str, status: str) -> None:
+        ``metrics``: the run's final numbers (train loss, eval losses, tokens/s, MFU ...; other
+        values are left out), logged at ``step`` on the parent first, so MLflow's runs table
+        compares DAG runs.
+        """
+        metrics = {k: v for k, v in (metrics or {}).items() if _is_number(v)}
+        try:
+            self._finish(parent_run_id, status, metrics, step)
+        except TrackingUnavailable as err:
+            self._buffer("finish", {"parent_run_id": parent_run_id, "status": status, "metrics": metrics,
+                                    "step": step}, err)
+
+    def _finish(self, parent_run_id: str, status: str, metrics: dict[str, Any] | None = None, step: int = 0) -> None:
+        from mlflow.entities import Metric
+
         mlflow_status = _FINISH_STATUS.get(status.lower(), status.upper())
         parent = self._resolve(parent_run_id)
+        now_ms = int(time.time() * 1000)
+        rows = [Metric(_key(k), float(v), now_ms, int(step)) for k, v in sorted((metrics or {}).items())]
+        for chunk in _chunks(rows, MAX_METRICS_PER_BATCH):
+            self._retry("log parent metrics", lambda c=chunk: self._client().log_batch(parent, metrics=c))
         self._retry("finish parent run", lambda: self._client().set_terminated(parent, mlflow_status))
 
     def buffer_metrics(self, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str],
@@ -471,7 +449,7 @@ class Tracker:
                 elif op == "log_step":
                     target._log_step(**args)
                 elif op == "finish":
-                    target._finish(args["parent_run_id"], args["status"])
+                    target._finish(args["parent_run_id"], args["status"], args.get("metrics"), args.get("step", 0))
                 elif op == "log_metrics":
                     target._log_metrics(args["run_id"], args["rows"], args["tags"])
                 else:

@@ -16,7 +16,7 @@ from tidal.layout import SPEC_JSON as SPEC_NAME
 from tidal.layout import SUMMARY_JSON as SUMMARY_NAME
 from tidal.layout import atomic_write_text
 
-STEP_VERSION = 2
+STEP_VERSION = 3  # 3: loss_curve.png in the step's output (tidal/train/curves.py)
 RESUMABLE = True
 CHECKPOINT_MANIFEST = "checkpoint_manifest.json"  # tidal.train.checkpoints.LATEST_MANIFEST (no JAX import here)
 

@@ -51,6 +51,7 @@ from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.config import ConfigError
+from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
@@ -465,7 +466,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         verdicts = [json.loads(line)["verdict"] for line in events.read_text().splitlines() if line.strip()]
         summary["divergence_events"] = len(verdicts)
         summary["updates_skipped"] = verdicts.count("update skipped")
-    if session.primary:
+    if session.primary:  # the picture before summary.json, which marks the step finished
+        write_loss_curve(session.metrics_path, session.step_dir / LOSS_CURVE)
         atomic_write_text(session.step_dir / SUMMARY, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         print(f"done: {json.dumps(summary, sort_keys=True)}", flush=True)
     return summary
