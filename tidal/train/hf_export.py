@@ -103,7 +103,8 @@ def hf_config(model: TrainedModel) -> dict[str, Any]:
         "vocab_size": s.vocab_size, "hidden_size": s.d_model, "intermediate_size": s.d_ff,
         "num_hidden_layers": s.n_layers, "num_attention_heads": s.n_heads, "num_key_value_heads": s.kv_heads,
         "head_dim": s.head_dim, "hidden_act": "silu", "rms_norm_eps": NORM_EPS, "rope_theta": ROPE_BASE,
-        "rope_scaling": None, "max_position_embeddings": model.context or 2048, "tie_word_embeddings": False,
+        "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_BASE},  # v5 name
+        "max_position_embeddings": model.context or 2048, "tie_word_embeddings": False,
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": INIT_STD,
         "pretraining_tp": 1, "use_cache": True, "torch_dtype": "float32",
         "bos_token_id": eos, "eos_token_id": eos,
