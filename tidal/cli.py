@@ -1,4 +1,5 @@
-"""The ``tidal`` command: plan, explain, run, report, verify, lineage and fetch archives for a recipe.
+"""The ``tidal`` command: plan, explain, run, report, verify, lineage and fetch archives for a recipe;
+export and sample a trained model.
 
 No Airflow here: ``tidal run`` executes the same steps in-process (handy for debugging),
 while Airflow runs them as one task per step through ``operators/``.
@@ -288,6 +289,12 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model(args: argparse.Namespace) -> int:
+    from tidal.audit import models  # tidal export / tidal sample
+
+    return models.run_command(args)
+
+
 def _cmd_failures(args: argparse.Namespace) -> int:
     from tidal.tracking.failures import CATALOG_DIR, format_groups, group_failures, list_failures
 
@@ -402,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(the default when TIDAL_SIGNING_KEY is set)")
             cmd.add_argument("--allow-unsigned", action="store_true",
                              help="with a signing key configured, accept unsigned steps and other keys' signatures")
+    from tidal.audit.models import add_commands
+
+    add_commands(sub, _cmd_model)
     failures = sub.add_parser("failures", help="list recorded task failures, newest first, grouped by fingerprint")
     failures.add_argument("recipe", nargs="?", help="recipe YAML (its storage root and name); default: all in "
                           "--storage-root / $TIDAL_STORAGE_ROOT / .tidal")
@@ -430,6 +440,7 @@ USER_ERRORS = frozenset({
     "BotoCoreError", "ClientError",  # object storage unreachable, no credentials, access denied
     "PermissionError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",  # a root or cache not writable
     "DiskFull",  # tidal/storage/disk.py: the message says where and what to do
+    "CheckpointMismatch",  # tidal export / sample: a checkpoint that does not fit its step's config
 })
 
 

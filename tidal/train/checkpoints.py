@@ -328,6 +328,27 @@ class Checkpointer:
             if self.primary:
                 (self.step_dir / LATEST_MANIFEST).unlink(missing_ok=True)
             return None
+        state, manifest = self.restore(chosen, abstract_state)
+        if self.primary:
+            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+        self.last_manifest = manifest
+        return chosen, state, manifest
+
+    def restore(self, chosen: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Load the checkpoint of step ``chosen``, which the caller has verified (:meth:`problems` empty);
+        writes nothing (a committed step's checkpoint is read this way by ``tidal export`` / ``sample``).
+
+        Args:
+            chosen: a step of :meth:`steps`.
+            abstract_state: as for :meth:`restore_latest`.
+
+        Returns:
+            ``(state, manifest)``.
+
+        Raises:
+            CheckpointMismatch: the checkpoint has another tree structure, shape or dtype than
+                ``abstract_state`` (nothing is loaded).
+        """
         metadata = self.manager.item_metadata(chosen)
         leaves = (getattr(metadata, "custom_metadata", None) or {}).get(PACKED_KEY)
         if leaves is not None:
@@ -346,11 +367,7 @@ class Checkpointer:
         else:
             restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
             state = self.manager.restore(chosen, args=ocp.args.PyTreeRestore(abstract_state, restore_args))
-        manifest = json.loads(self._manifest_path(chosen).read_text())
-        if self.primary:
-            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
-        self.last_manifest = manifest
-        return chosen, state, manifest
+        return state, json.loads(self._manifest_path(chosen).read_text())
 
     def _fetch_newest(self) -> None:
         """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
