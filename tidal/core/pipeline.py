@@ -258,6 +258,7 @@ class Pipeline:
 
 _ARTIFACTS = {
     "clean": ("counts.json", STEP_JSON),
+    "decontaminate": ("counts.json", STEP_JSON),
     "tokenizer": ("tokenizer_meta.json", STEP_JSON),
     "tokenize": ("meta.json",),
     "mix": ("mixture.json",),
