@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.context import StepContext
-from tidal.data.decontaminate_config import DecontaminateConfig
+from tidal.data.decontaminate_config import DEFAULT_N, DecontaminateConfig
 from tidal.data.fetch import write_parquet, write_parquet_chunks
 from tidal.data.filters import words
 from tidal.data.minhash import window_hashes, word_hash
@@ -103,20 +103,18 @@ def ngram_hashes(word_lists: Iterable[list[str]], n: int) -> tuple[np.ndarray, n
         ``(hashes, counts)``: ``hashes`` 1-D ``uint64`` of every list's n-grams in list order,
         ``counts`` 1-D ``int64`` n-grams per list (``max(0, len - n + 1)``: none below ``n`` words).
     """
-    hashed: dict[str, int] = {}
-    parts, sizes = [], []
+    flat: list[str] = []  # the words of every list of n words or more, hashed in one pass
+    sizes = []
     for ws in word_lists:
         sizes.append(len(ws) if len(ws) >= n else 0)
-        if len(ws) < n:
-            continue
-        for word in set(ws).difference(hashed):
-            hashed[word] = word_hash(word)
-        parts.append(np.fromiter(map(hashed.__getitem__, ws), dtype=np.uint64, count=len(ws)))
+        if len(ws) >= n:
+            flat += ws
     lengths = np.asarray(sizes, dtype=np.int64)
     counts = np.where(lengths > 0, lengths - n + 1, 0)
-    if not parts:
+    if not flat:
         return np.zeros(0, dtype=np.uint64), counts
-    w = np.concatenate(parts)
+    hashed = {word: word_hash(word) for word in set(flat)}
+    w = np.fromiter(map(hashed.__getitem__, flat), dtype=np.uint64, count=len(flat))
     windows = window_hashes(w, n)  # every window of the concatenation; keep those inside one list
     long = lengths[lengths > 0]
     starts = np.concatenate([[0], np.cumsum(long)[:-1]])

@@ -49,12 +49,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 import tidal.data.jobcli
 from tidal.config import Strict
@@ -80,6 +81,14 @@ class StatsConfig(Strict):
     mix: str | None = Field(default=None, description="the mix step (null: no mixture rows)")
     decontaminate: dict[str, str] = Field(default_factory=dict,
                                           description="training source -> its decontaminate step (none: no rows)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # no decontaminate step: the key stays out of the config, as the planner leaves it (ids unchanged)
+        data = handler(self)
+        if not data.get("decontaminate"):
+            data.pop("decontaminate", None)
+        return data
 
 
 def _rate(part: float, whole: float) -> float:
