@@ -3,7 +3,8 @@
 Corpus: :func:`bench.data_throughput.make_corpus` (``--docs`` English-like documents of 8-14 sentences,
 one a line, 10 % planted near-duplicates), cleaned with the recipe's full filter set and near-dedup as
 in ``bench/data_throughput.py``. Eval set: ``--eval-docs`` documents of the same generator with
-another seed (UDHR, the tiny recipe's eval source, has 532). ``--planted`` of the training documents
+another seed, ten joined into one (~1,500 words: UDHR, the tiny recipe's eval source, has 532 such
+translations and 851,559 distinct 13-grams; this set has about 750,000). ``--planted`` of the training documents
 get one eval sentence (a paragraph of 10-16 words, below 13 words never matched) appended.
 
 Timed, in this process: the clean step (in-process Beam runner, one worker) on the training raw
@@ -30,8 +31,11 @@ import pyarrow.parquet as pq
 from bench.data_throughput import make_corpus, timed_clean, write_raw
 from tidal.context import StepContext
 from tidal.data import decontaminate as decon
+from tidal.data.decontaminate_config import DEFAULT_N
 from tidal.data.filters import words
 from tidal.data.neardup import fold_text
+
+EVAL_PIECES = 10  # generated documents per eval document: ~1,500 words, as a UDHR translation
 
 
 def main() -> None:
@@ -43,7 +47,9 @@ def main() -> None:
     args = parser.parse_args()
 
     records, _ = make_corpus(args.docs, 0.1, args.seed)
-    evals, _ = make_corpus(args.eval_docs, 0.0, args.seed + 1)
+    pieces, _ = make_corpus(args.eval_docs * EVAL_PIECES, 0.0, args.seed + 1)  # eval documents of ~1,500 words
+    evals = [(f"e:{i}", b"\n".join(raw for _, raw in pieces[i * EVAL_PIECES:(i + 1) * EVAL_PIECES]))
+             for i in range(args.eval_docs)]
     rng = random.Random(args.seed)
     sentences = [s for _, raw in evals for s in raw.decode().split("\n")]
     planted: dict[str, str] = {}
@@ -51,7 +57,7 @@ def main() -> None:
         ref, raw = records[i]
         planted[ref] = rng.choice(sentences)
         records[i] = (ref, raw + b"\n" + planted[ref].encode())
-    long_planted = {ref for ref, s in planted.items() if len(words(fold_text(s))) >= decon.DEFAULT_N}
+    long_planted = {ref for ref, s in planted.items() if len(words(fold_text(s))) >= DEFAULT_N}
     mb = sum(len(raw) for _, raw in records) / 1e6
     clean_cfg = {"source": "bench", "input": "fetch-bench", "shards": 4,
                  "filters": {"c4": {}, "gopher_repetition": {}, "gopher_quality": {}}, "near_dedup": {"enabled": True}}

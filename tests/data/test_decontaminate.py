@@ -35,8 +35,8 @@ def paragraph(name: str) -> str:
 def documents() -> list[dict]:
     """One document per share paragraph (it, then a clean paragraph of its own), one of the short
     paragraphs only, and one clean document; ids are sha256 of the text, as the clean step's."""
-    texts = [f"{paragraph(name)}\n\nA clean paragraph of the document {name}, which nobody evaluates, written in plain words here."
-             for name in SHARES]
+    own = "which nobody evaluates, written in plain words here."
+    texts = [f"{paragraph(name)}\n\nA clean paragraph of the document {name}, {own}" for name in SHARES]
     texts += ["\n".join(SHORT), "Nothing of the eval set here; only ordinary words of a training document."]
     rows = [{"id": hashlib.sha256(t.encode()).hexdigest(), "text": t, "source": "train", "ref": f"r{i:02d}",
              "language": "en", "fields": json.dumps({"n": i})} for i, t in enumerate(texts)]

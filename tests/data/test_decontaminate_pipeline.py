@@ -21,8 +21,15 @@ from tidal.data.stats import decontaminate_rows
 from tidal.recipe import RecipeError, parse_recipe
 
 
+def decontaminating(data: dict) -> dict:
+    """The tiny recipe with the decontamination its comment describes."""
+    data["decontamination"] = {"n": 13, "threshold": 0.5, "remove": "paragraph"}
+    data["gate"]["max_contaminated_fraction"] = 0.01
+    return data
+
+
 def test_training_sources_are_decontaminated_against_the_eval_sources(tiny_data):
-    graph = build_graph(parse_recipe(tiny_data))
+    graph = build_graph(parse_recipe(decontaminating(tiny_data)))
     for src in ("brown", "gcide", "songci"):
         step = graph[f"decontaminate-{src}"]
         assert [s.name for s in step.inputs] == [f"clean-{src}", "clean-udhr"]
@@ -37,7 +44,6 @@ def test_training_sources_are_decontaminated_against_the_eval_sources(tiny_data)
 
 
 def test_without_the_section_no_step_and_the_clean_steps_are_read(tiny_data):
-    del tiny_data["decontamination"], tiny_data["gate"]["max_contaminated_fraction"]
     graph = build_graph(parse_recipe(tiny_data))
     assert not [s for s in graph if s.kind == "decontaminate"]
     assert graph["tokenize-brown"].config["input"] == "clean-brown"
@@ -46,6 +52,7 @@ def test_without_the_section_no_step_and_the_clean_steps_are_read(tiny_data):
 
 
 def test_decontamination_needs_eval_sources(tiny_data):
+    decontaminating(tiny_data)
     tiny_data["evaluation"]["sources"] = []
     tiny_data["mixture"]["weights"]["udhr"] = 0.1
     with pytest.raises(RecipeError, match=r"  decontamination: needs evaluation.sources to check"):
@@ -75,21 +82,23 @@ def _fetch_clean(tmp, pipe, source: str, n: int):
     return clean_dir
 
 
-def test_planted_udhr_paragraphs_are_removed_from_brown(tmp_path):
+def test_planted_udhr_paragraphs_are_removed_from_brown(tmp_path, tiny_data):
     from tidal.core.load import load_pipeline
 
     pipe = load_pipeline(TINY, storage_root=str(tmp_path / "store"))
     udhr = _fetch_clean(tmp_path, pipe, "udhr", 40)
     brown = _fetch_clean(tmp_path, pipe, "brown", 40)
-    udhr_docs = [t for p in sorted(udhr.glob("documents-*.parquet")) for t in pq.read_table(p).column("text").to_pylist()]
-    paragraphs = [line for text in udhr_docs for line in text.split("\n") if len(words(fold_text(line))) >= 20][:: 7][:6]
+    udhr_docs = [t for p in sorted(udhr.glob("documents-*.parquet"))
+                 for t in pq.read_table(p).column("text").to_pylist()]
+    lines = [line for text in udhr_docs for line in text.split("\n") if len(words(fold_text(line))) >= 20]
+    paragraphs = lines[::7][:6]
     assert len(paragraphs) == 6
     rows = [r for p in sorted(brown.glob("documents-*.parquet")) for r in pq.read_table(p).to_pylist()]
     originals = {r["ref"]: r["text"] for r in rows}
     planted = {}
     for i, para in enumerate(paragraphs):  # at the end of a document, or between its first two paragraphs
         row = rows[3 * i]
-        head, sep, tail = row["text"].partition("\n\n")
+        head, _, tail = row["text"].partition("\n\n")
         row["text"] = f"{row['text']}\n\n{para}" if i % 2 else f"{head}\n\n{para}\n\n{tail}"
         planted[row["ref"]] = para
     shards = len(list(brown.glob("documents-*.parquet")))
@@ -97,8 +106,10 @@ def test_planted_udhr_paragraphs_are_removed_from_brown(tmp_path):
     dirty.mkdir()
     for k in range(shards):
         part = [r for r in rows if int(r["id"], 16) % shards == k]
-        pq.write_table(pa.Table.from_pylist(part, schema=DOCUMENT_SCHEMA), dirty / f"documents-{k:05d}-of-{shards:05d}.parquet")
-    config = {**pipe.graph["decontaminate-brown"].config, "input": "clean-brown-planted"}
+        pq.write_table(pa.Table.from_pylist(part, schema=DOCUMENT_SCHEMA),
+                       dirty / f"documents-{k:05d}-of-{shards:05d}.parquet")
+    graph = build_graph(parse_recipe(decontaminating(tiny_data)))
+    config = {**graph["decontaminate-brown"].config, "input": "clean-brown-planted"}
     out = tmp_path / "decontaminate-brown"
     out.mkdir()
     summary = decontaminate.run(StepContext("d", "decontaminate-brown", "decontaminate", config, out,
@@ -107,7 +118,8 @@ def test_planted_udhr_paragraphs_are_removed_from_brown(tmp_path):
     removed = pq.read_table(out / decontaminate.REMOVED_FILE).to_pylist()
     assert {r["ref"] for r in removed} == set(planted)  # every planted paragraph, and nothing of Brown's own
     assert all(r["outcome"] == "paragraph" and r["eval_source"] == "udhr" and r["share"] == 1.0 for r in removed)
-    kept = {r["ref"]: r["text"] for p in sorted(out.glob("documents-*.parquet")) for r in pq.read_table(p).to_pylist()}
+    kept = {r["ref"]: r["text"] for p in sorted(out.glob("documents-*.parquet"))
+            for r in pq.read_table(p).to_pylist()}
     assert kept == originals  # the cut documents are Brown's own text again
     counts = json.loads((out / decontaminate.COUNTS_FILE).read_text())
     assert counts["by_eval_source"] == {"udhr": 6} and counts["documents_contaminated"] == 6

@@ -45,6 +45,7 @@ def test_every_planned_data_step_config_is_read_back_by_its_kind_model(tiny_data
     unchanged (fetch and tokenizer hash a subset of their fields, to keep their step ids)."""
     models = {"fetch": FetchConfig, "clean": CleanConfig, "tokenizer": TokenizerConfig, "tokenize": TokenizeConfig,
               "mix": MixConfig, "stats": StatsConfig, "gate": GateConfig, "decontaminate": DecontaminateConfig}
+    tiny_data["decontamination"] = {}  # off in tiny.yaml; every default
     graph = build_graph(parse_recipe(tiny_data))
     assert {step.kind for step in graph} - {"train"} == set(models)
     for step in graph:

@@ -17,7 +17,7 @@ documents and the config; not of shard counts, batch sizes or the order of the e
 * **n-gram**: ``n`` consecutive words of one paragraph (training side) or of a whole eval document
   (index side), hashed to 64 bits (:func:`tidal.data.minhash.window_hashes` over BLAKE2b word
   hashes). Exact up to a 64-bit hash collision: with ``m`` indexed and ``q`` checked n-grams about
-  ``m * q / 2^64`` false matches are expected (1e-4 for a million of each times a hundred million).
+  ``m * q / 2^64`` false matches are expected (5e-6 for a million indexed and a hundred million checked).
 * **Share** of a paragraph: its n-grams found in the index / its n-grams. A paragraph with fewer
   than ``n`` words has no n-gram and is never contaminated ("...", "A.", "##"); a paragraph is
   **contaminated** when at least one of its n-grams is found and the share is ``>= threshold``
@@ -54,8 +54,8 @@ Outputs (in ``out_dir``):
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from collections.abc import Iterable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.context import StepContext
-from tidal.data.decontaminate_config import DEFAULT_N, DecontaminateConfig
+from tidal.data.decontaminate_config import DecontaminateConfig
 from tidal.data.fetch import write_parquet, write_parquet_chunks
 from tidal.data.filters import words
 from tidal.data.minhash import window_hashes, word_hash
@@ -123,6 +123,13 @@ def ngram_hashes(word_lists: Iterable[list[str]], n: int) -> tuple[np.ndarray, n
     return windows[slot + np.repeat(starts - offsets, long - n + 1)], counts
 
 
+def distinct(hashes: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of 1-D ``uint64`` ``hashes`` (by sorting: numpy 2's hash-based
+    ``np.unique`` took 5.7 s on UDHR's 0.9 million 13-grams, a sort 0.1 s)."""
+    out = np.sort(hashes)
+    return out[np.concatenate([[True], out[1:] != out[:-1]])] if out.size else out
+
+
 def build_index(texts: Iterable[str], n: int) -> np.ndarray:
     """The sorted distinct n-gram hashes (1-D ``uint64``) of ``texts``, each text's words taken whole."""
     parts = []
@@ -130,10 +137,10 @@ def build_index(texts: Iterable[str], n: int) -> np.ndarray:
     for text in texts:
         batch.append(words(fold_text(text or "")))
         if len(batch) >= BATCH_ROWS:
-            parts.append(np.unique(ngram_hashes(batch, n)[0]))
+            parts.append(distinct(ngram_hashes(batch, n)[0]))
             batch = []
-    parts.append(np.unique(ngram_hashes(batch, n)[0]))
-    return np.unique(np.concatenate(parts))
+    parts.append(distinct(ngram_hashes(batch, n)[0]))
+    return distinct(np.concatenate(parts))
 
 
 def contains(index: np.ndarray, hashes: np.ndarray) -> np.ndarray:
@@ -150,7 +157,7 @@ class Index:
     def __init__(self, by_source: dict[str, np.ndarray]):
         self.by_source = dict(sorted(by_source.items()))
         parts = list(self.by_source.values())
-        self.union = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
+        self.union = distinct(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
 
     def sizes(self) -> dict[str, int]:
         """Distinct n-grams per eval source."""
