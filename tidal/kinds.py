@@ -37,6 +37,7 @@ class KindSpec:
 KINDS: dict[str, KindSpec] = {
     "fetch": KindSpec("tidal.data.fetch", 3, location_keys=("path",), pin_key="snapshot_sha256"),
     "clean": KindSpec("tidal.data.clean", 6, beam=True),
+    "decontaminate": KindSpec("tidal.data.decontaminate", 1),
     "tokenizer": KindSpec("tidal.data.tokenizer", 1),
     "tokenize": KindSpec("tidal.data.tokenize", 2, beam=True),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True),

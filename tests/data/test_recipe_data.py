@@ -8,6 +8,7 @@ import pytest
 
 from tidal.core.planner import build_graph
 from tidal.data.clean import CleanConfig, CleanSettings
+from tidal.data.decontaminate_config import DecontaminateConfig
 from tidal.data.fetch_config import FetchConfig
 from tidal.data.filters import QualityFilters
 from tidal.data.mix_config import MixConfig
@@ -43,7 +44,8 @@ def test_every_planned_data_step_config_is_read_back_by_its_kind_model(tiny_data
     """One model per kind: the recipe composes it, the planner dumps it, the kind reads the dict back
     unchanged (fetch and tokenizer hash a subset of their fields, to keep their step ids)."""
     models = {"fetch": FetchConfig, "clean": CleanConfig, "tokenizer": TokenizerConfig, "tokenize": TokenizeConfig,
-              "mix": MixConfig, "stats": StatsConfig, "gate": GateConfig}
+              "mix": MixConfig, "stats": StatsConfig, "gate": GateConfig, "decontaminate": DecontaminateConfig}
+    tiny_data["decontamination"] = {}  # off in tiny.yaml; every default
     graph = build_graph(parse_recipe(tiny_data))
     assert {step.kind for step in graph} - {"train"} == set(models)
     for step in graph:

@@ -161,3 +161,23 @@ def test_unused_token_bound_passes_and_is_off_by_default(tmp_path):
     ctx = make_ctx(missing, stats_rows())  # a bound but no row (stats v2): refused, not passed
     with pytest.raises(gates.StatsIncomplete, match="metric='mixture_unused_token_fraction'"):
         gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_unused_token_fraction": 0.25}}))
+
+
+def test_contaminated_fraction_bound_checks_each_decontaminated_source_and_all(tmp_path):
+    """Issue 23, item 3: the gate can bound the share of documents that held eval text."""
+    rows = stats_rows(brown__documents_contaminated=3.0, brown__contaminated_rate=0.02,
+                      all__documents_contaminated=3.0, all__contaminated_rate=0.01)
+    ctx = make_ctx(tmp_path, rows)
+    bounded = StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_contaminated_fraction": 0.015}})
+    with pytest.raises(gates.GateFailed) as err:
+        gates.run(bounded)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "gate failed: 1 of 10 expectations"
+    assert lines[1].startswith("  contaminated_rate [source=brown]: expected <= 0.015, got 0.02: 2.00 % of the "
+                               "documents held eval text (gate.max_contaminated_fraction 0.015)")
+    passing = tmp_path / "passing"
+    passing.mkdir()
+    ctx = make_ctx(passing, rows)
+    assert gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_contaminated_fraction": 0.05}}))[
+        "expectations"] == 10
+    assert "max_contaminated_fraction" not in gates.GateSettings(min_total_tokens=1).model_dump()  # ids unchanged

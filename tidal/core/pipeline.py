@@ -324,6 +324,7 @@ class Pipeline:
 
 _ARTIFACTS = {
     "clean": ("counts.json", STEP_JSON),
+    "decontaminate": ("counts.json", STEP_JSON),
     "tokenizer": ("tokenizer_meta.json", STEP_JSON),
     "tokenize": ("meta.json",),
     "mix": ("mixture.json",),

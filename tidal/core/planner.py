@@ -24,7 +24,8 @@ Continuation = Callable[[TrainConfig], tuple[Step, dict[str, Any]]]
 def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> StepGraph:
     """Plan every step of ``recipe``, inputs first.
 
-    Graph: ``fetch-{src}`` -> ``clean-{src}`` -> ``tokenizer`` (train sources) ->
+    Graph: ``fetch-{src}`` -> ``clean-{src}`` -> (with ``decontamination``, for each training source,
+    ``decontaminate-{src}``, reading also every eval source's clean step) -> ``tokenizer`` (train sources) ->
     ``tokenize-{src}`` -> ``mix`` (train sources) -> ``stats`` -> ``gate`` -> ``train``
     (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
     committed parent train step, ``continue-from``). With ``evaluation.heldout`` the tokenizer
@@ -57,13 +58,29 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
         )
         steps += [fetch, clean[src]]
 
+    # what the tokenizer and tokenize steps read of each source: its clean step, or for a training
+    # source of a decontaminating recipe its decontaminate step (same document shards)
+    documents = dict(clean)
+    decontaminated: dict[str, Step] = {}
+    if recipe.decontamination is not None:
+        evals = {src: clean[src] for src in recipe.eval_sources}
+        for src in recipe.train_sources:
+            decontaminated[src] = documents[src] = Step(
+                name=f"decontaminate-{src}",
+                kind="decontaminate",
+                config={"source": src, "input": clean[src].name, **recipe.decontamination.model_dump(),
+                        "eval": {e: step.name for e, step in evals.items()}},
+                inputs=(clean[src], *evals.values()),
+            )
+            steps.append(decontaminated[src])
+
     tok_cfg = recipe.tokenizer.model_dump()
     heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     if recipe.tokenizer.mode == "train":
         tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
         if heldout is not None:  # the tokenizer never trains on held-out documents either
             tok_cfg["heldout"] = heldout
-        tok_inputs = tuple(clean[src] for src in recipe.train_sources)
+        tok_inputs = tuple(documents[src] for src in recipe.train_sources)
     else:
         tok_cfg = {"mode": "file", "path": recipe.tokenizer.path, "sha256": recipe.tokenizer.sha256}
         tok_inputs = ()
@@ -86,12 +103,12 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
             kind="tokenize",
             config={
                 "source": src,
-                "input": clean[src].name,
+                "input": documents[src].name,
                 "tokenizer": tokenizer.name,
                 **recipe.tokenize.model_dump(),
                 **({"heldout": heldout} if heldout is not None and src in recipe.mixture.weights else {}),
             },
-            inputs=(clean[src], tokenizer),
+            inputs=(documents[src], tokenizer),
         )
         steps.append(tokenized[src])
 
@@ -115,8 +132,10 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
             "clean": {src: clean[src].name for src in sorted(recipe.sources)},
             "tokenize": {src: tokenized[src].name for src in sorted(recipe.sources)},
             "mix": mix.name,
+            **({"decontaminate": {src: step.name for src, step in decontaminated.items()}} if decontaminated else {}),
         },
-        inputs=(*(clean[s] for s in sorted(recipe.sources)), *(tokenized[s] for s in sorted(recipe.sources)), mix),
+        inputs=(*(clean[s] for s in sorted(recipe.sources)), *(tokenized[s] for s in sorted(recipe.sources)), mix,
+                *decontaminated.values()),
     )
     gate = Step(
         name="gate",

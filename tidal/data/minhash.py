@@ -75,8 +75,25 @@ def fmix64(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def _word_hash(word: str) -> int:
+def word_hash(word: str) -> int:
+    """64-bit BLAKE2b hash of ``word``'s UTF-8 bytes (lone surrogates passed through), little-endian."""
     return int.from_bytes(hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def window_hashes(w: np.ndarray, size: int) -> np.ndarray:
+    """The 64-bit polynomial hash ``(size * P^size + sum_j w[i+j] * P^(size-1-j)) mod 2^64`` of every
+    window of ``size`` consecutive word hashes of ``w`` (1-D ``uint64``), vectorised.
+
+    Returns:
+        1-D ``uint64[len(w) - size + 1]`` (window ``i`` starts at word ``i``); empty when ``w`` is shorter.
+    """
+    n_win = w.size - size + 1
+    if n_win <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    h = np.full(n_win, np.uint64(size), dtype=np.uint64)
+    for j in range(size):
+        h = h * P + w[j : j + n_win]
+    return h
 
 
 def shingle_hashes(doc_words: Iterable[Sequence[str]], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,14 +110,14 @@ def shingle_hashes(doc_words: Iterable[Sequence[str]], size: int) -> tuple[np.nd
         document order, ``counts`` 1-D ``int64[n_docs]`` shingles per document (0 for a
         document without words, 1 for one with fewer than ``size`` words).
     """
-    word_hash: dict[str, int] = {}  # each distinct word of the batch hashed once
+    hashed: dict[str, int] = {}  # each distinct word of the batch hashed once
     parts: list[np.ndarray] = []
     sizes: list[int] = []
     for ws in doc_words:
         sizes.append(len(ws))
-        for word in set(ws).difference(word_hash):
-            word_hash[word] = _word_hash(word)
-        parts.append(np.fromiter(map(word_hash.__getitem__, ws), dtype=np.uint64, count=len(ws)))
+        for word in set(ws).difference(hashed):
+            hashed[word] = word_hash(word)
+        parts.append(np.fromiter(map(hashed.__getitem__, ws), dtype=np.uint64, count=len(ws)))
     lengths = np.asarray(sizes, dtype=np.int64)
     w = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
@@ -111,10 +128,7 @@ def shingle_hashes(doc_words: Iterable[Sequence[str]], size: int) -> tuple[np.nd
     if long_docs.any() and w.size >= size:
         # every window of `size` consecutive words over the concatenation; a long document's
         # shingle k (output slot pos[i] + k) is the window starting at word starts[i] + k
-        n_win = w.size - size + 1
-        h = np.full(n_win, np.uint64(size), dtype=np.uint64)
-        for j in range(size):
-            h = h * P + w[j : j + n_win]
+        h = window_hashes(w, size)
         docs = np.flatnonzero(long_docs)
         slots = np.flatnonzero(np.repeat(long_docs, counts))
         out[slots] = h[slots + np.repeat(starts[docs] - pos[docs], counts[docs])]

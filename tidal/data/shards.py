@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.files import StepFiles
@@ -29,6 +30,10 @@ from tidal.files import StepFiles
 DOCUMENTS_PREFIX = "documents"
 TOKENS_PREFIX = "tokens"
 META_NAME = "meta.json"
+# The clean step's document shards (tidal/data/clean/step.py); ``fields``: the record's own id and kept
+# fields as JSON (tidal/data/record_fields.py), or null. The decontaminate step writes the same.
+DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+                             ("ref", pa.string()), ("language", pa.string()), ("fields", pa.string())])
 UINT16_MAX_VOCAB = (
     65535  # docs/contracts.md: uint16 if vocab < 65536 (ids 0..65534; 65535 kept free)
 )

@@ -21,6 +21,9 @@ Per tokenized source: tokens (packed tokens, ``n_tokens``), sequences and, when 
 Per mixture source: mixture_weight_requested (normalized), mixture_weight_realized,
     mixture_sequences, mixture_epochs (sequences taken / sequences the tokenize step packed;
     above 1: up-sampled) and mixture_tokens_unused (tokens never taken; 0 once used whole).
+Per decontaminated source (:func:`decontaminate_rows`, with the ``decontaminate`` config key):
+    documents_contaminated, paragraphs_contaminated, contaminated_rate (over the documents the step
+    read) and ``contaminated/<eval source>`` (paragraphs); summed (rate recomputed) for ``all``.
 Source ``all``: total_tokens (tokens in the mixture), mixture_tokens_unused and
     mixture_unused_token_fraction (unused over the mixture sources' packed tokens), quarantine_rate (quarantined over
     documents_in, summed over every cleaned source), documents_in, documents_kept; with
@@ -47,12 +50,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 import tidal.data.jobcli
 from tidal.config import Strict
@@ -76,6 +80,16 @@ class StatsConfig(Strict):
     clean: dict[str, str] = Field(default_factory=dict, description="source name -> its clean step")
     tokenize: dict[str, str] = Field(default_factory=dict, description="source name -> its tokenize step")
     mix: str | None = Field(default=None, description="the mix step (null: no mixture rows)")
+    decontaminate: dict[str, str] = Field(default_factory=dict,
+                                          description="training source -> its decontaminate step (none: no rows)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # no decontaminate step: the key stays out of the config, as the planner leaves it (ids unchanged)
+        data = handler(self)
+        if not data.get("decontaminate"):
+            data.pop("decontaminate", None)
+        return data
 
 
 def _rate(part: float, whole: float) -> float:
@@ -241,6 +255,31 @@ def mix_rows(step: StepFiles | str | Path, available: dict[str, int] | None = No
     return rows
 
 
+def decontaminate_rows(per_source: dict[str, dict]) -> list[Row]:
+    """Rows of the decontaminate steps' ``counts.json`` ``{source: counts}``: per source and for ``all``
+    ``documents_contaminated``, ``paragraphs_contaminated``, ``contaminated_rate`` (documents with a
+    contaminated paragraph / documents in; 0 when none) and ``contaminated/<eval source>``
+    (paragraphs, a count)."""
+    rows: list[Row] = []
+    total = {"in": 0, "documents_contaminated": 0, "paragraphs_contaminated": 0}
+    by_eval: dict[str, int] = {}
+    for src, counts in sorted(per_source.items()):
+        rows += [(src, "documents_contaminated", counts["documents_contaminated"]),
+                 (src, "paragraphs_contaminated", counts["paragraphs_contaminated"]),
+                 (src, "contaminated_rate", _rate(counts["documents_contaminated"], counts["in"]))]
+        rows += [(src, f"contaminated/{e}", n) for e, n in sorted(counts["by_eval_source"].items())]
+        for key in total:
+            total[key] += counts[key]
+        for e, n in counts["by_eval_source"].items():
+            by_eval[e] = by_eval.get(e, 0) + n
+    if per_source:
+        rows += [(ALL, "documents_contaminated", total["documents_contaminated"]),
+                 (ALL, "paragraphs_contaminated", total["paragraphs_contaminated"]),
+                 (ALL, "contaminated_rate", _rate(total["documents_contaminated"], total["in"]))]
+        rows += [(ALL, f"contaminated/{e}", n) for e, n in sorted(by_eval.items())]
+    return rows
+
+
 def collect_rows(ctx: StepContext) -> list[Row]:
     """Every stats row of the configured inputs, sorted by (source, metric), values float.
 
@@ -275,6 +314,8 @@ def collect_rows(ctx: StepContext) -> list[Row]:
         rows += [(ALL, "tokens", sum(by_metric["tokens"])),
                  (ALL, "unknown_token_rate", _rate(sum(m["unknown_tokens"] for m in metas), encoded)),
                  (ALL, "byte_fallback_rate", _rate(sum(m["byte_fallback_tokens"] for m in metas), encoded))]
+    rows += decontaminate_rows({src: ctx.input_files(step).read_json("counts.json")
+                                for src, step in sorted(cfg.decontaminate.items())})
     if cfg.mix:
         rows += mix_rows(ctx.input_files(cfg.mix), {src: meta["n_sequences"] for src, meta in token_metas.items()})
     rows = sorted((str(s), str(m), float(v)) for s, m, v in rows)

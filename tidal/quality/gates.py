@@ -17,7 +17,14 @@ metric column                      rows (sources)               bound
 ``mixture_weight_realized``        each source in ``weights``   requested ± ``mixture_tolerance``
 ``mixture_unused_token_fraction``  ``all``                      ``<= max_unused_token_fraction`` (if
                                                                 not null)
+``contaminated_rate``              ``all`` + each decontaminated ``<= max_contaminated_fraction`` (if
+                                   source                       not null)
 =================================  ===========================  ======================================
+
+``contaminated_rate`` is the share of a training source's documents that held at least one paragraph
+contaminated by an eval source (:mod:`tidal.data.decontaminate`; removed before tokenizing, so the bound
+is on how much eval text reached the cleaned source, not on what trains); a *decontaminated source* is
+one with a ``documents_contaminated`` row.
 
 ``mixture_unused_token_fraction`` is the share of the training sources' packed tokens that the
 mixture never takes (a ``smallest_source`` mixture leaves the rest of the larger sources unused;
@@ -97,13 +104,17 @@ class GateSettings(Strict):
     max_unused_token_fraction: Fraction | None = Field(
         default=None, description="most of the training sources' tokens the mixture may leave unused, if set "
         "(stats row all/mixture_unused_token_fraction; `tidal plan` shows the mixture table)")
+    max_contaminated_fraction: Fraction | None = Field(
+        default=None, description="most of a training source's documents (and of all) that may hold a paragraph "
+        "contaminated by an eval source, if set (stats rows contaminated_rate; needs decontamination)")
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # an unset bound stays out of the step config (and the recipe hash), like train's options
         data = handler(self)
-        if data.get("max_unused_token_fraction", 0) is None:
-            del data["max_unused_token_fraction"]
+        for key in ("max_unused_token_fraction", "max_contaminated_fraction"):
+            if data.get(key, 0) is None:
+                del data[key]
         return data
 
 
@@ -149,6 +160,10 @@ def plan_checks(stats: pd.DataFrame, cfg: GateConfig) -> list[dict[str, Any]]:
     if cfg.max_unused_token_fraction is not None:
         checks.append({"source": ALL, "metric": "mixture_unused_token_fraction", "min": None,
                        "max": cfg.max_unused_token_fraction})
+    if cfg.max_contaminated_fraction is not None:
+        decontaminated = sorted(set(stats.loc[stats["metric"] == "documents_contaminated", "source"]) - {ALL})
+        checks += [{"source": s, "metric": "contaminated_rate", "min": None, "max": cfg.max_contaminated_fraction}
+                   for s in [ALL, *decontaminated]]
     tol = cfg.mixture_tolerance
     mixed = set(stats.loc[stats["metric"] == "mixture_weight_realized", "source"])
     checks += [{"source": s, "metric": "mixture_weight_realized", "min": w - tol, "max": w + tol}
@@ -264,6 +279,10 @@ HINTS = {
         f"the mixture leaves {100 * r['observed']:.1f} % of the training sources' tokens unused "
         f"(gate.max_unused_token_fraction {r['max']:g}); `tidal plan` shows the tokens per source: size the "
         "mixture with mixture.size {mode: token_budget, tokens: N, max_epochs: E} or change mixture.weights"),
+    "contaminated_rate": lambda r: (
+        f"{100 * r['observed']:.2f} % of the documents held eval text (gate.max_contaminated_fraction {r['max']:g}); "
+        "the decontaminate step removed it, but check the source: removed.parquet of decontaminate-<source> "
+        "lists each paragraph and its eval source"),
 }
 
 

@@ -10,6 +10,7 @@ from pydantic import Strict as StrictType
 
 from tidal.config import PositiveInt, Strict, field_error
 from tidal.data.clean.config import CleanSettings
+from tidal.data.decontaminate_config import DecontaminationSettings
 from tidal.data.mix_config import MixtureSettings
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
@@ -59,6 +60,9 @@ class Recipe(Strict):
     tokenize: TokenizeSettings = TokenizeSettings()
     mixture: MixtureSettings
     evaluation: EvaluationConfig
+    decontamination: DecontaminationSettings | None = Field(
+        default=None, description="remove training paragraphs (or documents) holding the eval sources' n-grams "
+        "before tokenizing (tidal/data/decontaminate.py); none: no decontaminate step")
     gate: GateSettings
     train: TrainSection = TrainSection()
     storage_root: str = Field(
@@ -111,6 +115,18 @@ class Recipe(Strict):
         overlap = sorted(set(self.mixture.weights) & set(self.evaluation.sources))
         if overlap:
             raise ValueError(f"sources {overlap} are both in the training mixture and held out for evaluation")
+        return self
+
+    @model_validator(mode="after")
+    def _decontaminate_against_something(self) -> Recipe:
+        if self.decontamination is not None and not self.evaluation.sources:
+            raise field_error("Recipe", ("decontamination",), (
+                "needs evaluation.sources to check the training sources against (the held-out split "
+                "evaluation.heldout is already kept out of training by document)"), self.decontamination.model_dump())
+        if self.gate.max_contaminated_fraction is not None and self.decontamination is None:
+            raise field_error("Recipe", ("gate", "max_contaminated_fraction"),
+                              "bounds the decontaminate steps' stats: set decontamination too",
+                              self.gate.max_contaminated_fraction)
         return self
 
     @model_validator(mode="after")

@@ -32,6 +32,7 @@ from tidal.data.fetch import FETCH_SCHEMA, write_parquet, write_parquet_chunks
 from tidal.data.neardup import band_entries
 from tidal.data.normalize import FILTER_RULES, NORMALIZATION_STEPS, QUARANTINE_REASONS
 from tidal.data.readers import READ_REASONS
+from tidal.data.shards import DOCUMENT_SCHEMA
 from tidal.data.sources import ref_sort_key
 from tidal.data.spill import (
     SPILL_SCHEMA,
@@ -74,9 +75,6 @@ COUNTS_FILE = "counts.json"
 QUARANTINE_FILE = "quarantine.parquet"
 REMOVED_FILE = "removed.parquet"
 METRICS_NAMESPACE = "tidal.clean"
-# ``fields``: the record's own id and kept fields as JSON (tidal/data/record_fields.py), or null
-DOCUMENT_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
-                             ("ref", pa.string()), ("language", pa.string()), ("fields", pa.string())])
 QUARANTINE_SCHEMA = pa.schema([("ref", pa.string()), ("raw", pa.binary()), ("reason", pa.string()),
                                ("detail", pa.string()), ("fields", pa.string())])
 REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
