@@ -102,7 +102,8 @@ def staged_result(cluster: Cluster, step_uri: str) -> dict:
         return s3.get_object(Bucket=BUCKET, Key=_key(step_uri, name))["Body"].read()
 
     summary = json.loads(read("summary.json"))
-    curve = [(r["step"], r["loss"], r.get("grad_norm")) for r in map(json.loads, read("metrics.jsonl").splitlines())]
+    curve = [(r["step"], r["loss"], r.get("grad_norm")) for r in map(json.loads, read("metrics.jsonl").splitlines())
+             if "loss" in r]  # the step-0 line holds the initial evaluation only
     return {"params_sha256": summary["params_sha256"], "final_train_loss": summary["final_train_loss"],
             "mesh": summary["mesh"], "curve": curve}
 

@@ -169,7 +169,8 @@ def _deterministic_part(kind: str, read) -> object:
     if kind == "gate":
         return json.loads(read("gate_result.json"))
     summary = json.loads(read("summary.json"))
-    curve = [(r["step"], r["loss"]) for r in map(json.loads, read("metrics.jsonl").decode().splitlines())]
+    curve = [(r["step"], r["loss"]) for r in map(json.loads, read("metrics.jsonl").decode().splitlines())
+             if "loss" in r]  # the step-0 line holds the initial evaluation only
     return {"params_sha256": summary["params_sha256"], "final_train_loss": summary["final_train_loss"],
             "curve": curve}
 
