@@ -16,14 +16,12 @@ import logging
 
 import numpy as np
 import pytest
-from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, final_params, losses, make_ctx  # noqa: F401
+from test_train_e2e import CONFIG, committed_inputs, fast_subprocesses, final_params, losses, make_ctx  # noqa: F401
 
 import tidal.train
-from tests.conftest import seal
 from tidal.core.continuation import resolve_continuation
 from tidal.core.runner import run_step
 from tidal.steps import Step, derive_seed
-from tidal.storage import open_storage
 from tidal.train.config import CONTINUE_INPUT, ConfigError, TrainConfig
 from tidal.train.trainer import train
 
@@ -66,13 +64,7 @@ def runs(tmp_path_factory):
     """Committed input steps (sealed by hand), the 4-step parent committed by the runner, and one
     uninterrupted 8-step run under the parent's step seed (in this process)."""
     root = tmp_path_factory.mktemp("continue")
-    (root / "root").mkdir()
-    storage = open_storage(str(root / "root"))
-    build_inputs(root / "inputs")
-    inputs = tuple(Step(name, "fetch", {"made": name}) for name in ("tokenizer", "mix", "tokenize-udhr"))
-    for step in inputs:
-        (root / "inputs" / step.name).rename(storage.step_dir(step.step_id))
-        seal(storage.step_dir(step.step_id))
+    storage, inputs = committed_inputs(root)
     parent = train_step(inputs, train_fields(steps=4), RECIPE_SEED)
     run_step(parent, storage)
     located = {step.name: storage.step_dir(step.step_id) for step in inputs}

@@ -16,13 +16,11 @@ import time
 
 import numpy as np
 import pytest
-from test_train_e2e import CONFIG, build_inputs, fast_subprocesses  # noqa: F401
+from test_train_e2e import CONFIG, committed_inputs, fast_subprocesses  # noqa: F401
 
-from tests.conftest import seal
 from tidal.cli import main
 from tidal.core.runner import run_step
 from tidal.steps import Step
-from tidal.storage import open_storage
 from tidal.train.config import ConfigError, TrainConfig
 from tidal.train.sample import Sampling, generate, nucleus_choice, sample
 from tidal.train.trained import load_trained
@@ -36,13 +34,7 @@ PROMPT = "cfi"  # three one-letter tokens of the test vocabulary
 def committed(tmp_path_factory):
     """(storage, train step id, its directory, tokenizer step dir) of a committed 8-step run."""
     root = tmp_path_factory.mktemp("export")
-    (root / "root").mkdir()
-    storage = open_storage(str(root / "root"))
-    build_inputs(root / "inputs")
-    inputs = tuple(Step(name, "fetch", {"made": name}) for name in ("tokenizer", "mix", "tokenize-udhr"))
-    for step in inputs:
-        (root / "inputs" / step.name).rename(storage.step_dir(step.step_id))
-        seal(storage.step_dir(step.step_id))
+    storage, inputs = committed_inputs(root)
     fields = {k: v for k, v in CONFIG.items() if k not in INPUT_NAMES} | {
         "model": MODEL, "steps": 8, "checkpoint_every": 4, "eval_every": 4, "keep_checkpoints": 2}
     config = {"seed": 5, **TrainConfig.model_validate(fields).model_dump(), **{k: CONFIG[k] for k in INPUT_NAMES}}

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,6 +77,23 @@ def fast_subprocesses(tmp_path_factory):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
     return build_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+def committed_inputs(root: Path) -> tuple[Any, tuple[Any, ...]]:
+    """A storage root ``root/root`` holding :func:`build_inputs`' tokenizer, mix and tokenize-udhr as
+    committed (sealed) steps: ``(storage, the three steps)``, what a train step's runner reads."""
+    from tests.conftest import seal
+    from tidal.steps import Step
+    from tidal.storage import open_storage
+
+    (root / "root").mkdir()
+    storage = open_storage(str(root / "root"))
+    build_inputs(root / "inputs")
+    inputs = tuple(Step(name, "fetch", {"made": name}) for name in ("tokenizer", "mix", "tokenize-udhr"))
+    for step in inputs:
+        (root / "inputs" / step.name).rename(storage.step_dir(step.step_id))
+        seal(storage.step_dir(step.step_id))
+    return storage, inputs
 
 
 def build_inputs(root: Path) -> dict[str, Path]:
