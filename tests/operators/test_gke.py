@@ -98,7 +98,9 @@ def test_single_host_variant_renders_a_valid_hardened_pod(tmp_path, tiny_data):
 
     dag = build_dag(write_recipe(tmp_path, tiny_data, "pod", POD))
     prepare, launch, commit = (dag.task_dict[f"train.{t}"] for t in ("prepare", "launch", "commit"))
-    assert prepare.upstream_task_ids == {"gate", "mix", "plan", "tokenize-udhr", "tokenizer"}
+    # the eval source's tokenize step, and every training source's for its held-out split
+    assert prepare.upstream_task_ids == {"gate", "mix", "plan", "tokenizer", "tokenize-udhr", "tokenize-brown",
+                                         "tokenize-gcide", "tokenize-songci"}
     assert prepare.trigger_rule == "none_failed" and "train.prepare" in dag.task_dict["plan"].entry_tasks["train"]
     assert launch.upstream_task_ids == {"train.prepare"}
     assert commit.upstream_task_ids == {"train.prepare", "train.launch"}
