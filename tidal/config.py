@@ -103,3 +103,13 @@ def field_error(model: str, loc: tuple[str | int, ...], message: str, value: Any
 
     return ValidationError.from_exception_data(model, [InitErrorDetails(
         type=PydanticCustomError("tidal_rule", "{msg}", {"msg": message}), loc=loc, input=value)])
+
+
+def omit_unused(data: dict[str, Any], unused: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a model's dump) without each key of ``unused`` whose value is the one meaning "not
+    used" (``{"mesh": None}``). A config's ``model_serializer`` calls it so that an option a recipe does
+    not use stays out of step configs and the recipe hash: adding the option changes no existing id."""
+    for key, value in unused.items():
+        if key in data and data[key] == value:
+            del data[key]
+    return data

@@ -148,7 +148,6 @@ def recorded_overrides(pipe: Any, run_key: str) -> dict[str, Any]:
     plan = run_plan(pipe.storage, pipe.recipe.name, run_key)
     if plan is not None and isinstance(plan.get("overrides"), dict):
         return dict(plan["overrides"])
-    from tidal.core.pipeline import OVERRIDES_TAG
     from tidal.tracking import TrackingUnavailable, parent_run, store_exists
 
     if not store_exists(pipe.tracking_uri):  # never create an empty SQLite store just to look
@@ -157,8 +156,15 @@ def recorded_overrides(pipe: Any, run_key: str) -> dict[str, Any]:
         run = parent_run(pipe.tracking_uri, pipe.experiment, run_key)
     except (TrackingUnavailable, ValueError):
         return {}
+    return tag_overrides(run.tags) if run is not None else {}
+
+
+def tag_overrides(tags: dict[str, str]) -> dict[str, Any]:
+    """The overrides a parent run's tags record (``tidal.overrides``, JSON); ``{}`` if none or unreadable."""
+    from tidal.core.pipeline import OVERRIDES_TAG
+
     try:
-        found = json.loads(run.tags.get(OVERRIDES_TAG) or "{}") if run is not None else {}
+        found = json.loads(tags.get(OVERRIDES_TAG) or "{}")
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}

@@ -136,7 +136,7 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
         raise TargetError(f"{target}: not a recipe file, a step directory, a step id under {_where(storage)} "
                           "or an MLflow run key in its tracking store")
     steps = {k[len(STEP_TAG_PREFIX):]: v for k, v in run["tags"].items() if k.startswith(STEP_TAG_PREFIX)}
-    from tidal.audit.catalog import run_plan
+    from tidal.audit.catalog import run_plan, tag_overrides
 
     plan = run_plan(storage, run["tags"].get("tidal.recipe", ""), target)  # every step the run planned
     if plan is not None:
@@ -144,10 +144,9 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
     recipe_path = run["tags"].get("tidal.recipe_path") or (str(pipe.recipe_path) if pipe is not None else None)
     if recipe_path and Path(recipe_path).is_file():
         from tidal.core.load import load_pipeline
-        from tidal.core.pipeline import OVERRIDES_TAG
 
         try:  # the recipe with the run's own overrides (its trigger form), so its graph has the run's ids
-            overrides = json.loads(run["tags"].get(OVERRIDES_TAG) or "{}") or (plan or {}).get("overrides")
+            overrides = tag_overrides(run["tags"]) or (plan or {}).get("overrides")
             pipe = load_pipeline(recipe_path, overrides or None, storage_root=_where(storage))
         except Exception as err:  # noqa: BLE001 - the recipe may have changed since the run; its tags remain
             run["recipe_error"] = f"{type(err).__name__}: {err}"

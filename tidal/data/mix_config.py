@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict, field_error
+from tidal.config import PositiveInt, Strict, field_error, omit_unused
 
 Weight = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
@@ -95,10 +95,7 @@ class MixtureSettings(Strict):
     @model_serializer(mode="wrap")
     def _omit_default_size(self, handler: Any) -> dict[str, Any]:
         # the default size stays out of dumps (step configs, the recipe hash): existing ids stay
-        data = handler(self)
-        if data.get("size") == {"mode": "smallest_source"}:
-            del data["size"]
-        return data
+        return omit_unused(handler(self), {"size": {"mode": "smallest_source"}})
 
     def size_config(self) -> dict:
         """``size`` as the planner hashes it: nothing for the default ``smallest_source`` (ids of

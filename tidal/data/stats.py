@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_serializer
 
 import tidal.data.jobcli
-from tidal.config import Strict
+from tidal.config import Strict, omit_unused
 from tidal.context import StepContext
 from tidal.data.mix_sizing import MixtureTable
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
@@ -86,10 +86,7 @@ class StatsConfig(Strict):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # no decontaminate step: the key stays out of the config, as the planner leaves it (ids unchanged)
-        data = handler(self)
-        if not data.get("decontaminate"):
-            data.pop("decontaminate", None)
-        return data
+        return omit_unused(handler(self), {"decontaminate": {}})
 
 
 def _rate(part: float, whole: float) -> float:

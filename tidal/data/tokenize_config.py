@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_serializer
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict
+from tidal.config import PositiveInt, Strict, omit_unused
 from tidal.data.heldout import HeldoutSplit
 
 
@@ -35,7 +35,4 @@ class TokenizeConfig(TokenizeSettings):
     @model_serializer(mode="wrap")
     def _omit_unset_split(self, handler: Any) -> dict[str, Any]:
         # no split: the key stays out of the step config, so recipes without one keep their step ids
-        data = handler(self)
-        if data.get("heldout", ...) is None:
-            del data["heldout"]
-        return data
+        return omit_unused(handler(self), {"heldout": None})

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_serializer, model_validator
 
-from tidal.config import Fraction, PositiveInt, Strict
+from tidal.config import Fraction, PositiveInt, Strict, omit_unused
 from tidal.context import StepContext
 from tidal.quality.gate_html import write_summary_html
 
@@ -111,11 +111,7 @@ class GateSettings(Strict):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # an unset bound stays out of the step config (and the recipe hash), like train's options
-        data = handler(self)
-        for key in ("max_unused_token_fraction", "max_contaminated_fraction"):
-            if data.get(key, 0) is None:
-                del data[key]
-        return data
+        return omit_unused(handler(self), {"max_unused_token_fraction": None, "max_contaminated_fraction": None})
 
 
 class GateConfig(GateSettings):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import Fraction, PositiveInt, Strict, problems
+from tidal.config import Fraction, PositiveInt, Strict, omit_unused, problems
 from tidal.layout import SPEC_JSON
 from tidal.train.flops import ModelConfig
 
@@ -149,11 +149,8 @@ class TrainConfig(Strict):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
-        data = handler(self)
-        for key in ("checkpoint_permanent_every", "mesh", "divergence", "continue_from"):
-            if key in data and data[key] is None:
-                del data[key]
-        return data
+        return omit_unused(handler(self), dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
+                                                          "continue_from")))
 
 
 class TrainStepConfig(TrainConfig):
