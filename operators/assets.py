@@ -5,7 +5,10 @@ is the worker's setting), so each committing task declares an asset *alias* as i
 ``tidal_<recipe>.<step>``, and adds to it, when the step was computed and committed by this task,
 the event of the asset whose URI is the committed step's (``s3://bucket/prefix/<step id>/`` or
 ``file:///root/<step id>``) with ``extra`` = step id, manifest root hash, kind, recipe and run key.
-A step found committed already (status ``skip``) emits nothing: nothing new exists.
+A step found committed already (status ``skip``) emits nothing: nothing new exists, with one
+exception: a retry (try 2 or later) that finds the step committed *after its DAG run started* emits
+it, because the try that committed it was lost (its node died between the commit and the task's
+success) and its event with it. Events are so at least once per committed step and DAG run.
 
 Consumers (a DAG with ``schedule=checkpoint_alias(recipe)``) are triggered by those events, but
 Airflow can merge events of tasks that finish together into one run of the consumer, so a
@@ -48,19 +51,22 @@ def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any
         run_key: the MLflow run key of the DAG run.
 
     Returns:
-        The event's ``{"uri", "extra"}``, or None when nothing was committed here (status ``skip``).
+        The event's ``{"uri", "extra"}``, or None when nothing was committed in this DAG run (a
+        ``skip`` of a step committed before the run started, or any ``skip`` of a first try).
         Never raises for a missing record: the step is committed; its event is a WARNING on ``log``.
     """
     import json
 
     events = context.get("outlet_events")
-    if result.status != "run" or events is None:  # None: called outside a task runner (no outlets)
-        return None
+    if events is None or (result.status != "run" and not _retry_of_this_run(context)):
+        return None  # events None: called outside a task runner (no outlets)
     step = pipe.graph[result.name]
     try:
         record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
     except (OSError, ValueError) as err:
         log.warning("asset event of %s not emitted: step.json unreadable: %s", step.step_id, err)
+        return None
+    if result.status != "run" and not _committed_during(record, context):
         return None
     uri = asset_uri(pipe.storage.step_uri(step.step_id))
     extra = {"step_id": step.step_id, "step": step.name, "kind": step.kind, "recipe": pipe.recipe.name,
@@ -68,3 +74,24 @@ def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any
     events[step_alias(pipe.recipe.name, step.name)].add(Asset(uri=uri, name=uri), extra=extra)
     log.info("asset event %s (%s, root %s)", uri, step.step_id, str(extra["manifest_root_hash"])[:12])
     return {"uri": uri, "extra": extra}
+
+
+def _retry_of_this_run(context: Any) -> bool:
+    """Whether the task runs its second or later try (an earlier try may have committed and died)."""
+    ti = context.get("ti")
+    return ti is not None and int(getattr(ti, "try_number", 1) or 1) > 1
+
+
+def _committed_during(record: dict[str, Any], context: Any) -> bool:
+    """Whether ``step.json``'s ``provenance.ended_at`` (ISO 8601, UTC) is at or after the DAG run's
+    ``start_date``: the step was committed by this run (a lost earlier try), not found from before."""
+    from datetime import datetime
+
+    started = getattr(context.get("dag_run"), "start_date", None)
+    ended = (record.get("provenance") or {}).get("ended_at")
+    if started is None or not ended:
+        return False
+    try:
+        return datetime.fromisoformat(ended) >= started
+    except (TypeError, ValueError):
+        return False
