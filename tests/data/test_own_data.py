@@ -133,6 +133,13 @@ def test_tidal_run_with_a_wrong_text_field_prints_one_error_line(tiny_data, tmp_
     recipe = write_recipe(tmp_path, tiny_data, format="parquet", path="web.parquet")
     result = tidal(tmp_path, "run", recipe, "--step", "fetch-web", "--storage-root", tmp_path / "store")
     one_error_line(result, "sources.web.text_field", "web.parquet has no column 'text'", "content")
+    # item 12: a failed `tidal run` step is in the failure catalog, as an Airflow task's failure is
+    from tidal.storage.base import LocalStorage
+    from tidal.tracking.failures import list_failures
+
+    [record] = list_failures(LocalStorage(tmp_path / "store"))
+    assert (record["task_id"], record["launcher"], record["dag_id"]) == ("fetch-web", "cli", "tidal-run")
+    assert "web.parquet has no column 'text'" in record["message"]
 
 
 # ---------------------------------------------------------------- item 14: own ids and fields
