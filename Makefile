@@ -73,7 +73,7 @@ cluster-demo: corpora tools
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 test: corpora tools
-	bash .ci/services.sh run -- $(VENV)/bin/pytest -q
+	bash .ci/services.sh run -- $(VENV)/bin/pytest -q --durations=30
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
 # for the Flink cluster of the test cluster; cached by version under ~/.cache/tidal/tools, once per machine.
