@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from pathlib import Path
 
 from tidal.core.commit import (
     StepBlocked,
@@ -101,18 +102,8 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float, *, repl
     try:
         summary = module.run(ctx) or {}
     except BaseException as err:
-        if is_disk_full(err):  # nothing kept on the full disk: every retry would leave another copy
-            if in_scratch:  # a resumable dir keeps its checkpoints: the rerun resumes from them
-                shutil.rmtree(work_dir, ignore_errors=True)
+        if _discard_attempt(err, step, storage, work_dir, in_scratch, "failed"):
             raise disk_full_error(step.step_id, work_dir) from err
-        if in_scratch and work_dir.exists():
-            if any(p.is_file() for p in work_dir.rglob("*")):
-                kept = storage.keep_failed(work_dir, step.step_id)
-                log.error("step %s failed; its partial output is kept at %s (never counts as committed)",
-                          step.step_id, kept)
-            else:
-                shutil.rmtree(work_dir, ignore_errors=True)
-                log.error("step %s failed before writing any output (nothing kept)", step.step_id)
         raise
     try:
         return commit_step(step, storage, work_dir, summary, started_at=started_at,
@@ -122,11 +113,32 @@ def _compute(step: Step, storage: Storage, lease: Lease, started: float, *, repl
             shutil.rmtree(work_dir, ignore_errors=True)
         raise
     except Exception as err:  # the kind's output checks refused the run: keep it for inspection
-        if is_disk_full(err):
-            if in_scratch:
-                shutil.rmtree(work_dir, ignore_errors=True)
+        if _discard_attempt(err, step, storage, work_dir, in_scratch, "had its outputs refused"):
             raise disk_full_error(step.step_id, work_dir) from err
-        if in_scratch and work_dir.exists():
-            log.error("step %s: outputs refused; kept at %s (never counts as committed)",
-                      step.step_id, storage.keep_failed(work_dir, step.step_id))
         raise
+
+
+def _discard_attempt(err: BaseException, step: Step, storage: Storage, work_dir: Path, in_scratch: bool,
+                     what: str) -> bool:
+    """Deal with a failed attempt's ``work_dir``; True when ``err`` is a full disk.
+
+    A full disk keeps nothing (every retry would leave another copy): the caller raises one
+    :func:`disk_full_error` (not returned here: a local holding it would keep the failed frames,
+    and their open files, alive in a cycle until the garbage collector runs). Otherwise a scratch
+    dir holding files is kept under ``.failed/`` for inspection (never counted as committed) and
+    an empty one removed. A resumable dir is always left as it is: its checkpoints are what the
+    rerun resumes from. ``what`` completes the log
+    line "step ID ...".
+    """
+    if is_disk_full(err):
+        if in_scratch:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        return True
+    if in_scratch and work_dir.exists():
+        if any(p.is_file() for p in work_dir.rglob("*")):
+            log.error("step %s %s; its partial output is kept at %s (never counts as committed)",
+                      step.step_id, what, storage.keep_failed(work_dir, step.step_id))
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            log.error("step %s %s before writing any output (nothing kept)", step.step_id, what)
+    return False
