@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
 
-__all__ = ["asset_uri", "checkpoint_alias", "emit_step_asset", "step_alias"]
+__all__ = ["asset_uri", "checkpoint_alias", "emit_step_asset", "read_step_record", "step_alias"]
 
 
 def step_alias(recipe_name: str, step_name: str) -> AssetAlias:
@@ -41,7 +41,22 @@ def asset_uri(storage_uri: str) -> str:
     return uri if "://" in uri else f"file://{uri}"
 
 
-def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any) -> dict[str, Any] | None:
+def read_step_record(pipe: Any, step_id: str) -> dict[str, Any] | None:
+    """The committed ``step.json`` of ``step_id`` under ``pipe``'s storage root (one read; one GET on
+    S3), or None when it cannot be read or parsed."""
+    import json
+
+    try:
+        return json.loads(pipe.storage.read_text(step_id, "step.json"))
+    except (OSError, ValueError):
+        return None
+
+
+_UNREAD: Any = object()
+
+
+def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any,
+                    record: dict[str, Any] | None = _UNREAD) -> dict[str, Any] | None:
     """Add the asset event of ``result``'s step to its alias, if this task committed it.
 
     Args:
@@ -49,22 +64,22 @@ def emit_step_asset(context: Any, pipe: Any, result: Any, run_key: str, log: Any
         pipe: the run's :class:`tidal.core.pipeline.Pipeline`.
         result: the step's :class:`tidal.core.commit.StepResult`.
         run_key: the MLflow run key of the DAG run.
+        record: the step's ``step.json`` when the caller read it already (:func:`read_step_record`;
+            None: unreadable); read here when not given.
 
     Returns:
         The event's ``{"uri", "extra"}``, or None when nothing was committed in this DAG run (a
         ``skip`` of a step committed before the run started, or any ``skip`` of a first try).
         Never raises for a missing record: the step is committed; its event is a WARNING on ``log``.
     """
-    import json
-
     events = context.get("outlet_events")
     if events is None or (result.status != "run" and not _retry_of_this_run(context)):
         return None  # events None: called outside a task runner (no outlets)
     step = pipe.graph[result.name]
-    try:
-        record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
-    except (OSError, ValueError) as err:
-        log.warning("asset event of %s not emitted: step.json unreadable: %s", step.step_id, err)
+    if record is _UNREAD:
+        record = read_step_record(pipe, step.step_id)
+    if record is None:
+        log.warning("asset event of %s not emitted: its step.json is unreadable", step.step_id)
         return None
     if result.status != "run" and not _committed_during(record, context):
         return None

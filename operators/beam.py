@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow.sdk import TaskGroup
 
-from operators.assets import emit_step_asset, step_alias
+from operators.assets import step_alias
 from operators.gke import ProviderOperator, TidalCommitOperator, TidalPrepareOperator
 from operators.step import run_key_of
 
@@ -72,8 +72,7 @@ class BeamCommitOperator(TidalCommitOperator):
         result = commit(pipe, self.step_name, prepared=prepared, runner=self.runner, workload=self.workload,
                         run_key=run_key_of(context))
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
-        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
-        self.remember_lineage(pipe, result)
+        self.announce_step(context, pipe, result, run_key_of(context))
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator, TaskGroup
 from airflow.sdk.bases.branch import BaseBranchOperator
 
-from operators.assets import emit_step_asset, step_alias
+from operators.assets import step_alias
 from operators.lineage import StepLineageMixin
 from operators.run_context import run_key_of
 from tidal.settings import MLFLOW_RUN_ID_ENV as RUN_ID_ENV
@@ -219,8 +219,7 @@ class TidalCommitOperator(StepLineageMixin, BaseOperator):
         # recorded here, not by commit(), so that the pod's live run is completed, not duplicated
         pipe.record(result, run_key_of(context), live_run=live_run, complete_history=True)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
-        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
-        self.remember_lineage(pipe, result)
+        self.announce_step(context, pipe, result, run_key_of(context))
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

@@ -17,8 +17,9 @@ object stores ``s3://bucket`` + key, local files namespace ``file`` + absolute p
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from operators.assets import emit_step_asset, read_step_record
 
 __all__ = ["FACET_NAME", "FACET_SCHEMA_URL", "StepLineageMixin", "dataset_name", "step_facet"]
 
@@ -40,36 +41,27 @@ def dataset_name(uri: str) -> tuple[str, str]:
     return "file", uri
 
 
-def _upstream_sources(step: Any) -> list[str]:
-    """Source names of every fetch step ``step`` reads directly or indirectly (sorted)."""
-    seen: dict[str, Any] = {}
-    stack = [step]
-    while stack:
-        cur = stack.pop()
-        if cur.name in seen:
-            continue
-        seen[cur.name] = cur
-        stack.extend(cur.inputs)
-    return sorted({s.config["source"] for s in seen.values() if s.kind == "fetch" and "source" in s.config})
+def _upstream_sources(graph: Any, step_name: str) -> list[str]:
+    """Source names of every fetch step ``step_name`` is or reads directly or indirectly (sorted)."""
+    fetches = (graph[name] for name in (step_name, *graph.ancestors(step_name)))
+    return sorted({s.config["source"] for s in fetches if s.kind == "fetch" and "source" in s.config})
 
 
-def step_facet(pipe: Any, step_name: str, status: str) -> dict[str, Any]:
+def step_facet(pipe: Any, step_name: str, status: str, record: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``tidal_step`` facet's fields for one step of ``pipe`` (a :class:`tidal.core.pipeline.Pipeline`).
 
-    ``manifest_root_hash`` and ``signing`` come from the committed ``step.json`` (None when it
-    cannot be read); ``licences`` maps each upstream source to its licence and, when the recipe
+    ``manifest_root_hash`` and ``signing`` come from the committed ``step.json`` ``record``
+    (:func:`operators.assets.read_step_record`; None when it cannot be read); ``licences`` maps
+    each upstream source to its licence and, when the recipe
     widens it, the override's reason (:func:`tidal.quality.licences.licence_decisions`).
     """
     from tidal.quality.licences import licence_decisions
 
     step = pipe.graph[step_name]
-    try:
-        record = json.loads(pipe.storage.read_text(step.step_id, "step.json"))
-    except (OSError, ValueError):
-        record = {}
+    record = record or {}
     decisions = licence_decisions(pipe.recipe.sources, pipe.recipe.licences)
     licences = {}
-    for src in _upstream_sources(step):
+    for src in _upstream_sources(pipe.graph, step_name):
         decision = decisions.get(src, {})
         override = decision.get("override")
         licences[src] = {"licence": decision.get("licence"),
@@ -86,15 +78,23 @@ class StepLineageMixin:
 
     _tidal_lineage: dict[str, Any] | None = None
 
-    def remember_lineage(self, pipe: Any, result: Any) -> None:
-        """Record what the task committed (or found committed) for the completion event.
-        Never raises: lineage must not fail a committed step."""
+    def announce_step(self, context: Any, pipe: Any, result: Any, run_key: str) -> None:
+        """After the step committed (or was found committed): emit its asset event
+        (:func:`operators.assets.emit_step_asset`) and remember its OpenLineage facets, from one
+        read of its ``step.json``. Never raises for lineage: the step is committed."""
+        record = read_step_record(pipe, pipe.graph[result.name].step_id)
+        emit_step_asset(context, pipe, result, run_key, self.log, record=record)
+        self.remember_lineage(pipe, result, record)
+
+    def remember_lineage(self, pipe: Any, result: Any, record: dict[str, Any] | None) -> None:
+        """Record what the task committed (or found committed) for the completion event; ``record``
+        is its ``step.json`` (None: unreadable). Never raises: lineage must not fail a committed step."""
         try:
             step = pipe.graph[result.name]
             self._tidal_lineage = {
                 "inputs": [pipe.storage.step_uri(dep.step_id) for dep in step.inputs],
                 "output": pipe.storage.step_uri(step.step_id),
-                "facet": step_facet(pipe, result.name, result.status),
+                "facet": step_facet(pipe, result.name, result.status, record),
             }
         except Exception as err:  # noqa: BLE001 - lineage is best effort, the step is committed
             self.log.warning("OpenLineage facets of %s not built: %s", result.name, err)

@@ -10,7 +10,6 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators.assets import emit_step_asset
 from operators.lineage import StepLineageMixin
 from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
 
@@ -121,8 +120,7 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
         result = pipe.run(self.step_name, run_key=run_key_of(context), force=self.step_name in force_steps)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)
         emit_step_metrics(pipe, result, self.log)
-        emit_step_asset(context, pipe, result, run_key_of(context), self.log)
-        self.remember_lineage(pipe, result)
+        self.announce_step(context, pipe, result, run_key_of(context))
         return {"step_id": result.step_id, "status": result.status, "seconds": round(result.seconds, 3)}
 
 

@@ -92,3 +92,16 @@ def test_module_versions_match_table(kind):
     module = importlib.import_module(KINDS[kind].module)
     assert module.STEP_VERSION == KINDS[kind].version
     assert getattr(module, "RESUMABLE", False) == KINDS[kind].resumable
+
+
+def test_ancestors_are_what_a_step_reads_and_mirror_descendants(tiny_data):
+    graph = build_graph(parse_recipe(tiny_data))
+    assert graph.ancestors("fetch-brown") == []
+    train = graph.ancestors("train")
+    assert {"fetch-brown", "clean-brown", "tokenizer", "mix"} <= set(train) and "train" not in train
+    assert "fetch-udhr" in train  # UDHR is evaluated: train reads its tokenize step
+    assert train == [s.name for s in graph if s.name in set(train)]  # graph order
+    for name in (s.name for s in graph):  # a reads b exactly when b's descendants hold a
+        assert all(name in graph.descendants(up) for up in graph.ancestors(name))
+    with pytest.raises(KeyError, match="no step named"):
+        graph.ancestors("nope")

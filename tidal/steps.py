@@ -120,6 +120,21 @@ class StepGraph:
                 return step
         raise KeyError(f"no step named or with id {name_or_id!r}; steps: {list(self.by_name)}")
 
+    def ancestors(self, name: str) -> list[str]:
+        """Names of every step ``name`` reads directly or indirectly, in graph order.
+
+        Raises:
+            KeyError: ``name`` is not a step of the graph.
+        """
+        seen: set[str] = set()
+        stack = list(self[name].inputs)
+        while stack:
+            step = stack.pop()
+            if step.name not in seen:
+                seen.add(step.name)
+                stack.extend(step.inputs)
+        return [s.name for s in self.steps if s.name in seen]
+
     def descendants(self, name: str) -> list[str]:
         """Names of every step that reads ``name`` directly or indirectly, in graph order."""
         out: set[str] = {name}
