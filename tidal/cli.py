@@ -225,8 +225,8 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from tidal.audit.lineage import TargetError, nothing_committed, resolve_target
-    from tidal.audit.verify import format_verification, verify_steps
     from tidal.integrity.signing import SigningKeyError, load_key
+    from tidal.verify import format_verification, verify_steps
 
     try:
         key = load_key()

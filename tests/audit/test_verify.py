@@ -10,7 +10,6 @@ import pytest
 
 from tests.files.conftest import upload  # noqa: F401 - fixture used here
 from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - fixtures used here
-from tidal.audit.verify import step_files, verify_step, verify_steps
 from tidal.cli import main
 from tidal.core.runner import run_step
 from tidal.files import StepFiles, bytes_fetched
@@ -18,6 +17,7 @@ from tidal.integrity.signing import KEY_ENV, SigningKey
 from tidal.kinds import KINDS, KindSpec
 from tidal.steps import Step
 from tidal.storage import LocalStorage, open_storage
+from tidal.verify import step_files, verify_step, verify_steps
 
 KEY_HEX = "a5" * 32
 OTHER_HEX = "5a" * 32

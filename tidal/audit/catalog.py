@@ -5,7 +5,7 @@ Steps are content-addressed and shared: a committed ``train-<hash>`` step belong
 ids it planned to ``runs/<recipe>/<run key>.json`` in the storage root (:func:`write_run_plan`);
 a consumer (the recipe's checkpoint DAG, scheduled on its train asset alias) reads every plan of
 the recipe, keeps the planned ids that are committed and verifies each
-(:func:`tidal.audit.verify.verify_step`). Asset events of tasks that finish together may be merged
+(:func:`tidal.verify.verify_step`). Asset events of tasks that finish together may be merged
 or lost; these records are not.
 """
 
@@ -86,7 +86,7 @@ def committed_steps(storage: Any, recipe_name: str, step_name: str = "train", *,
     Args:
         storage: the run's :class:`tidal.storage.Storage`.
         key: the signing key, if configured (a foreign signature is then a mismatch).
-        verify: re-hash every file against the step's manifest (:func:`tidal.audit.verify.verify_step`).
+        verify: re-hash every file against the step's manifest (:func:`tidal.verify.verify_step`).
 
     Returns:
         One dict per committed step id, sorted by id: ``step_id``, ``uri``, ``run_keys`` (the runs that
@@ -94,7 +94,7 @@ def committed_steps(storage: Any, recipe_name: str, step_name: str = "train", *,
         ``checkpoint_root_hash`` (its ``checkpoint_manifest.json``); with ``verify``, ``verified``
         (bool) and ``mismatches`` (the first 5, as text).
     """
-    from tidal.audit.verify import verify_step
+    from tidal.verify import verify_step
 
     runs: dict[str, list[str]] = {}
     for plan in recipe_plans(storage, recipe_name):
