@@ -144,7 +144,8 @@ def test_train_logs_a_model_per_permanent_checkpoint_and_registers_the_final_one
 
     (version,) = client.search_model_versions("name = 'tidal-tiny'")
     expected_licence = "GPL-2.0-or-later AND LicenseRef-Brown-Corpus AND MIT"
-    assert version.source == by_step[20].tags["tidal.checkpoint_uri"]
+    assert version.source == by_step[20].tags["tidal.checkpoint_uri"]  # a server's: models:/<id>
+    assert version.tags["tidal.checkpoint_uri"] == by_step[20].tags["tidal.checkpoint_uri"]
     assert version.tags["licence"] == expected_licence and version.tags["intended_use"] == "research"
     assert version.tags["tidal.logged_model_id"] == by_step[20].model_id
     assert version.tags["tidal.checkpoint_root_hash"] == "14" * 32 and version.tags["tidal.step_id"] == train.step_id

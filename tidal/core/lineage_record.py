@@ -11,8 +11,8 @@ Whatever cannot be read is left out with a warning: lineage never fails a commit
   ``evaluation`` for an eval step, else ``input``.
 * A train step: one logged model per permanent checkpoint (a step that is a multiple of
   ``checkpoint_permanent_every``) and for the final checkpoint (``summary.json``'s ``checkpoint_step``);
-  the final one is registered as a version of the registered model ``tidal-<recipe>`` (the recipe's
-  experiment name, :func:`tidal.tracking.experiment_name`) with the tags ``licence`` (the training
+  the final one is registered as a version of the registered model named like the pipeline's
+  experiment (``tidal-<recipe>``; a scaling suite's: ``tidal-<suite>``) with the tags ``licence`` (the training
   sources' licences, as the recipe declares them, joined with ``AND``) and ``intended_use``.
 """
 
@@ -96,34 +96,37 @@ def checkpoint_models(step: Step, storage: Storage, summary: dict[str, Any]) -> 
     return sorted(models, key=lambda m: m.checkpoint_step)
 
 
-def registration(recipe: Any) -> Registration:
-    """Where a recipe's final checkpoints are registered: model ``tidal-<recipe name>``, with the tags
+def registration(recipe: Any, model_name: str) -> Registration:
+    """Where a recipe's final checkpoints are registered: registered model ``model_name`` (the pipeline's
+    experiment name: ``tidal-<recipe>``, for a scaling suite ``tidal-<suite>``), with the tags
     ``licence`` (the training sources' normalized SPDX expressions, each in parentheses when it holds an
     ``OR``, joined with ``AND``: every one applies to the weights), ``intended_use`` (comma-separated)
     and ``tidal.licence.<source>`` per training source."""
     from tidal.quality.licences import licence_decisions
-    from tidal.tracking import experiment_name
 
     sources = {name: recipe.sources[name] for name in recipe.train_sources}
     decisions = licence_decisions(sources, recipe.licences)
     licences = sorted({d["licence"] for d in decisions.values()})
     joined = " AND ".join(f"({text})" if " OR " in text and len(licences) > 1 else text for text in licences)
-    return Registration(experiment_name(recipe.name), joined, ",".join(recipe.intended_use),
+    return Registration(model_name, joined, ",".join(recipe.intended_use),
                         {f"tidal.licence.{name}": d["licence"] for name, d in decisions.items()})
 
 
-def step_lineage(step: Step, storage: Storage, recipe: Any, summary: dict[str, Any] | None = None) -> Lineage:
-    """The :class:`Lineage` a recorded step logs: its input datasets; for a ``train`` step also its
-    :func:`checkpoint_models` (``summary``: its ``summary.json``, read from the step when None) and
-    the final one's :func:`registration`."""
+def step_lineage(step: Step, storage: Storage, recipe: Any, model_name: str,
+                 summary: dict[str, Any] | None = None, committed: bool = True) -> Lineage:
+    """The :class:`Lineage` a recorded step logs: its input datasets; for a committed ``train`` step
+    also its :func:`checkpoint_models` (``summary``: its ``summary.json``, read from the step when it
+    lacks ``checkpoint_step``) and the final one's :func:`registration` as ``model_name``.
+    ``committed=False`` (a failed step): the input datasets only."""
     datasets = tuple(input_datasets(step, storage))
     context = CONTEXT_OF_KIND.get(step.kind, "input")
-    if step.kind != "train":
+    if step.kind != "train" or not committed:
         return Lineage(datasets, context)
     if not summary or "checkpoint_step" not in summary:
         summary = _read_json(storage, step.step_id, SUMMARY_JSON) or {}
     models = tuple(checkpoint_models(step, storage, summary))
-    return Lineage(datasets, context, models, registration(recipe) if any(m.final for m in models) else None)
+    registered = registration(recipe, model_name) if any(m.final for m in models) else None
+    return Lineage(datasets, context, models, registered)
 
 
 __all__ = ["checkpoint_models", "input_datasets", "registration", "step_lineage"]

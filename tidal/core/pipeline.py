@@ -253,8 +253,17 @@ class Pipeline:
                 {"error": f"{type(err).__name__}: {err}"[:4000]},
                 artifacts=evidence,
                 tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
-                run_id=live_run,
+                run_id=live_run, lineage=self._lineage(step.name, committed=False),
             )
+
+    def _lineage(self, name: str, summary: dict[str, Any] | None = None, committed: bool = True):
+        """Step ``name``'s MLflow lineage objects (:func:`tidal.core.lineage_record.step_lineage`; the
+        registered model is named like the experiment), or None when the step is not in the graph."""
+        try:
+            step = self.graph[name]
+        except KeyError:
+            return None
+        return step_lineage(step, self.storage, self.recipe, self.experiment, summary, committed=committed)
 
     def record(self, result: StepResult, run_key: str, live_run: str | None = None,
                complete_history: bool = False) -> None:
@@ -283,7 +292,7 @@ class Pipeline:
         if step_json.is_file():
             tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
         artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
-        lineage = step_lineage(self.graph[result.name], self.storage, self.recipe, result.summary)
+        lineage = self._lineage(result.name, result.summary)
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
         with tempfile.TemporaryDirectory(prefix="tidal-artifacts-") as tmp:
             if result.kind == "train" and result.status == "run":

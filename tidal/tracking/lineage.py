@@ -4,8 +4,9 @@ and the final checkpoint as a version in the model registry.
 Invariant: nothing here reads, hashes or copies data. A dataset is described by metadata only
 (``mlflow.data.meta_dataset.MetaDataset``: name = the input step's name, source = its URI under the
 storage root, digest = its manifest root hash, which the commit already computed); a logged model's
-files stay where the checkpoint is (its URI is the tag ``tidal.checkpoint_uri`` and the source of the
-registered version). So logging the lineage of a step with a terabyte of inputs costs the same few
+files stay where the checkpoint is (its URI is the tag ``tidal.checkpoint_uri`` of the logged model and
+of the registered version, whose source is the logged model, ``models:/<model id>``).
+So logging the lineage of a step with a terabyte of inputs costs the same few
 MLflow calls as a step with a kilobyte.
 
 Every call is idempotent, because a buffered :meth:`tidal.tracking.Tracker.log_step` payload may be
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tidal.tracking.client import is_per_machine
 from tidal.tracking.limits import MAX_TAG_VALUE, _chunks, _text
 
 # MLflow's ``MAX_DATASET_DIGEST_SIZE`` (mlflow/utils/validation.py, 3.17): a dataset digest holds at most
@@ -35,6 +37,44 @@ MAX_DATASETS_PER_CALL = 1000  # MLflow's MAX_DATASETS_PER_BATCH
 MODEL_TYPE = "tidal-checkpoint"
 # mlflow.data.context values MLflow's UI shows for a run's inputs, by the kind of the run's step
 CONTEXT_OF_KIND = {"train": "training", "eval": "evaluation"}
+
+
+# MLflow error codes that mean "this request is refused" (a bad source, a disabled registry), not "MLflow is
+# down": such a call is not retried nor buffered, and does not hold the URI as unreachable
+# (tidal.tracking.client.retry_call); the step's run is kept without the refused object.
+REFUSALS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "PERMISSION_DENIED", "FEATURE_DISABLED",
+                      "ENDPOINT_NOT_FOUND", "RESOURCE_DOES_NOT_EXIST"})
+
+
+class LineageRefused(RuntimeError):
+    """MLflow answered a lineage call with a refusal (:data:`REFUSALS`); the message names the call and
+    MLflow's reason."""
+
+
+def _guarded(retry: Callable[[str, Callable[[], Any]], Any]) -> Callable[[str, Callable[[], Any]], Any]:
+    """``retry`` for lineage calls: a refusal (:data:`REFUSALS`) raises :class:`LineageRefused` at once
+    instead of counting as an outage."""
+
+    def call(what: str, fn: Callable[[], Any]) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        refused: list[MlflowException] = []
+
+        def once() -> Any:
+            try:
+                return fn()
+            except MlflowException as err:
+                if err.error_code not in REFUSALS:
+                    raise
+                refused.append(err)
+                return None
+
+        result = retry(what, once)
+        if refused:
+            raise LineageRefused(f"mlflow {what} refused: {refused[0].message}") from refused[0]
+        return result
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -174,9 +214,11 @@ def log_datasets(client: Any, retry: Callable[[str, Callable[[], Any]], Any], ru
 
     Raises:
         TrackingUnavailable: from ``retry``.
+        LineageRefused: MLflow refused a call.
     """
     from mlflow.entities import DatasetInput, InputTag
 
+    retry = _guarded(retry)
     inputs = [DatasetInput(_meta_dataset(d), tags=[
         InputTag("mlflow.data.context", lineage.context), InputTag("tidal.step_id", d.step_id),
         InputTag("tidal.manifest_root_hash", d.manifest_root_hash)]) for d in lineage.datasets]
@@ -210,7 +252,7 @@ def _logged_model(client: Any, retry: Callable, experiment_id: str, run_id: str,
 
 
 def _register(client: Any, retry: Callable, run_id: str, model: CheckpointModel, model_id: str,
-              registration: Registration) -> str:
+              registration: Registration, source: str) -> str:
     """The version number of ``model_id`` in ``registration.name``; registered now if it is not."""
     name = registration.name
 
@@ -234,28 +276,37 @@ def _register(client: Any, retry: Callable, run_id: str, model: CheckpointModel,
     tags = {"licence": registration.licence, "intended_use": registration.intended_use,
             "tidal.logged_model_id": model_id} | model.tags() | registration.tags
     version = retry("create model version", lambda: client.create_model_version(
-        name, source=model.uri, run_id=run_id, tags={k: _text(v, MAX_TAG_VALUE) for k, v in tags.items()},
+        name, source=source, run_id=run_id, tags={k: _text(v, MAX_TAG_VALUE) for k, v in tags.items()},
         description=f"{model.name}: checkpoint root hash {model.root_hash}", await_creation_for=0,
         model_id=model_id))
     return str(version.version)
 
 
 def log_models(client: Any, retry: Callable[[str, Callable[[], Any]], Any], experiment_id: str, run_id: str,
-               lineage: Lineage) -> dict[str, str]:
+               lineage: Lineage, uri: str) -> dict[str, str]:
     """One logged model per checkpoint of ``lineage.models`` (``MlflowClient.create_logged_model``,
     model type ``tidal-checkpoint``, source run ``run_id``), each linked as an output of the run at its
     checkpoint step (``log_outputs``); the final one also registered as a version of
     ``lineage.registration.name`` (``create_registered_model`` on first use, ``create_model_version``
-    with source = the checkpoint's URI and tags ``licence``, ``intended_use``, ``tidal.*``).
+    and tags ``licence``, ``intended_use``, ``tidal.*``).
+
+    The version's source: on a server (``uri`` not :func:`tidal.tracking.client.is_per_machine`)
+    ``models:/<model id>``, as ``mlflow.register_model`` does, because a server refuses a local path
+    outside its artifact store; on a SQLite or file store the checkpoint's URI itself (its registry
+    resolves ``models:/`` through the process-global tracking URI, MLflow 3.17's own TODO in
+    ``SqlAlchemyStore.create_model_version``). Either way the tag ``tidal.checkpoint_uri`` names the
+    files, which are never copied.
 
     Returns:
         ``{logged model name: model id}``, plus ``"registered_version"`` when one was registered.
 
     Raises:
         TrackingUnavailable: from ``retry``.
+        LineageRefused: MLflow refused a call.
     """
     from mlflow.entities import LoggedModelOutput
 
+    retry = _guarded(retry)
     reg = lineage.registration
     out: dict[str, str] = {}
     for model in lineage.models:
@@ -265,9 +316,11 @@ def log_models(client: Any, retry: Callable[[str, Callable[[], Any]], Any], expe
             run_id, [LoggedModelOutput(m, s)]))
         out[model.name] = model_id
         if reg is not None and model.final:
-            out["registered_version"] = _register(client, retry, run_id, model, model_id, reg)
+            source = model.uri if is_per_machine(uri) else f"models:/{model_id}"
+            out["registered_version"] = _register(client, retry, run_id, model, model_id, reg, source)
     return out
 
 
-__all__ = ["CONTEXT_OF_KIND", "DIGEST_CHARS", "MODEL_TYPE", "CheckpointModel", "Lineage", "Registration",
+__all__ = ["CONTEXT_OF_KIND", "DIGEST_CHARS", "MODEL_TYPE", "REFUSALS", "CheckpointModel", "Lineage",
+           "LineageRefused", "Registration",
            "StepDataset", "log_datasets", "log_models"]

@@ -67,7 +67,7 @@ from tidal.tracking.limits import (
     flatten_params,
     summary_metrics,
 )
-from tidal.tracking.lineage import Lineage, log_datasets, log_models
+from tidal.tracking.lineage import Lineage, LineageRefused, log_datasets, log_models
 from tidal.tracking.pending import PendingDir, PendingStore
 
 log = logging.getLogger("tidal.tracking")
@@ -349,9 +349,12 @@ class Tracker:
                 else:
                     log.warning("tracking: artifact %s of step %s does not exist; skipped", path, step_name)
             if lineage:
-                objects = Lineage.from_json(lineage)
-                log_datasets(self._client(), self._retry, run_id, objects)
-                log_models(self._client(), self._retry, exp, run_id, objects)
+                try:
+                    objects = Lineage.from_json(lineage)
+                    log_datasets(self._client(), self._retry, run_id, objects)
+                    log_models(self._client(), self._retry, exp, run_id, objects, self.uri)
+                except LineageRefused as err:  # not an outage: the step's run is kept without them
+                    log.warning("tracking: lineage of step %s not logged: %s", step_name, safe_uri(str(err)))
             self._retry("tag parent",
                         lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
             final = "FAILED" if status == "failed" else "FINISHED"
