@@ -178,3 +178,21 @@ def test_an_mlflow_outage_buffers_the_lineage_and_a_replay_delivers_it(committed
     assert len(run.inputs.dataset_inputs) == len(train.inputs) and len(run.outputs.model_outputs) == 2
     (version,) = client.search_model_versions("name = 'tidal-tiny'")
     assert version.tags["licence"] and version.tags["intended_use"] == "research"
+
+
+def test_a_lineage_call_mlflow_refuses_keeps_the_step_run_and_holds_nothing(tmp_path, monkeypatch, caplog):
+    """A refusal (here a dataset name over MLflow's 500 characters) is not an outage: the step's run is
+    logged without the dataset, nothing is buffered and the store is not held as unreachable."""
+    from tidal.tracking.lineage import Lineage, StepDataset
+
+    monkeypatch.setattr(tracking_client, "_unreachable_until", {})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "tidal-refused", pending_dir=tmp_path / "pending")
+    parent = tracker.parent_run("refused", {}, {})
+    bad = Lineage((StepDataset("x" * 600, "x-0123456789ab", "clean", str(tmp_path), "ab" * 32),))
+    run_id = tracker.log_step(parent, "mix", "mix-0123456789ab", "mix", "run", {}, lineage=bad)
+    assert run_id is not None and "lineage of step mix not logged" in caplog.text
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and not run.inputs.dataset_inputs
+    assert not list((tmp_path / "pending").glob("*.json"))
+    assert tracking_client._unreachable_until == {}  # the next call is not skipped
