@@ -145,8 +145,10 @@ def test_train_run_logs_input_datasets_checkpoint_models_and_the_registered_fina
     for number, model in models.items():
         manifest = json.loads((out / "checkpoint_manifests" / f"{number}.json").read_text())
         assert model.tags["tidal.checkpoint_root_hash"] == manifest["root_hash"]
-        assert model.tags["tidal.params_sha256"] == manifest["params_sha256"]  # hashed at the save
-    assert models[60].tags["tidal.params_sha256"] == summary["params_sha256"]  # the same parameters
+    manifest = json.loads((out / "checkpoint_manifests" / "40.json").read_text())
+    assert models[40].tags["tidal.params_sha256"] == manifest["params_sha256"]  # hashed at the save
+    assert models[60].tags["tidal.params_sha256"] == summary["params_sha256"]  # the final parameters
+    assert models[40].tags["tidal.final"] == "false" and models[60].tags["tidal.final"] == "true"
     assert models[60].tags["tidal.checkpoint_root_hash"] == summary["checkpoint_root_hash"]
     (version,) = client.search_model_versions(f"name = '{pipe.experiment}'")
     assert version.tags["tidal.logged_model_id"] == models[60].model_id
