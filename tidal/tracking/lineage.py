@@ -184,7 +184,11 @@ class Lineage:
 def _meta_dataset(item: StepDataset):
     """The MLflow entity of one input step: a ``MetaDataset`` over the source MLflow resolves for the
     URI (``LocalArtifactDatasetSource``, ``S3ArtifactDatasetSource`` ...), with a profile naming the
-    full root hash. Nothing is read from the URI."""
+    full root hash. Nothing is read from the URI.
+
+    Raises:
+        LineageRefused: MLflow knows no dataset source for the URI's scheme.
+    """
     import json
 
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -197,9 +201,14 @@ def _meta_dataset(item: StepDataset):
                 profile["total_bytes"] = item.total_bytes
             return super().to_dict() | {"profile": json.dumps(profile, sort_keys=True)}
 
+    from mlflow.exceptions import MlflowException
+
     with warnings.catch_warnings():  # a local path resolves through two registered file schemes alike
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(item.uri)
+        try:
+            source = resolve_dataset_source(item.uri)
+        except MlflowException as err:
+            raise LineageRefused(f"no MLflow dataset source for {item.uri}: {err.message}") from err
     return StepMetaDataset(source, name=item.name, digest=item.manifest_root_hash[:DIGEST_CHARS])._to_mlflow_entity()
 
 

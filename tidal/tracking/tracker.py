@@ -353,8 +353,11 @@ class Tracker:
                     objects = Lineage.from_json(lineage)
                     log_datasets(self._client(), self._retry, run_id, objects)
                     log_models(self._client(), self._retry, exp, run_id, objects, self.uri)
-                except LineageRefused as err:  # not an outage: the step's run is kept without them
-                    log.warning("tracking: lineage of step %s not logged: %s", step_name, safe_uri(str(err)))
+                except TrackingUnavailable:
+                    raise  # an outage: the whole call is buffered
+                except Exception as err:  # LineageRefused, or a lineage bug: never the step's fault
+                    log.warning("tracking: lineage of step %s not logged: %s", step_name, safe_uri(str(err)),
+                                exc_info=not isinstance(err, LineageRefused))
             self._retry("tag parent",
                         lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
             final = "FAILED" if status == "failed" else "FINISHED"
