@@ -1,4 +1,4 @@
-"""What a ``tidal run`` leaves in MLflow and in its step outputs (issue 21, items 7 and 10).
+"""What a ``tidal run`` leaves in MLflow and in its step outputs (issue 21, items 7 and 10; issue 23, item 7).
 
 A real ``mlflow server`` (loopback, SQLite store; tests/storage/servers.py) records a whole
 ``tidal run`` of a small slice of the tiny recipe, then a second run whose gate fails.
@@ -40,6 +40,9 @@ def recorded(tmp_path_factory):
             env.setenv("MLFLOW_TRACKING_URI", uri)
             env.setattr(tracking_client, "_unreachable_until", {})
             recipe = write_slice_recipe(tmp / "ok.yaml", tmp / "store")
+            data = yaml.safe_load(recipe.read_text())
+            data["train"]["checkpoint_permanent_every"] = 40  # checkpoints 20, 40, 60: 40 permanent, 60 final
+            recipe.write_text(yaml.safe_dump(data, sort_keys=False))
             assert main(["run", str(recipe), "--run-key", OK_KEY]) == 0
             bad = yaml.safe_load(recipe.read_text())
             bad["gate"]["min_total_tokens"] = 10**12  # same data steps (committed), a gate that fails
@@ -119,3 +122,37 @@ def test_gate_summary_renders_offline_with_the_real_run_time(recorded):
     result = json.loads((out / "gate_result.json").read_text())
     assert page.count("<tr>") == len(result["results"]) + 1 and "PASS" in page
     assert not [p for p in (out / "data_docs").rglob("*") if "1970" in str(p)]  # GX's run time is real too
+
+
+def test_train_run_logs_input_datasets_checkpoint_models_and_the_registered_final_one(recorded):
+    uri, pipe = recorded
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(pipe.experiment)
+    ok = _parent(client, exp.experiment_id, OK_KEY)
+    (run,) = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{ok.info.run_id}' and "
+                                "tags.`tidal.kind` = 'train'")
+    step = pipe.graph["train"]
+    digests = {i.dataset.name: i.dataset.digest for i in run.inputs.dataset_inputs}
+    assert sorted(digests) == sorted(dep.name for dep in step.inputs)
+    for dep in step.inputs:
+        record = json.loads(pipe.storage.read_text(dep.step_id, "step.json"))
+        assert digests[dep.name] == record["manifest_root_hash"][:36]
+    out = pipe.storage.step_dir(step.step_id)
+    summary = json.loads((out / "summary.json").read_text())
+    models = {int(m.tags["tidal.checkpoint_step"]): m for m in client.search_logged_models(
+        [exp.experiment_id], filter_string=f"tags.`tidal.step_id` = '{step.step_id}'")}
+    assert sorted(models) == [40, 60]  # 20 was neither permanent nor final
+    for number, model in models.items():
+        manifest = json.loads((out / "checkpoint_manifests" / f"{number}.json").read_text())
+        assert model.tags["tidal.checkpoint_root_hash"] == manifest["root_hash"]
+    manifest = json.loads((out / "checkpoint_manifests" / "40.json").read_text())
+    assert models[40].tags["tidal.params_sha256"] == manifest["params_sha256"]  # hashed at the save
+    assert models[60].tags["tidal.params_sha256"] == summary["params_sha256"]  # the final parameters
+    assert models[40].tags["tidal.final"] == "false" and models[60].tags["tidal.final"] == "true"
+    assert models[60].tags["tidal.checkpoint_root_hash"] == summary["checkpoint_root_hash"]
+    (version,) = client.search_model_versions(f"name = '{pipe.experiment}'")
+    assert version.tags["tidal.logged_model_id"] == models[60].model_id
+    assert version.source == f"models:/{models[60].model_id}"  # a server refuses a local path outside its store
+    assert version.tags["tidal.checkpoint_uri"] == str(out / "checkpoints" / "60")
+    assert version.tags["intended_use"] == "research"
+    assert version.tags["licence"] == "GPL-2.0-or-later AND LicenseRef-Brown-Corpus AND MIT"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, tree_sha256
 from tidal.train.packing import pack_state, split_packed
 
 
@@ -61,6 +61,11 @@ def test_permanent_checkpoints_outlive_the_newest_k(tmp_path):
     ckpt.wait()
     assert ckpt.steps() == [3, 6, 7, 8]
     assert sorted(int(p.stem) for p in (tmp_path / "checkpoint_manifests").iterdir()) == [3, 6, 7, 8]
+    # a permanent checkpoint's manifest names its parameters' hash (MLflow's logged model is tagged with it)
+    manifests = {n: json.loads((tmp_path / "checkpoint_manifests" / f"{n}.json").read_text()) for n in (3, 6, 7)}
+    assert manifests[3]["params_sha256"] == tree_sha256(state(3)["params"])
+    assert manifests[6]["params_sha256"] == tree_sha256(state(6)["params"]) != manifests[3]["params_sha256"]
+    assert "params_sha256" not in manifests[7]
     ckpt.close()
 
 

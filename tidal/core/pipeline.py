@@ -16,6 +16,7 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.core.commit import StepResult, needs_run
+from tidal.core.lineage_record import step_lineage
 from tidal.core.planner import build_graph
 from tidal.core.runner import run_step
 from tidal.integrity.hashing import canonical_json, sha256_bytes
@@ -252,8 +253,17 @@ class Pipeline:
                 {"error": f"{type(err).__name__}: {err}"[:4000]},
                 artifacts=evidence,
                 tags={"tidal.recipe_hash": self.recipe_hash, "tidal.error_type": type(err).__name__},
-                run_id=live_run,
+                run_id=live_run, lineage=self._lineage(step.name, committed=False),
             )
+
+    def _lineage(self, name: str, summary: dict[str, Any] | None = None, committed: bool = True):
+        """Step ``name``'s MLflow lineage objects (:func:`tidal.core.lineage_record.step_lineage`; the
+        registered model is named like the experiment), or None when the step is not in the graph."""
+        try:
+            step = self.graph[name]
+        except KeyError:
+            return None
+        return step_lineage(step, self.storage, self.recipe, self.experiment, summary, committed=committed)
 
     def record(self, result: StepResult, run_key: str, live_run: str | None = None,
                complete_history: bool = False) -> None:
@@ -264,6 +274,8 @@ class Pipeline:
         history is not logged twice. ``complete_history``: the live run may lack rows (a GKE
         pod's undelivered rows stay in the pod): the rows of ``metrics.jsonl`` whose (metric,
         step) the run does not hold are logged (:meth:`tidal.tracking.Tracker.log_step`).
+        Any step's run also gets its MLflow 3 lineage objects (:func:`tidal.core.lineage_record.step_lineage`:
+        input steps as datasets; a train step's checkpoints as logged models, the final one registered).
         """
         tracker = self.tracker()
         parent = self.parent_run(run_key)
@@ -280,6 +292,7 @@ class Pipeline:
         if step_json.is_file():
             tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
         artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
+        lineage = self._lineage(result.name, result.summary)
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None
         with tempfile.TemporaryDirectory(prefix="tidal-artifacts-") as tmp:
             if result.kind == "train" and result.status == "run":
@@ -288,7 +301,7 @@ class Pipeline:
                 parent, result.name, result.step_id, result.kind, result.status, result.summary,
                 history=history if result.status == "run" and (live_run is None or complete_history) else None,
                 artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
-                tags=tags, run_id=live_run,
+                tags=tags, run_id=live_run, lineage=lineage,
             )
 
     def _train_context_files(self, dest: Path) -> list[Path]:

@@ -67,6 +67,7 @@ from tidal.tracking.limits import (
     flatten_params,
     summary_metrics,
 )
+from tidal.tracking.lineage import Lineage, LineageRefused, log_datasets, log_models
 from tidal.tracking.pending import PendingDir, PendingStore
 
 log = logging.getLogger("tidal.tracking")
@@ -235,7 +236,7 @@ class Tracker:
     def log_step(self, parent_run_id: str, step_name: str, step_id: str, kind: str, status: str,
                  summary: dict[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
                  artifacts: Iterable[str | Path] = (), tags: dict[str, str] | None = None,
-                 run_id: str | None = None) -> str | None:
+                 run_id: str | None = None, lineage: Lineage | None = None) -> str | None:
         """Record one step as a nested child run of ``parent_run_id``.
 
         Args:
@@ -251,20 +252,24 @@ class Tracker:
             tags: extra tags, e.g. ``tidal.tokenizer_hash``, ``tidal.checkpoint_root_hash``.
             run_id: the child run opened by :meth:`open_step_run` (a training step's live
                 metrics went there); None creates the child run now.
+            lineage: the step's MLflow 3 lineage objects (:mod:`tidal.tracking.lineage`): its input
+                steps as datasets (metadata only), a train step's checkpoints as logged models, the
+                final one registered. Buffered and replayed with the rest of the call.
 
         Returns:
             The child run id, or None when MLflow was unreachable (payload buffered).
         """
         summary, history, tags = dict(summary or {}), list(history or []), dict(tags or {})
         artifacts = [str(a) for a in artifacts]
+        lineage_json = lineage.to_json() if lineage else None
         try:
             return self._log_step(parent_run_id, step_name, step_id, kind, status, summary, history, artifacts,
-                                  tags, run_id)
+                                  tags, run_id, lineage_json)
         except TrackingUnavailable as err:
             self._buffer("log_step", {
                 "parent_run_id": parent_run_id, "step_name": step_name, "step_id": step_id, "kind": kind,
                 "status": status, "summary": summary, "history": history, "artifacts": artifacts, "tags": tags,
-                "run_id": run_id,
+                "run_id": run_id, "lineage": lineage_json,
             }, err)
             return None
 
@@ -302,7 +307,7 @@ class Tracker:
                 for k in sorted(keys)}
 
     def _log_step(self, parent_run_id, step_name, step_id, kind, status, summary, history, artifacts, tags,
-                  run_id=None):
+                  run_id=None, lineage=None):
         from mlflow.entities import Metric, RunTag
 
         parent = self._resolve(parent_run_id)
@@ -343,6 +348,16 @@ class Tracker:
                     self._retry(f"upload {path}", lambda p=path: self._client().log_artifact(run_id, str(p)))
                 else:
                     log.warning("tracking: artifact %s of step %s does not exist; skipped", path, step_name)
+            if lineage:
+                try:
+                    objects = Lineage.from_json(lineage)
+                    log_datasets(self._client(), self._retry, run_id, objects)
+                    log_models(self._client(), self._retry, exp, run_id, objects, self.uri)
+                except TrackingUnavailable:
+                    raise  # an outage: the whole call is buffered
+                except Exception as err:  # LineageRefused, or a lineage bug: never the step's fault
+                    log.warning("tracking: lineage of step %s not logged: %s", step_name, safe_uri(str(err)),
+                                exc_info=not isinstance(err, LineageRefused))
             self._retry("tag parent",
                         lambda: self._client().set_tag(parent, _key(STEP_TAG_PREFIX + step_name), step_id))
             final = "FAILED" if status == "failed" else "FINISHED"

@@ -124,6 +124,7 @@ class Checkpointer:
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
         self.primary, self.on_manifest = primary, on_manifest
+        self.permanent_every = permanent_every
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         # multi-process to the bucket: no disk is shared, so each process is an orbax domain of its own
         # (no cross-process barrier in orbax), the state is gathered to every host at a save and
@@ -160,6 +161,7 @@ class Checkpointer:
         self._pending: tuple[int, float] = (0, 0.0)  # (step, blocking) of the save in flight
         self._sidecars: dict[str, bytes] = {}  # uploaded with the save in flight (mirror only)
         self._trainer: dict[str, Any] | None = None  # loop state kept in the manifest of the save in flight
+        self._params_sha256: str | None = None  # of the save in flight: a permanent checkpoint's parameters
         self._written: float | None = None  # set by the background thread once orbax finished
 
     def path(self, step: int) -> Path:
@@ -184,7 +186,11 @@ class Checkpointer:
         (name -> bytes, e.g. the metrics so far) before the manifest. Call :meth:`wait` for the
         manifest, :meth:`check` to learn of a failure without waiting. ``trainer``: host-side state
         of the loop as of this step (JSON), kept in the manifest under ``"trainer"`` (the divergence
-        guard's loss history).
+        guard's loss history). A permanent checkpoint's manifest also holds ``params_sha256``
+        (:func:`tree_sha256` of ``state["params"]``, computed here: it blocks for one host copy of the
+        parameters, every ``permanent_every`` steps only), which MLflow's logged model of it is tagged
+        with; not where the parameters are not all addressable from this process (a multi-process run
+        without a mirror).
 
         Raises:
             CheckpointSaveFailed: the previous save failed.
@@ -201,6 +207,7 @@ class Checkpointer:
                 self._pending = (step, time.perf_counter() - start)
                 self.last_manifest = {"step": step}
                 return
+        self._params_sha256 = self._permanent_params_sha256(step, state)
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
         else:
@@ -208,6 +215,14 @@ class Checkpointer:
             target, args = self._finish, (step, fingerprint, start)
         self._job = self._worker.submit(target, *args)
         self._pending = (step, time.perf_counter() - start)
+
+    def _permanent_params_sha256(self, step: int, state: Any) -> str | None:
+        params = state.get("params") if isinstance(state, dict) else None
+        if not self.primary or params is None or not self.permanent_every or step % self.permanent_every:
+            return None
+        if not all(getattr(leaf, "is_fully_addressable", True) for leaf in jax.tree_util.tree_leaves(params)):
+            return None
+        return tree_sha256(params)
 
     def _orbax_save(self, step: int, state: Any, custom_metadata: dict | None = None) -> None:
         self.manager.save(step, args=ocp.args.PyTreeSave(state, custom_metadata=custom_metadata), force=True)
@@ -229,6 +244,8 @@ class Checkpointer:
                 manifest = {**build_manifest(self.path(step)), "step": step, "fingerprint": fingerprint}
                 if self._trainer is not None:
                     manifest["trainer"] = self._trainer
+                if self._params_sha256 is not None:
+                    manifest["params_sha256"] = self._params_sha256
                 _write_json_atomic(self._manifest_path(step), manifest)
                 live = set(self.manager.all_steps())  # orbax drops pruned steps from it at save time
                 if self.mirror is not None:  # counts once its manifest is in the bucket
