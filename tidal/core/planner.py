@@ -14,6 +14,7 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.data.heldout import split_config
+from tidal.eval.config import DownstreamSettings
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
@@ -171,7 +172,24 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
                 *parent),
     )
     steps += [mix, stats, gate, *parent, train]
+    if recipe.evaluation.downstream is not None:
+        steps.append(eval_step(recipe.evaluation.downstream, train, tokenizer))
     return StepGraph(tuple(steps))
+
+
+def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step) -> Step:
+    """The ``eval`` step of ``evaluation.downstream``: the tasks' definition hashes and lm-eval's version are
+    hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py)."""
+    from tidal.eval.step import lm_eval_version
+    from tidal.eval.suite import task_hash
+
+    return Step(
+        name="eval",
+        kind="eval",
+        config={**settings.model_dump(), "task_hashes": {t: task_hash(t) for t in settings.tasks},
+                "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version()},
+        inputs=(train, tokenizer),
+    )
 
 
 def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:

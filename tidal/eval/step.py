@@ -42,8 +42,8 @@ def _metrics(task_result: dict[str, Any]) -> dict[str, float | None]:
         if key == "alias" or not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         name = key.removesuffix(",none")
-        if name.endswith("_stderr"):
-            continue  # bootstrap_iters=0: no standard errors are computed
+        if name.endswith("_stderr") or name == "sample_len":
+            continue  # bootstrap_iters=0: no standard errors; sample_len is n_examples
         out[name] = float(value) if math.isfinite(value) else None
     return out
 
