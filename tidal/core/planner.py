@@ -194,10 +194,10 @@ def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step) -> Ste
 
 def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
     """The suite's steps: the base recipe's data steps (same ids), one train step per grid
-    point, then the ``fit`` step reading every train step."""
+    point, then the ``fit`` step reading every train step (the base recipe's eval step is left out)."""
     base_graph = build_graph(base)
     base_train = base_graph["train"]
-    data_steps = [s for s in base_graph if s.name != "train"]
+    data_steps = [s for s in base_graph if s.kind not in ("train", "eval")]  # grid points are not evaluated downstream
     inputs = base_train.inputs
     ref_cfg = dict(base_train.config)
     points = plan_grid(suite, base)
