@@ -57,6 +57,10 @@ def evaluate(model: Any, cfg: EvalStepConfig, cache_dir: Path) -> tuple[dict[str
     Raises:
         ValueError: a task's definition no longer has the hash the step config holds (edited after planning).
     """
+    for name in cfg.tasks:  # before any work: the step id names the definitions it was planned with
+        if task_hash(name) != cfg.task_hashes.get(name):
+            raise ValueError(f"eval task {name}: its definition's hash {task_hash(name)} is not the "
+                             f"{cfg.task_hashes.get(name)} this step was planned with; plan again")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from lm_eval import simple_evaluate
@@ -71,9 +75,6 @@ def evaluate(model: Any, cfg: EvalStepConfig, cache_dir: Path) -> tuple[dict[str
     tasks: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     for name in cfg.tasks:
-        if task_hash(name) != cfg.task_hashes.get(name):
-            raise ValueError(f"eval task {name}: its definition's hash {task_hash(name)} is not the "
-                             f"{cfg.task_hashes.get(name)} this step was planned with; plan again")
         started = time.perf_counter()
         out = simple_evaluate(model=lm, tasks=task_specs([name], cache_dir), num_fewshot=cfg.num_fewshot,
                               task_manager=manager, bootstrap_iters=0, log_samples=False, cache_requests=False)
