@@ -75,6 +75,9 @@ def cloze_items(lastword: list[dict], seed: int) -> list[dict]:
     distractors (other items' targets, each different from the answer)."""
     rng = random.Random(seed)
     pool = sorted({it["target"] for it in lastword})
+    if len({w.lower() for w in pool}) < 4:
+        raise SystemExit(f"error: the held-out documents give {len(pool)} distinct last words; a four-way cloze "
+                         "needs at least 4")
     out = []
     for it in lastword:
         others = [w for w in pool if w.lower() != it["target"].lower()]
