@@ -61,7 +61,8 @@ def committed_train(tmp_path_factory):
     text = byte_level_tokenizer_json()
     tok_hash = hashlib.sha256(text.encode()).hexdigest()
     vocab = json.loads(text)["model"]["vocab"]
-    made = {name: Step(name, "fetch", {"made": name, "tok": tok_hash}) for name in ("tokenizer", "mix", "tokenize-udhr")}
+    made = {name: Step(name, "fetch", {"made": name, "tok": tok_hash})
+            for name in ("tokenizer", "mix", "tokenize-udhr")}
     tok_dir = storage.step_dir(made["tokenizer"].step_id)
     tok_dir.mkdir(parents=True)
     (tok_dir / "tokenizer.json").write_text(text)

@@ -10,6 +10,7 @@ import pytest
 
 from tidal.core.planner import eval_step
 from tidal.core.runner import run_step
+from tidal.eval.build_tasks import TASKS_DIR
 from tidal.eval.config import DownstreamSettings
 from tidal.eval.step import RESULTS_JSON, lm_eval_version
 from tidal.eval.suite import task_hash
@@ -38,7 +39,7 @@ def test_results_json_records_each_task(evaluated, committed_train):
         assert entry["batch_size"] == 8 and entry["n_shot"] == 0
         assert entry["checkpoint_root_hash"] == results["checkpoint_root_hash"]
         assert len(entry["tokenizer_hash"]) == 64
-    lines = sum(1 for _ in open(f"tidal/eval/tasks/{TASKS[0]}.jsonl"))
+    lines = len((TASKS_DIR / f"{TASKS[0]}.jsonl").read_text().splitlines())
     assert results["tasks"]["tidal_brown_cloze"]["n_examples"] == lines
     assert 0.0 <= results["tasks"]["tidal_brown_cloze"]["metrics"]["acc"] <= 1.0
     assert results["tasks"]["tidal_brown_lastword"]["metrics"]["perplexity"] > 1.0
@@ -57,8 +58,6 @@ def test_rerun_writes_the_same_bytes(evaluated):
 
 def test_editing_a_task_changes_its_hash_and_the_step_id(tmp_path, committed_train):
     _, train, tokenizer = committed_train
-    from tidal.eval.build_tasks import TASKS_DIR
-
     shutil.copytree(TASKS_DIR, tmp_path / "tasks")
     before = task_hash("tidal_brown_cloze", tmp_path / "tasks")
     assert before == task_hash("tidal_brown_cloze")

@@ -65,9 +65,9 @@ def test_build_is_deterministic_and_uses_held_out_documents_only(tmp_path):
     texts = [" ".join(["word"] * 40) + f" and then the dog ran {w} ." for w in words]
     ids = _clean_dir(tmp_path / "brown", texts)
     udhr = _clean_dir(tmp_path / "udhr", ["Article one.\nArticle two."] * 5)
-    udhr_table = pq.read_table(tmp_path / "udhr" / "documents-00000-of-00001.parquet")
+    shard = tmp_path / "udhr" / "documents-00000-of-00001.parquet"
     refs = ["eng.html", "fra.html", "deu_1901.html", "rus.html", "cmn_hans.html"]
-    pq.write_table(udhr_table.set_column(2, "ref", pa.array(refs)), tmp_path / "udhr" / "documents-00000-of-00001.parquet")
+    pq.write_table(pq.read_table(shard).set_column(2, "ref", pa.array(refs)), shard)
     names = build(tmp_path / "brown", tmp_path / "udhr", split, tmp_path / "a")
     build(tmp_path / "brown", tmp_path / "udhr", split, tmp_path / "b")
     assert names == available_tasks()
