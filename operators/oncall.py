@@ -31,8 +31,9 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         the attempt's Data Docs index, or None), "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
         "age_s", "root_hash"} | None, "downstream": {task: {metric: value, "n_examples"}} | None (the committed
-        eval step's results.json, :func:`tidal.core.report.downstream`), "mlflow": {"uri", "link"}}`` (:func:`mlflow_run_links` adds
-        ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when the recipe does not load.
+        eval step's results.json, :func:`tidal.core.report.downstream`), "mlflow": {"uri", "link"}}``
+        (:func:`mlflow_run_links` adds ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when
+        the recipe does not load.
     """
     from tidal.core.load import load_pipeline
     from tidal.tracking.failures import group_failures, list_failures
