@@ -1,7 +1,8 @@
 """Build the offline eval suite (``tidal/eval/tasks/``) from a recipe's committed clean steps.
 
 ``python -m tidal.eval.build_tasks --clean-brown DIR --clean-udhr DIR --seed 20261130 --fraction 0.02``
-(``tools/eval_tasks/build.py`` runs or reuses the clean steps of a recipe and calls :func:`build`). Same inputs, same bytes.
+(``tools/eval_tasks/build.py`` runs or reuses the clean steps of a recipe and calls :func:`build`).
+Same inputs, same bytes.
 
 Invariant: every Brown item comes from a document of the recipe's in-distribution held-out split
 (:func:`tidal.data.heldout.is_heldout` of the clean step's document id with the recipe seed and
