@@ -31,7 +31,8 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
     (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
     committed parent train step, ``continue-from``). With ``evaluation.heldout`` the tokenizer
     and the training sources' tokenize steps carry the split (:mod:`tidal.data.heldout`) and the
-    train step also reads those tokenize steps, for their held-out part (``heldout_data``).
+    train step also reads those tokenize steps, for their held-out part (``heldout_data``). With
+    ``evaluation.downstream`` an ``eval`` step reads the train step and the tokenizer (:func:`eval_step`).
 
     Args:
         continuation: resolves ``train.continue_from`` against the storage root
