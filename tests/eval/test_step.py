@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from tests.eval.conftest import SEQ_LEN
 from tidal.core.planner import eval_step
 from tidal.core.runner import run_step
 from tidal.eval.build_tasks import TASKS_DIR
@@ -22,7 +23,7 @@ TASKS = ["tidal_brown_cloze", "tidal_brown_lastword", "tidal_udhr_cmn"]
 @pytest.fixture(scope="module")
 def evaluated(committed_train):
     storage, train, tokenizer = committed_train
-    step = eval_step(DownstreamSettings(tasks=TASKS, batch_size=8), train, tokenizer)
+    step = eval_step(DownstreamSettings(tasks=TASKS, batch_size=8), train, tokenizer, SEQ_LEN)
     run_step(step, storage)
     return storage, step
 
@@ -64,7 +65,7 @@ def test_editing_a_task_changes_its_hash_and_the_step_id(tmp_path, committed_tra
     data = tmp_path / "tasks" / "tidal_brown_cloze.jsonl"
     data.write_text(data.read_text().replace('"label": 0', '"label": 1', 1))
     assert task_hash("tidal_brown_cloze", tmp_path / "tasks") != before
-    step = eval_step(DownstreamSettings(tasks=TASKS), train, tokenizer)
+    step = eval_step(DownstreamSettings(tasks=TASKS), train, tokenizer, SEQ_LEN)
     assert step.config["task_hashes"] == {t: task_hash(t) for t in TASKS}
     edited = {**step.config, "task_hashes": {**step.config["task_hashes"],
                                              "tidal_brown_cloze": task_hash("tidal_brown_cloze", tmp_path / "tasks")}}
@@ -76,7 +77,7 @@ def test_a_task_edited_after_planning_is_refused(committed_train, trained):
     from tidal.eval.step import evaluate
 
     _, train, tokenizer = committed_train
-    cfg = dict(eval_step(DownstreamSettings(tasks=TASKS[:1]), train, tokenizer).config)
+    cfg = dict(eval_step(DownstreamSettings(tasks=TASKS[:1]), train, tokenizer, SEQ_LEN).config)
     cfg["task_hashes"] = {TASKS[0]: "0" * 64}
     with pytest.raises(ValueError, match="plan again"):
         evaluate(trained, EvalStepConfig.model_validate(cfg), None)

@@ -174,13 +174,14 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
     )
     steps += [mix, stats, gate, *parent, train]
     if recipe.evaluation.downstream is not None:
-        steps.append(eval_step(recipe.evaluation.downstream, train, tokenizer))
+        steps.append(eval_step(recipe.evaluation.downstream, train, tokenizer, recipe.tokenize.seq_len))
     return StepGraph(tuple(steps))
 
 
-def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step) -> Step:
+def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_len: int) -> Step:
     """The ``eval`` step of ``evaluation.downstream``: the tasks' definition hashes and lm-eval's version are
-    hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py)."""
+    hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py). ``seq_len``: the
+    packed sequence length the model was trained on (its context is one token less)."""
     from tidal.eval.step import lm_eval_version
     from tidal.eval.suite import task_hash
 
@@ -188,7 +189,8 @@ def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step) -> Ste
         name="eval",
         kind="eval",
         config={**settings.model_dump(), "task_hashes": {t: task_hash(t) for t in settings.tasks},
-                "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version()},
+                "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version(),
+                "seq_len": seq_len},
         inputs=(train, tokenizer),
     )
 

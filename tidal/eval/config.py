@@ -42,3 +42,5 @@ class EvalStepConfig(DownstreamSettings):
     train: str = Field(min_length=1, description="the train step whose final checkpoint is evaluated")
     tokenizer: str = Field(min_length=1, description="the tokenizer step")
     lm_eval_version: str = Field(min_length=1, description="lm-eval's version (results depend on it)")
+    seq_len: Annotated[int, StrictType(), Field(ge=8)] = Field(
+        description="tokens per packed training sequence (tokenize.seq_len); the model's context is seq_len - 1")

@@ -68,7 +68,7 @@ def evaluate(model: Any, cfg: EvalStepConfig, cache_dir: Path) -> tuple[dict[str
 
     from tidal.eval.lm import TidalLM
 
-    lm = TidalLM(model, batch_size=cfg.batch_size)
+    lm = TidalLM(model, batch_size=cfg.batch_size, max_length=cfg.seq_len - 1)
     manager = TaskManager(include_defaults=False)
     version = lm_eval_version()
     tok_hash = str(model.tokenizer_meta.get("tokenizer_hash"))
@@ -104,7 +104,8 @@ def run(ctx: Any) -> dict[str, Any]:
     from tidal.train.trained import load_trained
 
     cfg = EvalStepConfig.model_validate(ctx.config)
-    model = load_trained(ctx.input_dir(cfg.train))
+    # the tokenizer from this step's own input: on an object-store root the train step's recorded path is a URI
+    model = load_trained(ctx.input_dir(cfg.train), tokenizer_dir=ctx.input_dir(cfg.tokenizer))
     with tempfile.TemporaryDirectory(prefix="tidal-eval-datasets-") as cache:
         results, seconds = evaluate(model, cfg, Path(cache))
     (ctx.out_dir / RESULTS_JSON).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
