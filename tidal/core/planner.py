@@ -14,7 +14,7 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.data.heldout import split_config
-from tidal.eval.config import DownstreamSettings
+from tidal.eval.config import DownstreamSettings, EvalStepConfig
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
@@ -188,9 +188,9 @@ def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_le
     return Step(
         name="eval",
         kind="eval",
-        config={**settings.model_dump(), "task_hashes": {t: task_hash(t) for t in settings.tasks},
-                "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version(),
-                "seq_len": seq_len},
+        config=EvalStepConfig(**settings.model_dump(), task_hashes={t: task_hash(t) for t in settings.tasks},
+                              train=train.name, tokenizer=tokenizer.name, lm_eval_version=lm_eval_version(),
+                              seq_len=seq_len).model_dump(),
         inputs=(train, tokenizer),
     )
 
