@@ -70,7 +70,7 @@ def test_an_override_changes_a_step_id_only_where_it_changes_the_computation(dag
     assert base == {s.name: s.step_id for s in __import__("tidal.core.load").core.load.load_pipeline(recipe).graph}
 
     steps = _ids(recipe, {**defaults, "train_steps": defaults["train_steps"] + 5})
-    assert [n for n in base if base[n] != steps[n]] == ["train", "eval"]  # eval reads train
+    assert [n for n in base if base[n] != steps[n]] == ["train"]
 
     seed = _ids(recipe, {**defaults, "seed": defaults["seed"] + 1})
     # the seed draws the mixture and the held-out split (evaluation.heldout), which the tokenizer
