@@ -30,8 +30,10 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "kind", "step_id", "status"}], "failing_gates": [{"step_id", "attempt" (URI), "data_docs" (URI of
         the attempt's Data Docs index, or None), "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
-        "age_s", "root_hash"} | None, "mlflow": {"uri", "link"}}`` (:func:`mlflow_run_links` adds
-        ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when the recipe does not load.
+        "age_s", "root_hash"} | None, "downstream": {task: {metric: value, "n_examples"}} | None (the committed
+        eval step's results.json, :func:`tidal.core.report.downstream`), "mlflow": {"uri", "link"}}``
+        (:func:`mlflow_run_links` adds ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when
+        the recipe does not load.
     """
     from tidal.core.load import load_pipeline
     from tidal.tracking.failures import group_failures, list_failures
@@ -63,6 +65,11 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
             checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),
                           "step": data.get("step"), "age_s": time.time() - manifest.stat().st_mtime,
                           "root_hash": data.get("root_hash")}
+    downstream = None
+    if "eval" in pipe.graph.by_name and pipe.storage.is_committed(pipe.graph["eval"].step_id):
+        from tidal.core.report import downstream as downstream_of
+
+        downstream = downstream_of(json.loads(pipe.storage.read_text(pipe.graph["eval"].step_id, "results.json")))
     from tidal.tracking import experiments_link, safe_uri
 
     return {
@@ -71,7 +78,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "steps": steps, "failing_gates": failing_gates,
         "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name),
                                    pipe.storage.is_committed)[:20],
-        "checkpoint": checkpoint,
+        "checkpoint": checkpoint, "downstream": downstream,
         "mlflow": {"uri": safe_uri(pipe.tracking_uri), "link": experiments_link(pipe.tracking_uri)},
     }
 
@@ -219,6 +226,14 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         out.append(f"<p class='checkpoint'>step {e(str(ckpt['step']))} at <code>{e(ckpt['path'])}</code>, age "
                    f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
                    if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
+        if st.get("downstream"):
+            out.append("<h3>Downstream evals (final checkpoint)</h3><table class='downstream'>"
+                       "<tr><th>task</th><th>metrics</th><th>n</th></tr>")
+            for task, values in st["downstream"].items():
+                shown = ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in values.items() if k != "n_examples")
+                out.append(f"<tr><td>{e(task)}</td><td>{e(shown)}</td><td>{values['n_examples']}</td></tr>")
+            out.append("</table>")
         mlflow = st["mlflow"]
         out.append(f"<p>MLflow: <code>{e(safe_uri(mlflow['uri']))}</code>"
                    + (f" &middot; <a href='{e(mlflow['link'])}'>experiments</a>" if mlflow["link"] else "") + "</p>")

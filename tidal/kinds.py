@@ -44,6 +44,7 @@ KINDS: dict[str, KindSpec] = {
     "stats": KindSpec("tidal.data.stats", 4),
     "gate": KindSpec("tidal.quality.gates", 2),
     "train": KindSpec("tidal.train", 3, resumable=True, seeded=True),
+    "eval": KindSpec("tidal.eval.step", 1),
     "scaling_fit": KindSpec("tidal.scaling.fit_step", 2, seeded=True),
 }
 

@@ -26,3 +26,17 @@ def test_report_prints_first_to_last_for_each_eval():
     assert "    old            None -> 7.0000  (out of distribution: a source kept out of the mixture)" in lines
     without = format_report({**report, "evals": {}}).splitlines()
     assert "  eval loss:     5.4200 (held out)" in without
+
+
+def test_report_prints_one_line_per_downstream_task():
+    from tidal.core.report import downstream
+
+    results = {"tasks": {"tidal_udhr_eng": {"metrics": {"bits_per_byte": 2.28793008, "word_perplexity": 14533.68},
+                                            "n_examples": 92, "n_shot": 0},
+                         "tidal_brown_cloze": {"metrics": {"acc": 0.375}, "n_examples": 56, "n_shot": 0}}}
+    report = {"recipe": "tiny", "run_key": "k", "steps_run": ["eval"], "steps_skipped": [], "gate": "passed",
+              "downstream": downstream(results), "mlflow_uri": "sqlite:///m.db", "missing": []}
+    lines = format_report(report).splitlines()
+    at = lines.index("  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot)")
+    assert lines[at + 1:at + 3] == ["    tidal_brown_cloze  acc 0.375  (n=56)",
+                                    "    tidal_udhr_eng     bits_per_byte 2.28793  word_perplexity 14533.7  (n=92)"]

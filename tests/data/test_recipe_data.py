@@ -16,6 +16,7 @@ from tidal.data.snapshot import file_sha256, snapshot_sha256
 from tidal.data.stats import StatsConfig
 from tidal.data.tokenize_config import TokenizeConfig
 from tidal.data.tokenizer_config import TokenizerConfig
+from tidal.eval.config import EvalStepConfig
 from tidal.quality.gates import GateConfig, GateSettings
 from tidal.recipe import RecipeError, parse_recipe
 
@@ -44,7 +45,8 @@ def test_every_planned_data_step_config_is_read_back_by_its_kind_model(tiny_data
     """One model per kind: the recipe composes it, the planner dumps it, the kind reads the dict back
     unchanged (fetch and tokenizer hash a subset of their fields, to keep their step ids)."""
     models = {"fetch": FetchConfig, "clean": CleanConfig, "tokenizer": TokenizerConfig, "tokenize": TokenizeConfig,
-              "mix": MixConfig, "stats": StatsConfig, "gate": GateConfig, "decontaminate": DecontaminateConfig}
+              "mix": MixConfig, "stats": StatsConfig, "gate": GateConfig, "decontaminate": DecontaminateConfig,
+              "eval": EvalStepConfig}
     tiny_data["decontamination"] = {}  # off in tiny.yaml; every default
     graph = build_graph(parse_recipe(tiny_data))
     assert {step.kind for step in graph} - {"train"} == set(models)

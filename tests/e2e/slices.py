@@ -21,6 +21,9 @@ def write_slice_recipe(path: Path, storage: Path, name: str = "tiny_ci", scale: 
     data["sources"]["songci"]["max_documents"] = 1500 * scale
     data["tokenizer"]["vocab_size"] = 1024
     data["evaluation"]["heldout"] = {"fraction": 0.1}  # 2% of 60 Brown documents could be none
+    # no eval step: the slices test data, training, Airflow and the cluster (and keep their cost); the eval
+    # step is tested on its own (tests/eval) and runs in make demo
+    data["evaluation"].pop("downstream", None)
     data["gate"]["min_total_tokens"] = 50_000
     data["gate"]["mixture_tolerance"] = 0.02
     data["train"].update(steps=60, checkpoint_every=20, eval_every=30, log_every=10, batch_size=8)

@@ -112,7 +112,7 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
 
             pipe = load_pipeline(path, storage_root=storage_root)
             steps = {s.name: s.step_id for s in pipe.graph}
-            return Target("recipe", pipe.storage, steps, [pipe.graph.steps[-1].step_id], pipe, label=target)
+            return Target("recipe", pipe.storage, steps, [_final_step(pipe.graph).step_id], pipe, label=target)
         if as_path:
             raise TargetError(f"{target}: a file, but not a recipe (.yaml or .yml); a target is a recipe file, a "
                               "step directory, a step id or an MLflow run key")
@@ -153,9 +153,15 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
     if pipe is not None:
         order = {s.name: i for i, s in enumerate(pipe.graph)}
         steps = dict(sorted(steps.items(), key=lambda kv: order.get(kv[0], len(order))))
-    final = [steps[pipe.graph.steps[-1].name]] if pipe is not None and pipe.graph.steps[-1].name in steps else (
+    final = [steps[_final_step(pipe.graph).name]] if pipe is not None and _final_step(pipe.graph).name in steps else (
         list(steps.values())[-1:])
     return Target("run", storage, steps, final, pipe, run, label=target)
+
+
+def _final_step(graph: Any) -> Any:
+    """The step a recipe's lineage ends at: the last step that is not an eval (the final checkpoint's train
+    step; an eval step reads it and adds no data to the chain)."""
+    return [s for s in graph if s.kind != "eval"][-1]
 
 
 def _is_stored_step(storage: Any, step_id: str) -> bool:

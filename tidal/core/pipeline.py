@@ -345,6 +345,7 @@ _ARTIFACTS = {
     "gate": ("gate_result.json", "gate_summary.html", "data_docs"),
     "train": (SUMMARY_JSON, CHECKPOINT_MANIFEST, STEP_JSON, MANIFEST_JSON, "metrics.jsonl", "loss_curve.png",
               "divergence.jsonl", "profile_trace"),
+    "eval": ("results.json", STEP_JSON),
     "scaling_fit": ("fits.json", "runs.parquet", "params.parquet", "forecasts.parquet", "plots"),
 }
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.data.heldout import split_config
+from tidal.eval.config import DownstreamSettings, EvalStepConfig
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, Suite, plan_grid
 from tidal.steps import Step, StepGraph
@@ -30,7 +31,8 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
     (mix, held-out tokenized sources, tokenizer, gate, and with ``train.continue_from`` the
     committed parent train step, ``continue-from``). With ``evaluation.heldout`` the tokenizer
     and the training sources' tokenize steps carry the split (:mod:`tidal.data.heldout`) and the
-    train step also reads those tokenize steps, for their held-out part (``heldout_data``).
+    train step also reads those tokenize steps, for their held-out part (``heldout_data``). With
+    ``evaluation.downstream`` an ``eval`` step reads the train step and the tokenizer (:func:`eval_step`).
 
     Args:
         continuation: resolves ``train.continue_from`` against the storage root
@@ -171,15 +173,34 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
                 *parent),
     )
     steps += [mix, stats, gate, *parent, train]
+    if recipe.evaluation.downstream is not None:
+        steps.append(eval_step(recipe.evaluation.downstream, train, tokenizer, recipe.tokenize.seq_len))
     return StepGraph(tuple(steps))
+
+
+def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_len: int) -> Step:
+    """The ``eval`` step of ``evaluation.downstream``: the tasks' definition hashes and lm-eval's version are
+    hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py). ``seq_len``: the
+    packed sequence length the model was trained on (its context is one token less)."""
+    from tidal.eval.step import lm_eval_version
+    from tidal.eval.suite import task_hash
+
+    return Step(
+        name="eval",
+        kind="eval",
+        config=EvalStepConfig(**settings.model_dump(), task_hashes={t: task_hash(t) for t in settings.tasks},
+                              train=train.name, tokenizer=tokenizer.name, lm_eval_version=lm_eval_version(),
+                              seq_len=seq_len).model_dump(),
+        inputs=(train, tokenizer),
+    )
 
 
 def build_suite_graph(suite: Suite, base: Recipe) -> StepGraph:
     """The suite's steps: the base recipe's data steps (same ids), one train step per grid
-    point, then the ``fit`` step reading every train step."""
+    point, then the ``fit`` step reading every train step (the base recipe's eval step is left out)."""
     base_graph = build_graph(base)
     base_train = base_graph["train"]
-    data_steps = [s for s in base_graph if s.name != "train"]
+    data_steps = [s for s in base_graph if s.kind not in ("train", "eval")]  # grid points are not evaluated downstream
     inputs = base_train.inputs
     ref_cfg = dict(base_train.config)
     points = plan_grid(suite, base)

@@ -37,7 +37,8 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         ``gate_evidence`` and ``gate_data_docs`` (URIs of the kept attempt), ``mixture`` (the mixture
         table's lines once the mix step is committed, :mod:`tidal.core.mixture`). For a scaling suite, instead of
         the train-step keys: ``kind`` (``scaling_suite``), ``base`` (the base recipe's name),
-        ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`).
+        ``grid`` (one dict per train step, :func:`_grid_runs`) and ``fit`` (:func:`_fit_result`); with a committed
+        eval step, ``downstream`` (:func:`downstream`).
     """
     graph, storage = pipe.graph, pipe.storage
     suite = getattr(pipe, "suite", None)
@@ -58,6 +59,8 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
             report[key] = summary.get(key)
         report["evals"] = eval_curves(summary)
         report["checkpoints"] = storage.step_uri(train_id).rstrip("/") + "/checkpoints"
+    if suite is None and "eval" in graph.by_name and storage.is_committed(graph["eval"].step_id):
+        report["downstream"] = downstream(json.loads(storage.read_text(graph["eval"].step_id, "results.json")))
     gate = graph["gate"]
     gate_text = _committed_text(storage, gate.step_id, "gate_result.json")
     if gate_text is not None:
@@ -201,6 +204,7 @@ def format_report(report: dict[str, Any]) -> str:
         ]
         lines += _format_evals(report, fmt)
         lines.append(f"  checkpoints:   {report['checkpoints']}")
+    lines += _format_downstream(report.get("downstream") or {})
     if "grid" in report:
         lines += _format_suite(report, fmt)
     if report.get("gate_data_docs"):
@@ -229,6 +233,26 @@ def _format_evals(report: dict[str, Any], fmt: Any) -> list[str]:
         where = ("in distribution: held-out documents of a training source" if name.startswith("heldout/")
                  else "out of distribution: a source kept out of the mixture")
         lines.append(f"    {name:<{width}}  {fmt(first)} -> {fmt(last)}  ({where})")
+    return lines
+
+
+def downstream(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{task: {metric: value, "n_examples": n}}`` from an eval step's ``results.json`` (tidal/eval/step.py)."""
+    return {name: {**entry["metrics"], "n_examples": entry["n_examples"]}
+            for name, entry in sorted(results.get("tasks", {}).items())}
+
+
+def _format_downstream(tasks: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per downstream task: its metrics (lm-eval's names, 6 significant digits) and the number of
+    examples."""
+    if not tasks:
+        return []
+    width = max(len(name) for name in tasks)
+    lines = ["  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot)"]
+    for name, values in tasks.items():
+        shown = "  ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in values.items() if k != "n_examples")
+        lines.append(f"    {name:<{width}}  {shown}  (n={values['n_examples']})")
     return lines
 
 

@@ -28,6 +28,7 @@ from tidal.data.fetch_config import FetchSettings
 from tidal.data.filters import QualityFilters
 from tidal.data.heldout import HeldoutSettings
 from tidal.data.langid import LanguageFilter
+from tidal.eval.config import DownstreamSettings
 from tidal.quality.licences import Use
 from tidal.quality.spdx import LicenceSyntaxError, licence_id, parse
 
@@ -107,6 +108,9 @@ class EvaluationConfig(Strict):
     heldout: HeldoutSettings | None = Field(
         default=None, description="hold out a fraction of every training source's documents (tidal/data/heldout.py)"
     )
+    downstream: DownstreamSettings | None = Field(
+        default=None, description="lm-evaluation-harness tasks on the final checkpoint (tidal/eval/); none: no "
+        "eval step")
 
     @model_validator(mode="after")
     def _something_to_evaluate(self) -> EvaluationConfig:

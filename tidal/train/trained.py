@@ -89,12 +89,15 @@ def _context(spec: dict[str, Any], cfg: TrainStepConfig) -> int | None:
     return int(seq_len) - 1 if isinstance(seq_len, int) else None
 
 
-def load_trained(step_dir: str | Path, checkpoint: int | None = None) -> TrainedModel:
+def load_trained(step_dir: str | Path, checkpoint: int | None = None,
+                 tokenizer_dir: str | Path | None = None) -> TrainedModel:
     """Read the model of the train step in ``step_dir`` from a verified checkpoint.
 
     Args:
         step_dir: a committed train step's directory (``spec.json``, ``summary.json``, ``checkpoints/``).
         checkpoint: the checkpoint's step; None: the final one (``summary.json`` ``checkpoint_step``).
+        tokenizer_dir: a local copy of the train step's tokenizer step (a reader that resolved its own
+            inputs, e.g. the eval step); None: the directory ``spec.json`` records, which must be local.
 
     Raises:
         ConfigError: not a train step, its config or tokenizer unreadable, the checkpoint missing,
@@ -110,7 +113,7 @@ def load_trained(step_dir: str | Path, checkpoint: int | None = None) -> Trained
         raise ConfigError(f"{step_dir / SPEC_JSON}: kind {spec.get('kind')!r}; only a train step has a model")
     summary = _read_json(step_dir / SUMMARY_JSON)
     cfg = parse_step_config(spec.get("config"), step_dir / SPEC_JSON)
-    tok = (spec.get("inputs") or {}).get(cfg.tokenizer)
+    tok = tokenizer_dir if tokenizer_dir is not None else (spec.get("inputs") or {}).get(cfg.tokenizer)
     if tok is None or "://" in str(tok):
         raise ConfigError(f"{step_dir / SPEC_JSON}: inputs.{cfg.tokenizer}: the tokenizer step must be a local "
                           f"directory (got {tok!r})")

@@ -1,0 +1,46 @@
+"""The recipe's ``evaluation.tasks`` section (:class:`DownstreamSettings`) and the eval step's config
+(:class:`EvalStepConfig`). Light on purpose (no lm-eval, no JAX): the recipe imports it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic import Strict as StrictType
+
+from tidal.config import Strict
+
+
+class DownstreamSettings(Strict):
+    """Downstream tasks run through lm-evaluation-harness on the train step's final checkpoint."""
+
+    tasks: list[str] = Field(min_length=1, description="task names defined in tidal/eval/tasks/<name>.yaml "
+                             "(regenerate with python -m tidal.eval.build_tasks)")
+    batch_size: Annotated[int, StrictType(), Field(ge=1, le=1024)] = Field(
+        default=8, description="sequences per forward pass (scores do not depend on it; recorded)")
+    num_fewshot: Annotated[int, StrictType(), Field(ge=0, le=0)] = Field(
+        default=0, description="in-context examples per item (0: the local tasks have no few-shot split)")
+
+    @field_validator("tasks")
+    @classmethod
+    def _known(cls, tasks: list[str]) -> list[str]:
+        from tidal.eval.suite import available_tasks
+
+        known = available_tasks()
+        unknown = sorted(set(tasks) - set(known))
+        if unknown:
+            raise ValueError(f"unknown eval tasks {unknown}; defined in tidal/eval/tasks/: {known}")
+        if len(set(tasks)) != len(tasks):
+            raise ValueError("a task is listed twice")
+        return sorted(tasks)
+
+
+class EvalStepConfig(DownstreamSettings):
+    """One eval step: the recipe's settings, each task's definition hash, its inputs and lm-eval's version."""
+
+    task_hashes: dict[str, str] = Field(description="task -> sha256 of its YAML and data (tidal/eval/suite.py)")
+    train: str = Field(min_length=1, description="the train step whose final checkpoint is evaluated")
+    tokenizer: str = Field(min_length=1, description="the tokenizer step")
+    lm_eval_version: str = Field(min_length=1, description="lm-eval's version (results depend on it)")
+    seq_len: Annotated[int, StrictType(), Field(ge=8)] = Field(
+        description="tokens per packed training sequence (tokenize.seq_len); the model's context is seq_len - 1")
