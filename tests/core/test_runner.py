@@ -171,14 +171,14 @@ def test_a_hand_edited_committed_input_is_refused_before_the_step_runs(tmp_path,
     part = storage.step_dir(upstream.step_id) / "part-1.txt"
     original = part.read_bytes()
     part.write_bytes(original.replace(b"part", b"PART"))
-    with pytest.raises(InputMismatch, match=r"part-1.txt: expected sha256 [0-9a-f]+, got sha256 .*--force writer"):
+    with pytest.raises(InputMismatch, match=r"part-1.txt: sha256 differs from manifest.*--force writer"):
         run_step(downstream, storage)
     assert not storage.is_committed(downstream.step_id)
     part.write_bytes(original)
     assert run_step(downstream, storage).status == "run"
     # verified once at this root hash: checking again hashes nothing (one stat)
     hashed = []
-    monkeypatch.setattr(inputs, "verify_step", lambda *a: hashed.append(a))
+    monkeypatch.setattr(inputs, "verify_manifest", lambda *a: hashed.append(a) or [])
     assert verify_inputs(downstream, storage) == 0 and hashed == []
 
 
@@ -200,5 +200,5 @@ def test_a_resigned_input_is_refused_when_a_key_is_configured(tmp_path, monkeypa
     manifest = write_manifest(folder, exclude=("step.json", "_SUCCESS", "signature.json"))
     (folder / "_SUCCESS").write_text(manifest["root_hash"] + "\n")
     assert json.loads((folder / "manifest.json").read_text())["root_hash"] == manifest["root_hash"]
-    with pytest.raises(InputMismatch, match="manifest.json HMAC: expected"):
+    with pytest.raises(InputMismatch, match="manifest.json: HMAC differs from signature.json"):
         verify_inputs(downstream, storage)
