@@ -61,6 +61,10 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 	  grep -E "\[tidal\.runner\]|eval_loss/|TidalStepOperator\].*(skip|run) |ERROR|error" $(AIRFLOW_HOME)/demo.log \
 	    | grep -v "TidalStepOperator.*run " | sed -E 's/ +\[[a-z_.]+\] loc=.*$$//; s/^[0-9T:.-]+Z \[[a-z ]+\] //' | cut -c1-160 | tail -45; \
 	  echo "== airflow dags test finished in $$(( $$(date +%s) - start )) s (exit $$rc)"; \
+	  [ $$rc -eq 0 ] && { echo "== airflow dags test tidal_tiny__checkpoints (catalog, evaluate; log: $(AIRFLOW_HOME)/checkpoints.log)"; \
+	    $(VENV)/bin/airflow dags test tidal_tiny__checkpoints > $(AIRFLOW_HOME)/checkpoints.log 2>&1 || rc=$$?; \
+	    grep -E "committed checkpoint|checkpoint eval|evaluated:|eval curve" $(AIRFLOW_HOME)/checkpoints.log \
+	      | sed -E 's/ +\[[a-z_.]+\] loc=.*$$//; s/^[0-9T:.-]+Z \[[a-z ]+\] //' | cut -c1-160; }; \
 	  $(VENV)/bin/tidal report $(RECIPE); exit $$rc
 
 # Production shape on one machine (tests/cluster/demo.py): scheduler, dag-processor, api-server and

@@ -5,8 +5,12 @@
 together into one run, or a run may be missed while the DAG is paused, so its task does not trust
 the triggering events: it reads the run plans the recipe's DAG runs wrote to the bucket
 (tidal/audit/catalog.py), keeps the planned train steps that are committed, verifies each against
-its manifest, and writes the catalog to ``checkpoints/<recipe>.json`` in the storage root. This is
-where evaluation of new checkpoints hangs off.
+its manifest, and writes the catalog to ``checkpoints/<recipe>.json`` in the storage root.
+
+A recipe with ``evaluation.downstream`` is also this DAG's evaluation: its ``evaluate`` task, after the
+catalog, runs the eval step of each permanent checkpoint and of the final one (committed ones are
+skipped, so each run evaluates only checkpoints new since the last) and logs their results per
+checkpoint step into one MLflow run per train step (tidal/core/checkpoint_evals.py).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from airflow.sdk import DAG, BaseOperator
 
 from operators.assets import checkpoint_alias
 
-__all__ = ["CATALOG_TASK_ID", "CheckpointCatalogOperator", "checkpoint_dag", "checkpoint_dag_id"]
+__all__ = ["CATALOG_TASK_ID", "EVALUATE_TASK_ID", "CheckpointCatalogOperator", "CheckpointEvalOperator",
+           "checkpoint_dag", "checkpoint_dag_id"]
 
 CATALOG_TASK_ID = "catalog"
+EVALUATE_TASK_ID = "evaluate"
 
 
 def checkpoint_dag_id(recipe_name: str) -> str:
@@ -72,6 +78,31 @@ class CheckpointCatalogOperator(BaseOperator):
         return {"checkpoints": found, "triggering_events": n_events, "catalog": uri}
 
 
+class CheckpointEvalOperator(BaseOperator):
+    """Evaluate the recipe's permanent and final checkpoints (eval steps, committed through the bucket)
+    and log the curve: :func:`tidal.core.checkpoint_evals.evaluate_checkpoints`.
+
+    Returns (XCom): its result (``train``, ``evaluated``, ``skipped``, ``points``, ``curve_run``).
+    """
+
+    template_fields = ("recipe_path",)
+    ui_color = "#d9e6f2"
+
+    def __init__(self, *, recipe_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.recipe_path = recipe_path
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from operators.run_context import export_signing_key
+        from tidal.core.load import load_pipeline
+
+        export_signing_key()
+        out = load_pipeline(self.recipe_path).evaluate_checkpoints()
+        self.log.info("checkpoints of %s evaluated: %d now, %d committed before; curve points %s (MLflow run %s)",
+                      out["train"], len(out["evaluated"]), len(out["skipped"]), out["points"], out["curve_run"])
+        return out
+
+
 def checkpoint_dag(recipe: Any, recipe_path: str) -> DAG:
     """The checkpoint DAG of a recipe with a train step (see the module docstring)."""
     from operators.dag_args import SCHEDULE_START
@@ -88,7 +119,10 @@ def checkpoint_dag(recipe: Any, recipe_path: str) -> DAG:
         doc_md=(f"Runs when a `train` step of recipe `{recipe.name}` commits (asset alias "
                 f"`{checkpoint_alias(recipe.name).name}`). Finds the recipe's committed checkpoints from the "
                 "run plans in the bucket, not from the triggering events, verifies them and writes "
-                f"`checkpoints/{recipe.name}.json` in the storage root."),
+                f"`checkpoints/{recipe.name}.json` in the storage root; with downstream evaluation, "
+                "evaluates each permanent and the final checkpoint and logs the curve to MLflow."),
     ) as dag:
-        CheckpointCatalogOperator(task_id=CATALOG_TASK_ID, recipe_path=recipe_path)
+        catalog = CheckpointCatalogOperator(task_id=CATALOG_TASK_ID, recipe_path=recipe_path)
+        if recipe.evaluation.downstream is not None:
+            catalog >> CheckpointEvalOperator(task_id=EVALUATE_TASK_ID, recipe_path=recipe_path)
     return dag

@@ -50,7 +50,8 @@ def _tokens(directory: Path, n_seq: int, seed: int, meta_name: str, tok_hash: st
 
 @pytest.fixture(scope="session")
 def committed_train(tmp_path_factory):
-    """``(storage, train step, tokenizer step)``: a committed 8-update train step and its inputs."""
+    """``(storage, train step, tokenizer step)``: a committed 8-update train step (permanent checkpoints
+    at 4 and 8) and its inputs."""
     from tidal.core.runner import run_step
     from tidal.steps import Step
     from tidal.storage import open_storage
@@ -74,6 +75,7 @@ def committed_train(tmp_path_factory):
         seal(storage.step_dir(step.step_id))
     fields = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64},
               "optimizer": {"lr": 1e-2, "warmup_steps": 2}, "steps": 8, "batch_size": 8, "checkpoint_every": 4,
+              "checkpoint_permanent_every": 4,
               "eval_every": 4, "eval_batches": 1, "log_every": 1}
     config = {"seed": 5, **TrainConfig.model_validate(fields).model_dump(), "train_data": "mix",
               "eval_data": {"udhr": "tokenize-udhr"}, "tokenizer": "tokenizer"}

@@ -151,7 +151,8 @@ def test_a_hostile_source_name_is_one_broken_dag_and_every_other_dag_serializes(
 
 def test_a_recipe_with_a_train_step_gets_a_checkpoint_dag_scheduled_on_its_train_alias():
     """Issue 20, item 5: the consumer DAG is scheduled on the recipe's checkpoint asset alias, which the
-    train task declares as its outlet; its one task finds checkpoints from storage (operators/consumer.py)."""
+    train task declares as its outlet; its catalog task finds checkpoints from storage, its evaluate task
+    evaluates them (operators/consumer.py)."""
     probe = (
         "import runpy\n"
         "from airflow.serialization.serialized_objects import DagSerialization\n"
@@ -159,12 +160,14 @@ def test_a_recipe_with_a_train_step_gets_a_checkpoint_dag_scheduled_on_its_train
         "dag, pipe = ns['tidal_tiny__checkpoints'], ns['tidal_tiny']\n"
         "DagSerialization.serialize_dag(dag)\n"
         "print('SCHEDULE', type(dag.timetable).__name__, dag.timetable.asset_condition)\n"
-        "print('TASKS', [t.task_id for t in dag.tasks], type(dag.tasks[0]).__name__)\n"
+        "print('TASKS', [(t.task_id, type(t).__name__, sorted(t.upstream_task_ids)) for t in dag.tasks])\n"
         "print('OUTLETS', pipe.get_task('train').outlets)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
                          check=True).stdout.splitlines()
     lines = {line.split()[0]: line for line in out if line.split() and line.split()[0].isupper()}
     assert "AssetTriggeredTimetable" in lines["SCHEDULE"] and "tidal_tiny.train" in lines["SCHEDULE"]
-    assert lines["TASKS"] == "TASKS ['catalog'] CheckpointCatalogOperator"
+    # tiny.yaml evaluates downstream: the evaluate task follows the catalog (issue 23, item 6)
+    assert lines["TASKS"] == ("TASKS [('catalog', 'CheckpointCatalogOperator', []), "
+                              "('evaluate', 'CheckpointEvalOperator', ['catalog'])]")
     assert "AssetAlias(name='tidal_tiny.train'" in lines["OUTLETS"]

@@ -224,6 +224,17 @@ class Pipeline:
             return None
         return self.tracker().open_step_run(parent, step.name, step.step_id, step.kind)
 
+    def step_settings(self):
+        """The settings a step of this pipeline runs under outside :meth:`run` (no live MLflow run)."""
+        return self._live_settings(None)
+
+    def evaluate_checkpoints(self) -> dict[str, Any]:
+        """Evaluate every permanent and the final checkpoint of the train step and log the curve
+        (:func:`tidal.core.checkpoint_evals.evaluate_checkpoints`)."""
+        from tidal.core.checkpoint_evals import evaluate_checkpoints
+
+        return evaluate_checkpoints(self)
+
     def _live_settings(self, live_run: str | None):
         """The settings a step runs under: the recipe's ``storage.endpoint_url`` when no
         ``TIDAL_S3_ENDPOINT_URL`` is set (so inputs read in place, :mod:`tidal.files`, and a training

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_serializer
 from pydantic import Strict as StrictType
 
-from tidal.config import Strict
+from tidal.config import Strict, omit_unused
 
 
 class DownstreamSettings(Strict):
@@ -44,3 +44,11 @@ class EvalStepConfig(DownstreamSettings):
     lm_eval_version: str = Field(min_length=1, description="lm-eval's version (results depend on it)")
     seq_len: Annotated[int, StrictType(), Field(ge=8)] = Field(
         description="tokens per packed training sequence (tokenize.seq_len); the model's context is seq_len - 1")
+    checkpoint_step: Annotated[int, StrictType(), Field(ge=0)] | None = Field(
+        default=None, description="the kept checkpoint evaluated (a permanent one, tidal/eval/checkpoints.py); "
+        "None: the train step's final checkpoint")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # the final checkpoint's eval step keeps the id it had before checkpoint_step existed
+        return omit_unused(handler(self), {"checkpoint_step": None})

@@ -1,4 +1,4 @@
-"""The ``eval`` step kind: lm-evaluation-harness tasks on a train step's final checkpoint -> ``results.json``.
+"""The ``eval`` step kind: lm-evaluation-harness tasks on a checkpoint of a train step -> ``results.json``.
 
 Invariant: ``results.json`` is a pure function of the checkpoint, the tokenizer, the task definitions
 (their hashes are in the step config, so editing a task gives a new step id) and lm-eval's version:
@@ -96,7 +96,8 @@ def evaluate(model: Any, cfg: EvalStepConfig, cache_dir: Path) -> tuple[dict[str
 
 
 def run(ctx: Any) -> dict[str, Any]:
-    """Step entry point: evaluate the final checkpoint of input ``train``, write ``results.json``.
+    """Step entry point: evaluate a checkpoint of input ``train`` (``cfg.checkpoint_step``, None: its final
+    one), write ``results.json``.
 
     Returns:
         The flat summary: ``<task>/<metric>`` values, ``eval_seconds/<task>``, ``checkpoint_root_hash``.
@@ -105,7 +106,7 @@ def run(ctx: Any) -> dict[str, Any]:
 
     cfg = EvalStepConfig.model_validate(ctx.config)
     # the tokenizer from this step's own input: on an object-store root the train step's recorded path is a URI
-    model = load_trained(ctx.input_dir(cfg.train), tokenizer_dir=ctx.input_dir(cfg.tokenizer))
+    model = load_trained(ctx.input_dir(cfg.train), cfg.checkpoint_step, tokenizer_dir=ctx.input_dir(cfg.tokenizer))
     with tempfile.TemporaryDirectory(prefix="tidal-eval-datasets-") as cache:
         results, seconds = evaluate(model, cfg, Path(cache))
     (ctx.out_dir / RESULTS_JSON).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")

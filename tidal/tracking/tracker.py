@@ -417,6 +417,14 @@ class Tracker:
         for chunk in _chunks(run_tags, MAX_PARAMS_TAGS_PER_BATCH):
             self._retry("log live tags", lambda c=chunk: self._client().log_batch(run_id, tags=c))
 
+    def log_eval_curve(self, train_step_id: str, rows: list[dict[str, Any]],
+                       tags: dict[str, str] | None = None) -> str | None:
+        """Downstream eval results per checkpoint step into one run per train step
+        (:func:`tidal.tracking.curves.log_eval_curve`). Returns its run id, None when MLflow did not answer."""
+        from tidal.tracking.curves import log_eval_curve
+
+        return log_eval_curve(self, train_step_id, rows, tags)
+
     def _for_experiment(self, name: str | None) -> Tracker:
         """This tracker, or a copy of it (same client and buffer) for experiment ``name``."""
         if not name or name == self.experiment:
