@@ -122,5 +122,6 @@ def test_planted_udhr_paragraphs_are_removed_from_brown(tmp_path, tiny_data):
             for r in pq.read_table(p).to_pylist()}
     assert kept == originals  # the cut documents are Brown's own text again
     counts = json.loads((out / decontaminate.COUNTS_FILE).read_text())
-    assert counts["by_eval_source"] == {"udhr": 6} and counts["documents_contaminated"] == 6
+    tasks = {f"task:{t}": 0 for t in graph["eval"].config["tasks"]}  # their items: held-out Brown documents
+    assert counts["by_eval_source"] == {"udhr": 6, **tasks} and counts["documents_contaminated"] == 6
     assert summary["index_ngrams_udhr"] > 10_000

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.config import RecipeError
+from tidal.data.decontaminate_config import DecontaminateConfig
+from tidal.data.eval_tasks import task_hash
 from tidal.data.heldout import split_config
 from tidal.eval.config import DownstreamSettings, EvalStepConfig
 from tidal.recipe import Recipe, TrainConfig
@@ -63,21 +65,24 @@ def build_graph(recipe: Recipe, continuation: Continuation | None = None) -> Ste
     # what the tokenizer and tokenize steps read of each source: its clean step, or for a training
     # source of a decontaminating recipe its decontaminate step (same document shards)
     documents = dict(clean)
+    heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     decontaminated: dict[str, Step] = {}
     if recipe.decontamination is not None:
         evals = {src: clean[src] for src in recipe.eval_sources}
+        downstream = recipe.evaluation.downstream  # its tasks' items are indexed too (tidal/data/eval_tasks.py)
+        eval_tasks = {t: task_hash(t) for t in downstream.tasks} if downstream is not None else {}
         for src in recipe.train_sources:
             decontaminated[src] = documents[src] = Step(
                 name=f"decontaminate-{src}",
                 kind="decontaminate",
-                config={"source": src, "input": clean[src].name, **recipe.decontamination.model_dump(),
-                        "eval": {e: step.name for e, step in evals.items()}},
+                config=DecontaminateConfig(source=src, input=clean[src].name, **recipe.decontamination.model_dump(),
+                                           eval={e: step.name for e, step in evals.items()},
+                                           eval_tasks=eval_tasks, heldout=heldout).model_dump(),
                 inputs=(clean[src], *evals.values()),
             )
             steps.append(decontaminated[src])
 
     tok_cfg = recipe.tokenizer.model_dump()
-    heldout = split_config(recipe.heldout_fraction, recipe.seed)  # None: the key is left out (ids unchanged)
     if recipe.tokenizer.mode == "train":
         tok_cfg = {k: v for k, v in tok_cfg.items() if k not in ("path", "sha256")}
         if heldout is not None:  # the tokenizer never trains on held-out documents either
@@ -183,7 +188,6 @@ def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_le
     hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py). ``seq_len``: the
     packed sequence length the model was trained on (its context is one token less)."""
     from tidal.eval.step import lm_eval_version
-    from tidal.eval.suite import task_hash
 
     return Step(
         name="eval",

@@ -65,8 +65,10 @@ import pyarrow.parquet as pq
 
 from tidal.context import StepContext
 from tidal.data.decontaminate_config import DecontaminateConfig
+from tidal.data.eval_tasks import task_texts
 from tidal.data.fetch import write_parquet, write_parquet_chunks
 from tidal.data.filters import words
+from tidal.data.heldout import is_heldout
 from tidal.data.minhash import window_hashes, word_hash
 from tidal.data.neardup import fold_text
 from tidal.data.shards import DOCUMENT_SCHEMA, DOCUMENTS_PREFIX, shard_names
@@ -77,6 +79,7 @@ STEP_VERSION = 1
 COUNTS_FILE = "counts.json"
 REMOVED_FILE = "removed.parquet"
 REASON = "contaminated"
+TASK_SOURCE_PREFIX = "task:"  # a downstream eval task's eval source name: task:<task>
 BATCH_ROWS = 2048
 REMOVED_SCHEMA = pa.schema([("ref", pa.string()), ("outcome", pa.string()), ("reason", pa.string()),
                             ("eval_source", pa.string()), ("share", pa.float64()), ("paragraph", pa.int64()),
@@ -219,19 +222,28 @@ def new_counts(cfg: DecontaminateConfig, index: Index) -> dict[str, Any]:
     return {"in": 0, "kept": 0, "documents_removed": 0, "documents_contaminated": 0, "paragraphs": 0,
             "paragraphs_checked": 0, "paragraphs_contaminated": 0, "paragraphs_removed": 0, "chars_removed": 0,
             "by_eval_source": dict.fromkeys(index.by_source, 0), "index_ngrams": index.sizes(),
-            "n": cfg.n, "threshold": cfg.threshold, "remove": cfg.remove}
+            "n": cfg.n, "threshold": cfg.threshold, "remove": cfg.remove,
+            **({"heldout_unchecked": 0} if cfg.heldout is not None else {})}
 
 
 def decontaminate_batch(batch: dict[str, list], index: Index, cfg: DecontaminateConfig, counts: dict[str, Any],
                         removed: list[dict[str, Any]]) -> pa.Table:
     """One batch of documents (``DOCUMENT_SCHEMA`` columns as lists) -> the kept documents' table;
     adds to ``counts`` and appends the removed rows to ``removed``."""
+    held = ([is_heldout(doc_id, cfg.heldout) for doc_id in batch["id"]] if cfg.heldout is not None
+            else [False] * len(batch["text"]))
     texts = batch["text"]
-    paragraphs, marks = mark(texts, index, cfg.n, cfg.threshold)
+    paragraphs, marks = mark(["" if h else text for h, text in zip(held, texts, strict=True)], index, cfg.n,
+                             cfg.threshold)
     keep, new_texts = [], []
     for row, (text, paras, marked) in enumerate(zip(texts, paragraphs, marks, strict=True)):
         text = text or ""
         counts["in"] += 1
+        if held[row]:  # a held-out document is not training text: passed on as it is
+            counts["heldout_unchecked"] += 1
+            keep.append(row)
+            new_texts.append(text)
+            continue
         counts["paragraphs"] += len(paras)
         counts["paragraphs_checked"] += sum(len(ws) >= cfg.n for _, ws in paras)
         counts["paragraphs_contaminated"] += len(marked)
@@ -269,13 +281,18 @@ def _batches(files: StepFiles, name: str) -> Iterator[dict[str, list]]:
             yield record_batch.to_pydict()
 
 
-def eval_index(steps: dict[str, StepFiles], n: int) -> Index:
-    """The index of the eval sources' clean steps ``{source: step files}`` (every document shard)."""
+def eval_index(steps: dict[str, StepFiles], n: int, tasks: dict[str, str] | None = None) -> Index:
+    """The index of the eval sources' clean steps ``{source: step files}`` (every document shard) and
+    of the downstream eval tasks' items ``{task: definition sha256}``, each item a document of eval
+    source ``task:<name>`` (:func:`tidal.data.eval_tasks.task_texts`; a task edited since planning raises
+    ValueError)."""
     by_source = {}
     for src, files in sorted(steps.items()):
         texts = (text for name in shard_names(files, DOCUMENTS_PREFIX, "parquet")
                  for batch in _batches(files, name) for text in batch["text"])
         by_source[src] = build_index(texts, n)
+    for task, digest in sorted((tasks or {}).items()):
+        by_source[f"{TASK_SOURCE_PREFIX}{task}"] = build_index(task_texts(task, digest), n)
     return Index(by_source)
 
 
@@ -308,11 +325,11 @@ def run(ctx: StepContext) -> dict:
         pydantic.ValidationError: a bad config; KeyError: an input step that is not an input.
     """
     cfg = DecontaminateConfig.model_validate(ctx.config)
-    index = eval_index({src: ctx.input_files(step) for src, step in cfg.eval.items()}, cfg.n)
+    index = eval_index({src: ctx.input_files(step) for src, step in cfg.eval.items()}, cfg.n, cfg.eval_tasks)
     out = ctx.output()
     decontaminate(ctx.input_files(cfg.input), index, cfg, out)
     summary = summarize(ctx.config, out.location)
-    ctx.log.info("decontaminate %s against %s: %s", cfg.source, sorted(cfg.eval), summary)
+    ctx.log.info("decontaminate %s against %s: %s", cfg.source, sorted(index.by_source), summary)
     return summary
 
 

@@ -6,11 +6,12 @@ Light on purpose (pydantic only): the recipe imports it. The rule itself is in
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
-from tidal.config import Fraction, Strict
+from tidal.config import Fraction, Strict, omit_unused
+from tidal.data.heldout import HeldoutSplit
 
 # GPT-3 (Brown et al. 2020, "Language Models are Few-Shot Learners", appendix C): 13-gram overlap.
 DEFAULT_N = 13
@@ -41,3 +42,14 @@ class DecontaminateConfig(DecontaminationSettings):
     source: str = Field(min_length=1, description="the training source, e.g. brown")
     input: str = Field(min_length=1, description="its clean step, e.g. clean-brown")
     eval: dict[str, str] = Field(min_length=1, description="eval source -> its clean step, e.g. {udhr: clean-udhr}")
+    eval_tasks: dict[str, str] = Field(
+        default_factory=dict, description="downstream eval task -> its definition's sha256 "
+        "(tidal/data/eval_tasks.py): their items are indexed too, as eval source task:<name>")
+    heldout: HeldoutSplit | None = Field(
+        default=None, description="the recipe's held-out split: its documents are never training text, so they "
+        "pass unchecked (a downstream task's items come from them)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # a recipe without downstream tasks keeps the decontaminate ids it had before eval_tasks existed
+        return omit_unused(handler(self), {"eval_tasks": {}, "heldout": None})

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tidal.data.eval_tasks import TASKS_DIR
 from tidal.data.heldout import HeldoutSplit, is_heldout
 
-TASKS_DIR = Path(__file__).parent / "tasks"
 CONTEXT_WORDS = 60
 ITEMS_PER_DOCUMENT = 8
 MAX_ITEMS = 96

@@ -8,13 +8,12 @@ data file's path made absolute and the ``datasets`` cache in a directory the cal
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
-import yaml
+from tidal.data.eval_tasks import TASKS_DIR, task_data_file, task_hash
 
-from tidal.eval.build_tasks import TASKS_DIR
+__all__ = ["available_tasks", "task_definition", "task_hash", "task_specs"]
 
 
 def available_tasks(tasks_dir: Path = TASKS_DIR) -> list[str]:
@@ -23,27 +22,12 @@ def available_tasks(tasks_dir: Path = TASKS_DIR) -> list[str]:
 
 
 def task_definition(name: str, tasks_dir: Path = TASKS_DIR) -> dict[str, Any]:
-    """The parsed YAML of task ``name``.
+    """The parsed YAML of task ``name`` (:func:`tidal.data.eval_tasks.task_data_file`).
 
     Raises:
         ValueError: no such task (naming the known ones), or its YAML has no local ``data_files.test``.
     """
-    path = tasks_dir / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"eval task {name!r}: no {path}; known tasks: {available_tasks(tasks_dir)}")
-    config = yaml.safe_load(path.read_text())
-    data = ((config.get("dataset_kwargs") or {}).get("data_files") or {}).get("test")
-    if config.get("dataset_path") != "json" or not isinstance(data, str) or "://" in data:
-        raise ValueError(f"{path}: dataset_path must be json with dataset_kwargs.data_files.test a local file "
-                         "name (nothing is downloaded)")
-    return config
-
-
-def task_hash(name: str, tasks_dir: Path = TASKS_DIR) -> str:
-    """sha256 (hex) of the task's YAML bytes, a NUL byte, then its data file's bytes."""
-    config = task_definition(name, tasks_dir)
-    data = tasks_dir / config["dataset_kwargs"]["data_files"]["test"]
-    return hashlib.sha256((tasks_dir / f"{name}.yaml").read_bytes() + b"\0" + data.read_bytes()).hexdigest()
+    return task_data_file(name, tasks_dir)[1]
 
 
 def task_specs(names: list[str], cache_dir: Path, tasks_dir: Path = TASKS_DIR) -> list[dict[str, Any]]:
