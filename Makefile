@@ -80,9 +80,12 @@ test: corpora tools
 	bash .ci/services.sh run -- $(VENV)/bin/pytest -q --durations=30
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
-# for the Flink cluster of the test cluster; cached by version under ~/.cache/tidal/tools, once per machine.
+# for the Flink cluster of the test cluster, and the Kubernetes tools (Helm, kube-apiserver, kubectl,
+# the JobSet CRD; tools/k8s/install.sh) for the API server tests; cached by version under
+# ~/.cache/tidal/tools, once per machine (a cold build of Helm and kube-apiserver takes ~10 minutes).
 tools:
 	bash tools/flink/install.sh
+	bash tools/k8s/install.sh
 
 services:
 	bash .ci/services.sh start

@@ -38,6 +38,7 @@ install() {
   local missing=()
   pg_bindir >/dev/null || missing+=(postgresql)
   command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v etcd >/dev/null || missing+=(etcd-server)  # the Kubernetes API server tests (tests/cluster/kube.py)
   [[ ${#missing[@]} -eq 0 ]] && return 0
   log "installing ${missing[*]} from Debian's packages"
   # Keep the packages' own init scripts from starting a server on our ports (the Debian
@@ -55,6 +56,7 @@ install() {
   [[ $added -eq 1 ]] && as_root rm -f "$policy"
   pg_bindir >/dev/null || die "PostgreSQL is still missing after apt-get install postgresql"
   command -v redis-server >/dev/null || die "redis-server is still missing after apt-get install"
+  command -v etcd >/dev/null || die "etcd is still missing after apt-get install etcd-server"
 }
 
 pg_up() {

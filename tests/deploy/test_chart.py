@@ -1,16 +1,16 @@
-"""helm/tidal: values files against values.schema.json, rendered manifests against Kubernetes.
+"""helm/tidal: values files against values.schema.json, and the chart as real Helm renders it.
 
-There is no helm binary here, so templates are rendered by ``render`` below: a deliberately
-tiny subset of Helm's template language (value lookups, ``| quote``, ``toYaml ... | nindent N``,
-``if``/``end`` and Go's ``{{-``/``-}}`` whitespace trimming). Anything else in a template fails
-the test instead of being guessed at, and a lookup of a value that does not exist fails too
-(Helm would print an empty string). The rendered objects are validated with
-kubernetes-validate (strict: unknown fields fail) for the chart's oldest and newest Kubernetes.
+``helm`` is built from helm.sh/helm/v4 by ``tools/k8s/install.sh`` (``make tools``). The chart's
+Airflow dependency (the official chart, whose repository cannot be reached here) is replaced in a
+copy of the chart by ``tests/deploy/airflow_standin``, which renders only the service accounts the
+real chart creates from the same values. ``helm lint --strict`` and ``helm template`` run on that
+copy with each values file (Helm also checks values.schema.json then); the rendered objects are
+validated offline with kubernetes-validate here, and against a real API server in
+``tests/deploy/test_kube_server.py``.
 """
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import json
 import re
@@ -22,100 +22,37 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "tidal"
-VALUES_FILES = ("values.yaml", "values-dev.yaml", "values-prod.yaml")
+from tests.deploy.chart import (
+    CHART,
+    RELEASE,
+    ROOT,
+    VALUES_FILES,
+    chart_copy,
+    chart_values,
+    documents,
+    helm,
+    rendered,
+    values_args,
+)
+
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # Chart.yaml kubeVersion floor, kubernetes-validate's newest
-RELEASE = {"Name": "tidal", "Namespace": "airflow", "Service": "Helm"}
-
-ACTION = re.compile(r"{{(-?)\s*(.*?)\s*(-?)}}", re.DOTALL)
 
 
-class UnsupportedTemplate(ValueError):
-    """A template uses Helm features outside what ``render`` implements."""
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory) -> Path:
+    return chart_copy(tmp_path_factory.mktemp("chart"))
 
 
-def deep_merge(base: dict, override: dict) -> dict:
-    """Helm's coalescing of a values file over the chart defaults: maps merge, the rest replace."""
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+@pytest.fixture(scope="module")
+def render_all(chart) -> dict[str, list[tuple[str, dict]]]:
+    return {values_file: documents(rendered(chart, values_file)) for values_file in VALUES_FILES}
 
 
-def chart_values(name: str) -> dict:
-    """What Helm would hand the templates for ``-f name`` (values.yaml alone for itself)."""
-    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
-    return defaults if name == "values.yaml" else deep_merge(defaults, yaml.safe_load((CHART / name).read_text()))
-
-
-def lookup(path: str, context: dict):
-    if not path.startswith("."):
-        raise UnsupportedTemplate(f"not a value path: {path!r}")
-    node = context
-    for part in path[1:].split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(f"{path}: no such value")
-        node = node[part]
-    return node
-
-
-def scalar(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)) or value is None:
-        raise UnsupportedTemplate(f"printing a {type(value).__name__} needs toYaml")
-    return str(value)
-
-
-def render(template: str, values: dict) -> str:
-    """Render the subset of Helm templates this chart uses; raise on anything else."""
-    context = {"Values": values, "Release": RELEASE,
-               "Chart": yaml.safe_load((CHART / "Chart.yaml").read_text())}
-    context["Chart"] = {key[0].upper() + key[1:]: value for key, value in context["Chart"].items()}
-    out, emitting, pos, trim_next = "", [True], 0, False
-    for match in ACTION.finditer(template):
-        text = template[pos:match.start()]
-        if trim_next:
-            text = text.lstrip()
-        if all(emitting):
-            out += text
-        trim_left, action, trim_next = match[1] == "-", match[2], match[3] == "-"
-        pos = match.end()
-        if trim_left:
-            out = out.rstrip()
-        if m := re.fullmatch(r"if\s+(\.\S+)", action):
-            emitting.append(bool(lookup(m[1], context)))
-        elif action == "end":
-            if len(emitting) == 1:
-                raise UnsupportedTemplate("`end` without `if`")
-            emitting.pop()
-        elif m := re.fullmatch(r"toYaml\s+(\.\S+)\s*\|\s*nindent\s+(\d+)", action):
-            if all(emitting):
-                dumped = yaml.safe_dump(lookup(m[1], context), default_flow_style=False, sort_keys=False)
-                out += "".join("\n" + " " * int(m[2]) + line for line in dumped.rstrip("\n").split("\n"))
-        elif m := re.fullmatch(r"(\.[A-Za-z][\w.]*)(\s*\|\s*quote)?", action):
-            if all(emitting):
-                text = scalar(lookup(m[1], context))
-                out += json.dumps(text) if m[2] else text
-        else:
-            raise UnsupportedTemplate(f"unsupported template action {{{{ {action} }}}}")
-    if len(emitting) != 1:
-        raise UnsupportedTemplate("`if` without `end`")
-    tail = template[pos:]
-    return out + (tail.lstrip() if trim_next else tail)
-
-
-def manifests(values_file: str) -> list[dict]:
-    """Every Kubernetes object the chart's own templates render to with ``values_file``."""
-    values = chart_values(values_file)
-    objects = []
-    for template in sorted((CHART / "templates").glob("*.yaml")):
-        objects += [doc for doc in yaml.safe_load_all(render(template.read_text(), values)) if doc]
-    return objects
+@pytest.fixture(scope="module")
+def manifests(render_all):
+    """``manifests(values_file)``: the objects of tidal's own templates (not the Airflow stand-in's)."""
+    return lambda values_file: [obj for source, obj in render_all[values_file]
+                                if source.startswith("tidal/templates/")]
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
@@ -187,11 +124,11 @@ def test_schema_rejects_typos_and_bad_types(schema, mutate, expected):
 
 @pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("values_file", VALUES_FILES)
-def test_manifests_are_valid_kubernetes(values_file, kubernetes_version):
+def test_manifests_are_valid_kubernetes(manifests, values_file, kubernetes_version):
     objects = manifests(values_file)
     kinds = sorted(obj["kind"] for obj in objects)
-    assert kinds == ["Deployment", "Namespace", "PriorityClass", "PriorityClass", "Role", "RoleBinding",
-                     "Service", "ServiceAccount", "ServiceAccount"]
+    assert kinds == ["ConfigMap", "Deployment", "Namespace", "PriorityClass", "PriorityClass", "Role",
+                     "RoleBinding", "Service", "ServiceAccount", "ServiceAccount"]
     for obj in objects:
         try:
             kubernetes_validate.validate(obj, kubernetes_version, strict=True)
@@ -200,17 +137,34 @@ def test_manifests_are_valid_kubernetes(values_file, kubernetes_version):
                         f"at {'.'.join(map(str, error.path))}")
 
 
-def test_renderer_refuses_what_it_does_not_implement():
-    values = chart_values("values.yaml")
-    for template in ('{{ include "tidal.labels" . }}', "{{ range .Values.x }}", "{{ .Values.nope }}",
-                     "{{ if .Values.mlflow.enabled }}"):
-        with pytest.raises((UnsupportedTemplate, KeyError)):
-            render(template, values)
-    assert render("a: {{ .Values.mlflow.port | quote }}\n{{- if .Values.mlflow.enabled }}\nb: 1\n{{- end }}",
-                  values) == 'a: "5000"\nb: 1'
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_helm_lint_passes_strict(chart, values_file):
+    result = helm("lint", "--strict", str(chart), *values_args(chart, values_file), chart=chart)
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
-def test_training_role_is_least_privilege():
+def test_helm_refuses_values_the_schema_rejects(chart, tmp_path):
+    """Helm itself applies values.schema.json: a typo fails ``helm template`` naming the key."""
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump({"training": {"podSecurty": "restricted"}}))
+    result = helm("template", "tidal", str(chart), "-f", str(bad), chart=chart, check=False)
+    assert result.returncode != 0 and "podSecurty" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_the_dashboards_are_a_labelled_configmap_of_the_charts_files(manifests, values_file):
+    values = chart_values(values_file)["dashboards"]
+    (configmap,) = by_kind(manifests(values_file), "ConfigMap")
+    assert configmap["metadata"]["namespace"] == RELEASE["Namespace"]
+    assert configmap["metadata"]["labels"][values["label"]] == values["labelValue"] == "1"
+    files = sorted(path.name for path in (CHART / "dashboards").glob("*.json"))
+    assert sorted(configmap["data"]) == files == ["tidal-operations.json"]
+    for name in files:  # byte for byte what the chart ships, and a dashboard Grafana can load
+        assert configmap["data"][name] == (CHART / "dashboards" / name).read_text()
+        assert json.loads(configmap["data"][name])["panels"]
+
+
+def test_training_role_is_least_privilege(manifests):
     (role,) = by_kind(manifests("values-prod.yaml"), "Role")
     crud = ["create", "get", "list", "watch", "delete"]
     assert role["metadata"]["namespace"] == chart_values("values-prod.yaml")["training"]["namespace"]
@@ -224,10 +178,15 @@ def test_training_role_is_least_privilege():
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
-def test_role_binding_names_the_airflow_service_accounts_the_airflow_chart_creates(values_file):
-    """The RoleBinding's subjects are the worker and triggerer accounts configured under airflow:."""
+def test_role_binding_names_the_airflow_service_accounts_the_airflow_chart_creates(render_all, manifests,
+                                                                                   values_file):
+    """The RoleBinding's subjects are the worker and triggerer accounts configured under airflow:,
+    which the Airflow chart (here its stand-in) renders from the same values."""
     values = chart_values(values_file)
     (binding,) = by_kind(manifests(values_file), "RoleBinding")
+    created = {(obj["metadata"]["name"], obj["metadata"]["namespace"]) for source, obj in render_all[values_file]
+               if source.startswith("tidal/charts/airflow/") and obj["kind"] == "ServiceAccount"}
+    assert {(s["name"], s["namespace"]) for s in binding["subjects"]} == created
     subjects = {(s["name"], s["namespace"]) for s in binding["subjects"]}
     airflow = values["airflow"]
     worker = airflow["workers"]["kubernetes"]["serviceAccount"]
@@ -238,7 +197,7 @@ def test_role_binding_names_the_airflow_service_accounts_the_airflow_chart_creat
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
-def test_service_accounts_carry_workload_identity(values_file):
+def test_service_accounts_carry_workload_identity(manifests, values_file):
     values = chart_values(values_file)
     accounts = by_kind(manifests(values_file), "ServiceAccount")
     airflow_accounts = [values["airflow"]["workers"]["kubernetes"]["serviceAccount"],
@@ -251,7 +210,7 @@ def test_service_accounts_carry_workload_identity(values_file):
     assert train["metadata"]["name"] == values["serviceAccounts"]["train"]["name"]
 
 
-def test_priority_classes_for_on_demand_and_spot_training():
+def test_priority_classes_for_on_demand_and_spot_training(manifests):
     classes = {pc["metadata"]["name"]: pc for pc in by_kind(manifests("values.yaml"), "PriorityClass")}
     assert set(classes) == {"tidal-train-high", "tidal-train-spot"}
     assert classes["tidal-train-high"]["value"] > classes["tidal-train-spot"]["value"]
@@ -260,7 +219,7 @@ def test_priority_classes_for_on_demand_and_spot_training():
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
-def test_mlflow_server_postgres_from_secret_artifacts_proxied_to_bucket_hardened(values_file):
+def test_mlflow_server_postgres_from_secret_artifacts_proxied_to_bucket_hardened(manifests, values_file):
     values = chart_values(values_file)
     objects = manifests(values_file)
     (deployment,) = by_kind(objects, "Deployment")

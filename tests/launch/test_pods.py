@@ -119,7 +119,7 @@ def matrix() -> list[tuple[str, dict]]:
         cases.append((f"{key}-x2nodes", {"kind": "gpu", "type": key, "count": max(gpu.counts), "nodes": 2}))
     cases += [("cpu", {"kind": "cpu"}), ("cpu-x4nodes", {"kind": "cpu", "nodes": 4})]
     return [(f"{name}-{'spot' if spot else 'ondemand'}", {"accelerator": acc, "spot": spot, "launcher": "gke",
-                                                           "priority_class": "tidal-batch" if spot else None})
+                                                           "priority_class": "tidal-train-spot" if spot else None})
             for name, acc in cases for spot in (False, True)]
 
 

