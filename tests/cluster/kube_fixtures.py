@@ -1,4 +1,5 @@
-"""The ``kube`` fixture: one real etcd + kube-apiserver for the deploy tests (tests/cluster/kube.py).
+"""The ``kube`` and ``installed`` fixtures: one real Kubernetes control plane per session (tests/cluster/kube.py),
+for tests/deploy and tests/cluster (a plugin of tests/conftest.py).
 
 Skipped with the reason where the tools are not built or etcd is missing, except under
 ``CI=true``, where that is a failure.
