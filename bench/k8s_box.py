@@ -15,8 +15,9 @@ replaced by tests/deploy/airflow_standin) and the JobSet CRD, then asks the serv
   everything the training Role grants and nothing of the denial list (secrets, exec, other
   namespaces, nodes, RBAC), and the training pods' own account may do none of it;
 * ``e2e_train_committed`` / ``preempted_resumed``: a training step launched through the API server
-  onto simulated node pools commits, and resumes after its pod is deleted. Not built yet (no
-  scheduler, kubelet stand-in or JobSet controller runs here), so both print ``false``;
+  onto a simulated Spot node pool commits, and resumes from the bucket after its pod is deleted.
+  That scenario runs in tests/cluster/test_gke_on_kube.py (tests/cluster/gke_scenario.py, on the
+  share-nothing cluster); this bench does not start that cluster yet, so both print ``false``;
 * ``startup_s``: seconds from starting etcd to the API server's ``/readyz`` ok;
   ``install_s``: seconds to render and apply the chart and the CRD.
 
