@@ -390,9 +390,7 @@ class Cluster:
         if self.read_only:
             lines.append("mount -o remount,bind,ro /")
         size = f",size={self._disk_mb[name]}m" if name in self._disk_mb else ""
-        # mkdir again right before each mount: a HOME under /tmp (a pod's HOME=/tmp) has its .cache
-        # inside the /tmp tmpfs mounted just before
-        mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}
+        mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}  # re-mkdir: HOME=/tmp
         lines += [f"mkdir -p {q(d)} && mount -t tmpfs -o mode={mode[d]}{size} tmpfs {q(d)}" for d in private]
         for fd, path in enumerate(keep, start=3):
             lines += [f"mkdir -p {q(str(path))}",

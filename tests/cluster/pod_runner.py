@@ -13,15 +13,12 @@ process, SIGKILL after the pod's ``terminationGracePeriodSeconds``.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.cluster.harness import Cluster, stop_node
+from tests.cluster.harness import Cluster, _stop_group, stop_node
 from tests.cluster.kube import KubeServer
 
 
@@ -89,11 +86,7 @@ class PodRunner:
                 current = self._pod(name)
                 if current is None or current["metadata"].get("deletionTimestamp"):
                     deleted = True  # as the kubelet does: SIGTERM, then SIGKILL after the grace period
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=grace)
-                    except subprocess.TimeoutExpired:
-                        stop_node(proc, kill=True)
+                    _stop_group(proc, grace_s=grace)
                     break
                 time.sleep(0.2)
         finally:
