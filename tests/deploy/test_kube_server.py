@@ -47,6 +47,24 @@ def test_the_rendered_chart_is_accepted_by_the_server_without_warnings(kube, cha
     assert applied == {obj["metadata"]["name"] for obj in objects}
 
 
+def test_every_values_file_keeps_the_priority_values_the_server_cannot_change(kube, installed, chart):
+    """PriorityClasses are cluster-scoped and their ``value`` is immutable: the server refuses an
+    upgrade that changes it (found by applying the dev values over the prod release), so every
+    values file renders the same classes as the installed release."""
+    def classes(values_file):
+        return {obj["metadata"]["name"]: obj for _, obj in documents(rendered(chart, values_file))
+                if obj["kind"] == "PriorityClass"}
+
+    prod = classes("values-prod.yaml")
+    assert {name: obj["value"] for name, obj in prod.items()} == {"tidal-train-high": 1000000,
+                                                                  "tidal-train-spot": 1000}
+    for values_file in ("values.yaml", "values-dev.yaml"):
+        assert {n: o["value"] for n, o in classes(values_file).items()} == {n: o["value"] for n, o in prod.items()}
+    changed = {**prod["tidal-train-high"], "value": 100000}
+    result = kube.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(changed), check=False)
+    assert result.returncode != 0 and "may not be changed in an update" in result.stderr, result.stderr
+
+
 def test_the_training_namespace_enforces_restricted_pod_security(kube, installed):
     labels = kube.get_json("namespace", installed["training"]["namespace"])["metadata"]["labels"]
     assert installed["training"]["podSecurity"] == "restricted"
