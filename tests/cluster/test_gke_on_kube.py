@@ -1,20 +1,30 @@
-"""A training step launched through a real Kubernetes API server, preempted, resumed from the
-bucket and committed (the scenario: tests/cluster/gke_scenario.py)."""
+"""The GKE task group's launches on a real Kubernetes API server: a single-host training pod
+preempted, resumed from the bucket and committed (tests/cluster/gke_scenario.py), and a two-host
+JobSet created, watched and deleted by the task group's operators (tests/cluster/jobset_scenario.py).
+Both share one storage root, so the second reuses the first's committed upstream steps."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
 from tests.cluster import train_scenario as ts
 from tests.cluster.gke_scenario import POOL, preempted_and_resumed, train_through_kube
-from tests.cluster.node_pools import POOL_LABEL, SPOT_LABEL
+from tests.cluster.jobset_scenario import HOSTS, JOBSET_LABEL, ran_as_two_hosts, train_jobset_through_kube
+from tests.cluster.node_pools import CPU_MACHINE, MACHINE_LABEL, POOL_LABEL, SPOT_LABEL
 
 pytestmark = pytest.mark.timeout(1200)
 
 
+@pytest.fixture(scope="module")
+def root() -> str:
+    return f"s3://tidal/k8s-{uuid.uuid4().hex[:8]}"
+
+
 def test_a_pod_created_on_the_api_server_is_preempted_resumes_from_the_bucket_and_commits(
-        cluster, kube, installed, tmp_path):
-    run = train_through_kube(cluster, kube, installed, tmp_path)
+        cluster, kube, installed, tmp_path, root):
+    run = train_through_kube(cluster, kube, installed, tmp_path, root=root)
     namespace = installed["training"]["namespace"]
     first, retry = run.runs
     logs = "\n".join(f"--- {r.pod} on {r.bound_to} rc={r.returncode}\n{r.log[-2500:]}" for r in run.runs)
@@ -33,4 +43,33 @@ def test_a_pod_created_on_the_api_server_is_preempted_resumes_from_the_bucket_an
     status = kube.get_json("pod", retry.pod, "-n", namespace)["status"]
     assert status["phase"] == "Succeeded"
     assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert run.committed, run.commit_output[-3000:]
+
+
+def test_a_two_host_jobset_from_the_task_groups_operators_runs_completes_is_deleted_and_commits(
+        cluster, kube, installed, tmp_path, root):
+    run = train_jobset_through_kube(cluster, kube, installed, tmp_path, root=root)
+    logs = "\n".join(f"--- {r.pod} on {r.bound_to} rc={r.returncode}\n{r.log[-2500:]}" for r in run.runs)
+
+    # JobSet's defaulting webhook saw the create (fields tidal leaves to it), its controller made one
+    # Indexed Job of two pods with the JobSet's DNS names
+    assert "startupPolicy" not in run.manifest["spec"]
+    assert "publishNotReadyAddresses" not in run.manifest["spec"]["network"]
+    assert run.created["spec"]["startupPolicy"] == {"startupPolicyOrder": "AnyOrder"}
+    assert run.created["spec"]["network"]["publishNotReadyAddresses"] is True
+    (job,) = run.jobs
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == HOSTS, job["spec"]
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    assert [p["spec"]["hostname"] for p in run.pods] == [f"{run.name}-workers-0-{i}" for i in range(HOSTS)]
+    assert {p["spec"]["subdomain"] for p in run.pods} == {run.name}
+    assert all(p["metadata"]["labels"][JOBSET_LABEL] == run.name for p in run.pods)
+    # kube-scheduler spread them over two CPU nodes (no selector: any untainted pool, e.g. the one
+    # made for this run); the test kubelet ran each on a fresh node of the test cluster
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube.get_json("nodes")["items"]}
+    assert len({r.bound_to for r in run.runs}) == HOSTS, [r.bound_to for r in run.runs]
+    assert all(nodes[r.bound_to][MACHINE_LABEL] == CPU_MACHINE for r in run.runs), [r.bound_to for r in run.runs]
+    assert ran_as_two_hosts(run), logs
+    # the sensor saw Completed only after both exited; delete took the JobSet and what it owned
+    assert run.sensor_pokes >= 1 and run.completed_after_s < 60
+    assert run.deleted
     assert run.committed, run.commit_output[-3000:]

