@@ -68,7 +68,8 @@ class AirflowCluster(AirflowApi):
         workers: worker name -> its node's process (absent: not running).
     """
 
-    def __init__(self, cluster: Cluster, workdir: Path, recipes: Mapping[str, str]):
+    def __init__(self, cluster: Cluster, workdir: Path, recipes: Mapping[str, str],
+                 env: Mapping[str, str] | None = None):
         self.cluster = cluster
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -82,17 +83,19 @@ class AirflowCluster(AirflowApi):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.queue = f"tidal-{uuid.uuid4().hex[:8]}"
-        self.env = self._airflow_env()
+        self.env = {**self._airflow_env(), **(env or {})}
         self.workers: dict[str, subprocess.Popen] = {}
         self._control: dict[str, subprocess.Popen] = {}
 
     @classmethod
     def start(cls, cluster: Cluster, workdir: Path, recipes: Mapping[str, str], *,
-              workers: Sequence[str] = ("worker-a", "worker-b"), concurrency: int = 2) -> Self:
+              workers: Sequence[str] = ("worker-a", "worker-b"), concurrency: int = 2,
+              env: Mapping[str, str] | None = None) -> Self:
         """Create the metadata database, migrate it, start the control plane and ``workers`` (one node
-        each, ``concurrency`` task slots each) and log in. Raises RuntimeError (with the log's tail) if a
-        component does not come up within STARTUP_TIMEOUT_S."""
-        self = cls(cluster, workdir, recipes)
+        each, ``concurrency`` task slots each) and log in; ``env``: more settings for every component and
+        worker (e.g. an ``AIRFLOW_CONN_*``). Raises RuntimeError (with the log's tail) if a component does
+        not come up within STARTUP_TIMEOUT_S."""
+        self = cls(cluster, workdir, recipes, env)
         try:
             self._create_database()
             home = Path(self.env["AIRFLOW_HOME"])

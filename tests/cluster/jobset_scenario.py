@@ -33,7 +33,7 @@ from tests.cluster.harness import Cluster
 from tests.cluster.kube import KubeServer
 from tests.cluster.node_pools import node_pool
 from tests.cluster.pod_runner import PodRun, PodRunner
-from tests.deploy.chart import RELEASE
+from tests.deploy.kube_checks import worker_connection
 from tidal.launch.pods import storage_env, workload
 from tidal.recipe import ResourceConfig
 
@@ -61,20 +61,14 @@ class JobSetRun:
 
 
 @contextmanager
-def launcher_connection(kube: KubeServer, values: dict, directory: Path):
-    """``AIRFLOW_CONN_KUBERNETES_DEFAULT`` for this block: a kubeconfig with a token the server signed
-    for the chart's Airflow worker service account (in the release namespace)."""
-    worker = values["training"]["launchers"]["worker"]
-    token = kube.kubectl("create", "token", worker, "-n", RELEASE["Namespace"], "--duration=1h").stdout.strip()
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": "admin", "user": {"token": token}}]
-    path = directory / "worker-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+def launcher_connection(kube: KubeServer, values: dict):
+    """``AIRFLOW_CONN_KUBERNETES_DEFAULT`` for this block: the Airflow worker's connection
+    (:func:`tests.deploy.kube_checks.worker_connection`)."""
     key = "AIRFLOW_CONN_KUBERNETES_DEFAULT"
     before = os.environ.get(key)
-    os.environ[key] = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(path)}})
+    os.environ[key] = worker_connection(kube, values)
     try:
-        yield path
+        yield
     finally:
         if before is None:
             os.environ.pop(key, None)
@@ -125,7 +119,7 @@ def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, 
     common = {"yaml_conf": yaml.safe_dump(manifest, sort_keys=False), "namespace": namespace,
               "custom_resource_definition": True, "kubernetes_conn_id": CONN_ID}
     runner = PodRunner(kube, cluster, namespace, tmp)
-    with launcher_connection(kube, values, tmp):
+    with launcher_connection(kube, values):
         ProviderOperator(task_id="create", provider_class=CREATE_OPERATOR, operator_kwargs=common).execute({})
         created = kube.get_json("jobset", name, "-n", namespace)
         sensor = JobSetSensor(task_id="wait", name=name, namespace=namespace)

@@ -38,8 +38,8 @@ def pod_env(pod: dict) -> dict[str, str]:
     (container,) = pod["spec"]["containers"]
     env = {}
     for entry in container.get("env", []):
-        if "value" in entry:
-            env[entry["name"]] = entry["value"]
+        if "valueFrom" not in entry:  # an empty value is stored without the field; the kubelet sets ""
+            env[entry["name"]] = entry.get("value", "")
             continue
         path = (entry.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
         plain = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],

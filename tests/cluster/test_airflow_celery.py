@@ -8,7 +8,10 @@ asset event. A second run of the same recipe skips every step in the plan task, 
 process each. The recipe's checkpoint DAG runs on the train step's asset event and finds the checkpoint
 from the bucket; a broken and a hostile recipe in the same bundle are one failing DAG each. A recipe of
 the same computation on an every-minute schedule then gets two runs from the scheduler's clock, each
-compared with its baseline.
+compared with its baseline. A recipe whose training says ``launcher: gke`` runs its task group against
+the test control plane (tests/cluster/kube.py): the worker's ``KubernetesPodOperator`` creates the pod
+with the Airflow worker's service-account token, defers to the triggerer, the pod runs on a node of
+its own, and the succeeded pod is deleted before the step commits.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ import yaml
 
 from tests.cluster import scenario as sc
 from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
+from tests.cluster.node_pools import POOL_LABEL, node_pool
+from tests.cluster.pod_runner import PodRunner
+from tests.deploy.kube_checks import worker_connection
+from tidal.recipe import ResourceConfig
 
 pytestmark = pytest.mark.timeout(2400)
-RECIPE, MINUTELY = "tiny_af", "tiny_af_minutely"
-DAG_ID, MINUTELY_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}"
+RECIPE, MINUTELY, GKE = "tiny_af", "tiny_af_minutely", "tiny_af_gke"
+DAG_ID, MINUTELY_DAG, GKE_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}", f"tidal_{GKE}"
+GKE_POOL = "spot-cpu"
 DATA_STEP = "clean-gcide"  # the slice's largest data step
 CHECKPOINT_DAG = f"{DAG_ID}__checkpoints"
 BROKEN_DAG, HOSTILE_DAG = "tidal_broken_zz_broken", "tidal_broken_zz_hostile"
@@ -51,9 +59,14 @@ def _lose_the_node_running(af: AirflowCluster, run_id: str, task_id: str, *, aft
 
 
 @pytest.fixture(scope="module")
-def airflow(cluster, tmp_path_factory):
+def airflow(cluster, kube, installed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("airflow-celery")
     text = sc.slice_recipe(tmp, RECIPE)
+    # the same data, a shorter training on a GKE Spot CPU pod (resources are not hashed: steps are)
+    resources = {"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}, "priority_class": "tidal-train-spot",
+                 "namespace": installed["training"]["namespace"]}
+    gke = sc.slice_recipe(tmp, GKE, **{"train.steps": 24, "train.checkpoint_every": 12,
+                                       "train.optimizer.warmup_steps": 2, "train.resources": resources})
     # the same computation every minute, compared with a baseline (paused until its test unpauses it)
     minutely = sc.slice_recipe(tmp, MINUTELY, schedule="* * * * *", baseline={
         "file": f"baselines/{MINUTELY}.json", "loss_tolerance": 0.05, "stats_tolerance": 0.01})
@@ -68,12 +81,13 @@ def airflow(cluster, tmp_path_factory):
     if first in data.get("mixture", {}).get("weights", {}):
         data["mixture"]["weights"]["<b>a b:c</b>"] = data["mixture"]["weights"].pop(first)
     hostile = yaml.safe_dump(data, sort_keys=False)
-    recipes = {RECIPE: text, MINUTELY: minutely, "zz_broken": broken, "zz_hostile": hostile}
+    recipes = {RECIPE: text, MINUTELY: minutely, GKE: gke, "zz_broken": broken, "zz_hostile": hostile}
+    env = {"AIRFLOW_CONN_KUBERNETES_DEFAULT": worker_connection(kube, installed)}
     try:
-        with AirflowCluster.start(cluster, tmp / "airflow", recipes) as af:
+        with AirflowCluster.start(cluster, tmp / "airflow", recipes, env=env) as af:
             af.wait_dag(DAG_ID)
             af.wait_dag(CHECKPOINT_DAG)  # scheduled on the train step's asset alias
-            yield {"af": af, "text": text, "minutely": minutely, "root": root, "tmp": tmp}
+            yield {"af": af, "text": text, "minutely": minutely, "gke": gke, "root": root, "tmp": tmp}
     finally:
         cluster.env.pop("TIDAL_STORAGE_ROOT", None)
 
@@ -195,3 +209,48 @@ def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_t
         assert run["state"] == "success", states
         assert {v for k, v in states.items() if k not in ("plan", "report")} == {"skipped"}, states
         assert af.xcom(MINUTELY_DAG, run["dag_run_id"], "report")["baseline"] == "within tolerance"
+
+
+def test_a_gke_training_runs_through_the_pod_operator_deferred_to_the_triggerer_and_commits(
+        cluster, kube, installed, airflow):
+    """Issue 19 item 3, single host, in production shape: ``train.prepare`` on a worker node, then
+    ``train.launch`` (the provider's KubernetesPodOperator, deferrable) creates the Pod on the API
+    server with the worker's token; kube-scheduler binds it to the Spot pool, the test kubelet runs it
+    on a node of its own; the triggerer sees it succeed, the worker deletes it (``delete_succeeded_pod``)
+    and ``train.commit`` commits the step into the bucket."""
+    af, root, namespace = airflow["af"], airflow["root"], installed["training"]["namespace"]
+    resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}})
+    pool = node_pool(resources, GKE_POOL)
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
+    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    step_id = next(i for _, i, kind in sc.step_names(airflow["gke"], airflow["tmp"]) if kind == "train")
+    af.wait_dag(GKE_DAG)
+    af.trigger(GKE_DAG, "gke")
+
+    selector = f"tidal.dev/step-id={step_id}"
+    deadline, pods = time.monotonic() + 900, []
+    while time.monotonic() < deadline and not pods:
+        pods = kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
+        if not pods:
+            assert af.task_states(GKE_DAG, "gke").get("train.launch") not in ("failed", "upstream_failed"), \
+                (af.task_states(GKE_DAG, "gke"), af.logs_tail())
+            time.sleep(1)
+    assert len(pods) == 1, (af.task_states(GKE_DAG, "gke"), af.logs_tail())
+    pod = pods[0]
+    assert pod["metadata"]["name"].startswith(f"tidal-{step_id}")
+    assert pod["spec"]["serviceAccountName"] == installed["serviceAccounts"]["train"]["name"]
+    ran = PodRunner(kube, cluster, namespace, airflow["tmp"]).run(pod["metadata"]["name"])
+    assert ran.returncode == 0 and not ran.deleted, ran.log[-3000:]
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube.get_json("nodes")["items"]}
+    assert nodes[ran.bound_to][POOL_LABEL] == GKE_POOL
+
+    run = af.wait_run(GKE_DAG, "gke", timeout_s=600)
+    states = af.task_states(GKE_DAG, "gke")
+    assert run["state"] == "success", (states, af.logs_tail())
+    assert {k: states[k] for k in ("train.prepare", "train.launch", "train.commit")} == dict.fromkeys(
+        ("train.prepare", "train.launch", "train.commit"), "success"), states
+    scheduler = (af.workdir / "scheduler.log").read_text(errors="replace").splitlines()
+    assert any(f"dag_id={GKE_DAG}, task_id=train.launch, run_id=gke" in line and "state=deferred" in line
+               for line in scheduler), "the launch never deferred to the triggerer"
+    assert kube.get_json("pods", "-n", namespace, "-l", selector)["items"] == []  # deleted once it succeeded
+    assert step_id in sc.bucket_markers(cluster, root)

@@ -114,6 +114,17 @@ def service_account_token(kube: KubeServer, name: str, namespace_name: str) -> s
     return kube.kubectl("create", "token", name, "-n", namespace_name, "--duration=10m").stdout.strip()
 
 
+def worker_connection(kube: KubeServer, values: dict) -> str:
+    """The ``kubernetes_default`` Airflow connection (JSON, for ``AIRFLOW_CONN_KUBERNETES_DEFAULT``) of
+    the chart's Airflow worker: a kubeconfig inline (``kube_config``; no file a node would lack) whose
+    user is a token the server signed for the worker's service account, so the chart's RBAC decides."""
+    token = kube.kubectl("create", "token", values["training"]["launchers"]["worker"], "-n", RELEASE["Namespace"],
+                         "--duration=2h").stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": token}}]
+    return json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(config)}})
+
+
 def can_i(kube: KubeServer, token: str, verb: str, resource: str, namespace_name: str | None,
           subresource: str | None = None) -> bool:
     """The server's SelfSubjectAccessReview answer for the token's holder (``kubectl auth can-i``)."""
