@@ -11,7 +11,8 @@ the same computation on an every-minute schedule then gets two runs from the sch
 compared with its baseline. A recipe whose training says ``launcher: gke`` runs its task group against
 the test control plane (tests/cluster/kube.py): the worker's ``KubernetesPodOperator`` creates the pod
 with the Airflow worker's service-account token, defers to the triggerer, the pod runs on a node of
-its own, and the succeeded pod is deleted before the step commits.
+its own; deleted mid-run, it is retried by Airflow, resumes from the bucket checkpoint, and the
+succeeded pod is deleted before the step commits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from tests.cluster import scenario as sc
+from tests.cluster import train_scenario as ts
 from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
 from tests.cluster.node_pools import POOL_LABEL, node_pool
 from tests.cluster.pod_runner import PodRunner
@@ -211,13 +213,32 @@ def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_t
         assert af.xcom(MINUTELY_DAG, run["dag_run_id"], "report")["baseline"] == "within tolerance"
 
 
-def test_a_gke_training_runs_through_the_pod_operator_deferred_to_the_triggerer_and_commits(
+def _wait_pod(kube, af, namespace: str, selector: str, seen: set[str], timeout_s: float = 900) -> dict:
+    """The first pod matching ``selector`` whose name is not in ``seen``; fails with the DAG run's task
+    states if ``train.launch`` fails (for good) first or none comes within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pods = [p for p in kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
+                if p["metadata"]["name"] not in seen]
+        if pods:
+            assert len(pods) == 1, [p["metadata"]["name"] for p in pods]  # never two training runs at once
+            return pods[0]
+        states = af.task_states(GKE_DAG, "gke")
+        assert states.get("train.launch") not in ("failed", "upstream_failed"), (states, af.logs_tail())
+        time.sleep(1)
+    raise AssertionError(f"no new pod for {selector}: {af.task_states(GKE_DAG, 'gke')}\n{af.logs_tail()}")
+
+
+def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_commits(
         cluster, kube, installed, airflow):
     """Issue 19 item 3, single host, in production shape: ``train.prepare`` on a worker node, then
     ``train.launch`` (the provider's KubernetesPodOperator, deferrable) creates the Pod on the API
-    server with the worker's token; kube-scheduler binds it to the Spot pool, the test kubelet runs it
-    on a node of its own; the triggerer sees it succeed, the worker deletes it (``delete_succeeded_pod``)
-    and ``train.commit`` commits the step into the bucket."""
+    server with the worker's token and defers to the triggerer; kube-scheduler binds it to the Spot
+    pool and the test kubelet runs it on a node of its own. Once a checkpoint is in the bucket the
+    Pod is deleted (GKE reclaiming the Spot VM): the trainer saves its step and exits 75, the
+    operator's try fails on the vanished pod, Airflow's retry creates a new Pod (``durable`` finds
+    none to reattach to), which resumes from the bucket checkpoint on another fresh node; the
+    worker deletes it once it succeeded and ``train.commit`` commits the step."""
     af, root, namespace = airflow["af"], airflow["root"], installed["training"]["namespace"]
     resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}})
     pool = node_pool(resources, GKE_POOL)
@@ -228,27 +249,33 @@ def test_a_gke_training_runs_through_the_pod_operator_deferred_to_the_triggerer_
     af.trigger(GKE_DAG, "gke")
 
     selector = f"tidal.dev/step-id={step_id}"
-    deadline, pods = time.monotonic() + 900, []
-    while time.monotonic() < deadline and not pods:
-        pods = kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
-        if not pods:
-            assert af.task_states(GKE_DAG, "gke").get("train.launch") not in ("failed", "upstream_failed"), \
-                (af.task_states(GKE_DAG, "gke"), af.logs_tail())
-            time.sleep(1)
-    assert len(pods) == 1, (af.task_states(GKE_DAG, "gke"), af.logs_tail())
-    pod = pods[0]
-    assert pod["metadata"]["name"].startswith(f"tidal-{step_id}")
-    assert pod["spec"]["serviceAccountName"] == installed["serviceAccounts"]["train"]["name"]
-    ran = PodRunner(kube, cluster, namespace, airflow["tmp"]).run(pod["metadata"]["name"])
-    assert ran.returncode == 0 and not ran.deleted, ran.log[-3000:]
+    runner = PodRunner(kube, cluster, namespace, airflow["tmp"])
+    first = _wait_pod(kube, af, namespace, selector, set())
+    assert first["metadata"]["name"].startswith(f"tidal-{step_id}")
+    assert first["spec"]["serviceAccountName"] == installed["serviceAccounts"]["train"]["name"]
+
+    def preempt(log: str) -> None:
+        if ts.COUNTED.search(log):  # a checkpoint is in the bucket: reclaim the Spot VM
+            kube.kubectl("delete", "pod", first["metadata"]["name"], "-n", namespace, "--wait=false", check=False)
+
+    stopped = runner.run(first["metadata"]["name"], on_output=preempt)
+    assert stopped.deleted and stopped.returncode == 75, stopped.log[-3000:]
+    preempted_at = int(ts.PREEMPTED.search(stopped.log).group(1))
+    retry = _wait_pod(kube, af, namespace, selector, {first["metadata"]["name"]})
+    resumed = runner.run(retry["metadata"]["name"])
+    assert resumed.returncode == 0 and not resumed.deleted, resumed.log[-3000:]
+    assert f"resumed from checkpoint step {preempted_at}" in resumed.log, resumed.log[-3000:]
+    assert resumed.ran_on != stopped.ran_on
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube.get_json("nodes")["items"]}
-    assert nodes[ran.bound_to][POOL_LABEL] == GKE_POOL
+    assert {nodes[r.bound_to][POOL_LABEL] for r in (stopped, resumed)} == {GKE_POOL}
 
     run = af.wait_run(GKE_DAG, "gke", timeout_s=600)
-    states = af.task_states(GKE_DAG, "gke")
+    tis = af.task_instances(GKE_DAG, "gke")
+    states = {k: v["state"] for k, v in tis.items()}
     assert run["state"] == "success", (states, af.logs_tail())
     assert {k: states[k] for k in ("train.prepare", "train.launch", "train.commit")} == dict.fromkeys(
         ("train.prepare", "train.launch", "train.commit"), "success"), states
+    assert tis["train.launch"]["try_number"] == 2, tis["train.launch"]
     scheduler = (af.workdir / "scheduler.log").read_text(errors="replace").splitlines()
     assert any(f"dag_id={GKE_DAG}, task_id=train.launch, run_id=gke" in line and "state=deferred" in line
                for line in scheduler), "the launch never deferred to the triggerer"
