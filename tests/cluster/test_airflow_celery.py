@@ -29,14 +29,16 @@ import yaml
 from tests.cluster import scenario as sc
 from tests.cluster import train_scenario as ts
 from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
+from tests.cluster.jobset_scenario import JOBSET_LABEL
+from tests.cluster.jobset_scenario import POOL as HOSTS_POOL
 from tests.cluster.node_pools import POOL_LABEL, node_pool
 from tests.cluster.pod_runner import PodRunner
 from tests.deploy.kube_checks import worker_connection
 from tidal.recipe import ResourceConfig
 
 pytestmark = pytest.mark.timeout(2400)
-RECIPE, MINUTELY, GKE = "tiny_af", "tiny_af_minutely", "tiny_af_gke"
-DAG_ID, MINUTELY_DAG, GKE_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}", f"tidal_{GKE}"
+RECIPE, MINUTELY, GKE, HOSTS = "tiny_af", "tiny_af_minutely", "tiny_af_gke", "tiny_af_hosts"
+DAG_ID, MINUTELY_DAG, GKE_DAG, HOSTS_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}", f"tidal_{GKE}", f"tidal_{HOSTS}"
 GKE_POOL = "spot-cpu"
 DATA_STEP = "clean-gcide"  # the slice's largest data step
 CHECKPOINT_DAG = f"{DAG_ID}__checkpoints"
@@ -69,6 +71,11 @@ def airflow(cluster, kube, installed, tmp_path_factory):
                  "namespace": installed["training"]["namespace"]}
     gke = sc.slice_recipe(tmp, GKE, **{"train.steps": 24, "train.checkpoint_every": 12,
                                        "train.optimizer.warmup_steps": 2, "train.resources": resources})
+    # and a two-host one: a JobSet
+    hosts = sc.slice_recipe(tmp, HOSTS, **{"train.steps": 12, "train.checkpoint_every": 6,
+                                           "train.optimizer.warmup_steps": 2, "train.resources": {
+                                               "launcher": "gke", "accelerator": {"kind": "cpu", "nodes": 2},
+                                               "namespace": installed["training"]["namespace"]}})
     # the same computation every minute, compared with a baseline (paused until its test unpauses it)
     minutely = sc.slice_recipe(tmp, MINUTELY, schedule="* * * * *", baseline={
         "file": f"baselines/{MINUTELY}.json", "loss_tolerance": 0.05, "stats_tolerance": 0.01})
@@ -83,13 +90,13 @@ def airflow(cluster, kube, installed, tmp_path_factory):
     if first in data.get("mixture", {}).get("weights", {}):
         data["mixture"]["weights"]["<b>a b:c</b>"] = data["mixture"]["weights"].pop(first)
     hostile = yaml.safe_dump(data, sort_keys=False)
-    recipes = {RECIPE: text, MINUTELY: minutely, GKE: gke, "zz_broken": broken, "zz_hostile": hostile}
+    recipes = {RECIPE: text, MINUTELY: minutely, GKE: gke, HOSTS: hosts, "zz_broken": broken, "zz_hostile": hostile}
     env = {"AIRFLOW_CONN_KUBERNETES_DEFAULT": worker_connection(kube, installed)}
     try:
         with AirflowCluster.start(cluster, tmp / "airflow", recipes, env=env) as af:
             af.wait_dag(DAG_ID)
             af.wait_dag(CHECKPOINT_DAG)  # scheduled on the train step's asset alias
-            yield {"af": af, "text": text, "minutely": minutely, "gke": gke, "root": root, "tmp": tmp}
+            yield {"af": af, "text": text, "minutely": minutely, "gke": gke, "hosts": hosts, "root": root, "tmp": tmp}
     finally:
         cluster.env.pop("TIDAL_STORAGE_ROOT", None)
 
@@ -213,20 +220,23 @@ def test_an_every_minute_schedule_gets_runs_from_the_scheduler_clock_that_pass_t
         assert af.xcom(MINUTELY_DAG, run["dag_run_id"], "report")["baseline"] == "within tolerance"
 
 
-def _wait_pod(kube, af, namespace: str, selector: str, seen: set[str], timeout_s: float = 900) -> dict:
-    """The first pod matching ``selector`` whose name is not in ``seen``; fails with the DAG run's task
-    states if ``train.launch`` fails (for good) first or none comes within ``timeout_s``."""
+def _wait_pod(kube, af, namespace: str, selector: str, seen: set[str], timeout_s: float = 900,
+              dag_id: str = GKE_DAG, run_id: str = "gke", count: int = 1) -> list[dict]:
+    """The ``count`` pods matching ``selector`` whose names are not in ``seen``, once all are there, bound
+    and Running; fails with the DAG run's task states if a task of it fails first or they do not come
+    within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pods = [p for p in kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
                 if p["metadata"]["name"] not in seen]
-        if pods:
-            assert len(pods) == 1, [p["metadata"]["name"] for p in pods]  # never two training runs at once
-            return pods[0]
-        states = af.task_states(GKE_DAG, "gke")
-        assert states.get("train.launch") not in ("failed", "upstream_failed"), (states, af.logs_tail())
+        assert len(pods) <= count, [p["metadata"]["name"] for p in pods]  # never two training runs at once
+        if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+            return sorted(pods, key=lambda p: p["metadata"]["name"])
+        states = af.task_states(dag_id, run_id)
+        assert not {"failed", "upstream_failed"} & set(states.values()), (states, af.logs_tail())
         time.sleep(1)
-    raise AssertionError(f"no new pod for {selector}: {af.task_states(GKE_DAG, 'gke')}\n{af.logs_tail()}")
+    pods = kube.kubectl("get", "jobset,job,pod", "-n", namespace, "-o", "wide", check=False).stdout
+    raise AssertionError(f"no new pods for {selector}: {af.task_states(dag_id, run_id)}\n{pods}\n{af.logs_tail()}")
 
 
 def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_commits(
@@ -250,7 +260,7 @@ def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_c
 
     selector = f"tidal.dev/step-id={step_id}"
     runner = PodRunner(kube, cluster, namespace, airflow["tmp"])
-    first = _wait_pod(kube, af, namespace, selector, set())
+    [first] = _wait_pod(kube, af, namespace, selector, set())
     assert first["metadata"]["name"].startswith(f"tidal-{step_id}")
     assert first["spec"]["serviceAccountName"] == installed["serviceAccounts"]["train"]["name"]
 
@@ -261,7 +271,7 @@ def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_c
     stopped = runner.run(first["metadata"]["name"], on_output=preempt)
     assert stopped.deleted and stopped.returncode == 75, stopped.log[-3000:]
     preempted_at = int(ts.PREEMPTED.search(stopped.log).group(1))
-    retry = _wait_pod(kube, af, namespace, selector, {first["metadata"]["name"]})
+    [retry] = _wait_pod(kube, af, namespace, selector, {first["metadata"]["name"]})
     resumed = runner.run(retry["metadata"]["name"])
     assert resumed.returncode == 0 and not resumed.deleted, resumed.log[-3000:]
     assert f"resumed from checkpoint step {preempted_at}" in resumed.log, resumed.log[-3000:]
@@ -280,4 +290,42 @@ def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_c
     assert any(f"dag_id={GKE_DAG}, task_id=train.launch, run_id=gke" in line and "state=deferred" in line
                for line in scheduler), "the launch never deferred to the triggerer"
     assert kube.get_json("pods", "-n", namespace, "-l", selector)["items"] == []  # deleted once it succeeded
+    assert step_id in sc.bucket_markers(cluster, root)
+
+
+def test_a_two_host_gke_training_runs_as_a_jobset_its_tasks_create_watch_and_delete(cluster, kube, installed, airflow):
+    """Issue 19 item 3, multi-host, in production shape: ``train.create`` (the provider's
+    KubernetesCreateResourceOperator on a worker node) creates the JobSet; JobSet's webhook defaults
+    it and its controller makes the Indexed Job, whose two pods kube-scheduler binds to two CPU nodes;
+    the test kubelet runs both as one ``jax.distributed`` training on fresh nodes (the coordinator by
+    its JobSet DNS name, the process id from the downward API). ``train.wait`` (JobSetSensor,
+    rescheduled between pokes) sees ``Completed``, ``train.delete`` removes the JobSet and what it
+    owned, and ``train.commit`` commits the step."""
+    af, root, namespace = airflow["af"], airflow["root"], installed["training"]["namespace"]
+    step_id = next(i for _, i, kind in sc.step_names(airflow["hosts"], airflow["tmp"]) if kind == "train")
+    name = f"tidal-{step_id}"
+    resources = ResourceConfig.model_validate({"launcher": "gke", "accelerator": {"kind": "cpu", "nodes": 2}})
+    pool = node_pool(resources, HOSTS_POOL)
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
+    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    af.wait_dag(HOSTS_DAG)
+    af.trigger(HOSTS_DAG, "hosts")
+    pods = _wait_pod(kube, af, namespace, f"{JOBSET_LABEL}={name}", set(), dag_id=HOSTS_DAG, run_id="hosts", count=2,
+                     timeout_s=600)
+    assert [p["spec"]["hostname"] for p in sorted(pods, key=lambda p: p["spec"]["hostname"])] == [
+        f"{name}-workers-0-{i}" for i in range(2)]
+    jobset = kube.get_json("jobset", name, "-n", namespace)
+    assert jobset["spec"]["startupPolicy"] == {"startupPolicyOrder": "AnyOrder"}  # JobSet's defaulting webhook
+    runs = PodRunner(kube, cluster, namespace, airflow["tmp"]).run_all([p["metadata"]["name"] for p in pods])
+    logs = "\n".join(f"--- {r.pod} on {r.bound_to} rc={r.returncode}\n{r.log[-2500:]}" for r in runs)
+    assert [r.returncode for r in runs] == [0, 0], logs
+    assert len({r.bound_to for r in runs}) == 2, logs  # two nodes of the cluster, as two VMs
+    assert all(any(f"joined distributed run: process {i} of 2" in r.log for r in runs) for i in range(2)), logs
+
+    run = af.wait_run(HOSTS_DAG, "hosts", timeout_s=600)
+    states = af.task_states(HOSTS_DAG, "hosts")
+    group = ("train.prepare", "train.create", "train.wait", "train.delete", "train.commit")
+    assert run["state"] == "success", (states, af.logs_tail())
+    assert {k: states[k] for k in group} == dict.fromkeys(group, "success"), states
+    assert kube.kubectl("get", "jobset", name, "-n", namespace, check=False).returncode != 0  # deleted
     assert step_id in sc.bucket_markers(cluster, root)
