@@ -1,6 +1,6 @@
 """Benchmark: the GKE path against a real Kubernetes API server and real Helm, on this machine.
 
-    .venv/bin/python bench/k8s_box.py
+    bash .ci/services.sh run -- .venv/bin/python bench/k8s_box.py    # root: the test cluster's namespaces
 
 Starts etcd and kube-apiserver on loopback (tests/cluster/kube.py; the tools from ``make tools``),
 installs helm/tidal with the prod values (``helm template`` + ``kubectl apply``, the Airflow chart

@@ -7,6 +7,8 @@ are skipped with the reason, except under ``CI=true``, where that is a failure.
 from __future__ import annotations
 
 import os
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,19 @@ def cluster(tmp_path_factory):
         _unavailable(str(err))
     with started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def slice_root(cluster) -> str:
+    """A storage root in the bucket for the training scenarios of the session (tests/cluster/train_scenario.py):
+    the slice's upstream steps are committed there by the first scenario that needs them and skipped by the
+    next (:func:`tests.cluster.train_scenario.upstream`), so the data is computed once; each scenario's
+    training is its own step (its own steps / checkpoint interval: its own step id)."""
+    return f"s3://tidal/train-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def local_root(tmp_path_factory) -> Path:
+    """The local root of the session's reference runs in one process (:func:`tests.cluster.scenario.run_local`):
+    the scenarios' recipes share most steps (the slice's data), which are computed there once."""
+    return tmp_path_factory.mktemp("local-reference") / "root"

@@ -49,8 +49,7 @@ def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Pa
     resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"},
                                                "namespace": namespace, "priority_class": "tidal-train-spot"})
     pool = node_pool(resources, POOL)
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
-    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    kube.add_nodes(pool)
 
     text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s")
     plan = sc.step_names(text, tmp)

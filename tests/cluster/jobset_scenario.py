@@ -101,8 +101,7 @@ def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, 
     resources = ResourceConfig.model_validate({"launcher": "gke", "accelerator": {"kind": "cpu", "nodes": HOSTS},
                                                "namespace": namespace})
     pool = node_pool(resources, POOL)
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
-    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    kube.add_nodes(pool)
 
     text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s",
                            **{"train.optimizer.warmup_steps": 2})

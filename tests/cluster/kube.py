@@ -263,6 +263,12 @@ class KubeServer:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(
             jobset_webhooks(self.tools["JOBSET_WEBHOOKS"], f"https://127.0.0.1:{webhook_port}", ca)))
 
+    def add_nodes(self, nodes: list[dict]) -> None:
+        """Apply Node objects (e.g. a node pool of tests/cluster/node_pools.py; KWOK plays them) and wait
+        until each is Ready and schedulable (:meth:`wait_nodes_ready`)."""
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        self.wait_nodes_ready([n["metadata"]["name"] for n in nodes])
+
     def wait_nodes_ready(self, names: list[str], timeout_s: float = 60) -> None:
         """Block until every Node in ``names`` is Ready and schedulable (KWOK initialized it and
         the node-lifecycle controller lifted its not-ready taint); RuntimeError after ``timeout_s``."""

@@ -207,9 +207,11 @@ def bench_workdir(prefix: str) -> Path | None:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
 
 
-def run_local(recipe_text: str, tmp: Path, env: dict[str, str]) -> tuple[Path, float]:
-    """The same recipe in one process on a local root (the reference); returns (root, seconds)."""
-    root = tmp / "local-root"
+def run_local(recipe_text: str, tmp: Path, env: dict[str, str], root: Path | None = None) -> tuple[Path, float]:
+    """The same recipe in one process on a local root (the reference); returns (root, seconds).
+    ``root``: that local root (default ``tmp/local-root``); steps already committed there are skipped,
+    so references of recipes that share steps are computed once (tests/cluster/conftest.py)."""
+    root = root or tmp / "local-root"
     path = tmp / "local.yaml"
     path.write_text(recipe_text)
     tick = time.perf_counter()

@@ -101,7 +101,7 @@ def airflow(cluster, kube, installed, tmp_path_factory):
         cluster.env.pop("TIDAL_STORAGE_ROOT", None)
 
 
-def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_bytes(cluster, airflow):
+def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_bytes(cluster, airflow, local_root):
     af, text, root = airflow["af"], airflow["text"], airflow["root"]
     run_id = "first"
     af.trigger(DAG_ID, run_id)
@@ -116,7 +116,7 @@ def test_losing_a_worker_node_mid_step_retries_on_the_other_and_gives_the_same_b
     assert {ti["hostname"] for ti in tis.values()} == {"worker-a", "worker-b"}
     # the same bytes as an uninterrupted run in one process, and nothing left half-committed
     steps = sc.step_names(text, airflow["tmp"])
-    local_root, _ = sc.run_local(text, airflow["tmp"], _host_env())
+    local_root, _ = sc.run_local(text, airflow["tmp"], _host_env(), local_root)
     differ = sc.differences(cluster, root, local_root, steps)
     assert not differ, f"the Celery run differs from the local run: {differ}"
     staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=root.removeprefix("s3://tidal/") + "/.staging/")
@@ -252,8 +252,7 @@ def test_a_gke_training_runs_through_the_pod_operator_is_preempted_retried_and_c
     af, root, namespace = airflow["af"], airflow["root"], installed["training"]["namespace"]
     resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}})
     pool = node_pool(resources, GKE_POOL)
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
-    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    kube.add_nodes(pool)
     step_id = next(i for _, i, kind in sc.step_names(airflow["gke"], airflow["tmp"]) if kind == "train")
     af.wait_dag(GKE_DAG)
     af.trigger(GKE_DAG, "gke")
@@ -306,8 +305,7 @@ def test_a_two_host_gke_training_runs_as_a_jobset_its_tasks_create_watch_and_del
     name = f"tidal-{step_id}"
     resources = ResourceConfig.model_validate({"launcher": "gke", "accelerator": {"kind": "cpu", "nodes": 2}})
     pool = node_pool(resources, HOSTS_POOL)
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pool}))
-    kube.wait_nodes_ready([n["metadata"]["name"] for n in pool])
+    kube.add_nodes(pool)
     af.wait_dag(HOSTS_DAG)
     af.trigger(HOSTS_DAG, "hosts")
     pods = _wait_pod(kube, af, namespace, f"{JOBSET_LABEL}={name}", set(), dag_id=HOSTS_DAG, run_id="hosts", count=2,

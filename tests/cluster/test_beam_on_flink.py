@@ -43,7 +43,7 @@ def flink(cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def flink_run(cluster, flink, tmp_path_factory):
+def flink_run(cluster, flink, local_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("beam-on-flink")
     text = bs.flink_recipe(tmp, flink)
     steps = bs.data_steps(text, tmp)
@@ -51,7 +51,7 @@ def flink_run(cluster, flink, tmp_path_factory):
     jobs_before = {j["jid"] for j in flink.rest_get("/jobs/overview")["jobs"]}
     run = bs.run_on_flink(cluster, text, steps, root=root, run_key="flink-run", tmp=tmp)
     jobs = [j for j in flink.rest_get("/jobs/overview")["jobs"] if j["jid"] not in jobs_before]
-    local_root, _ = sc.run_local(text, tmp, _host_env())
+    local_root, _ = sc.run_local(text, tmp, _host_env(), local_root)
     return {"text": text, "steps": steps, "run": run, "root": root, "local_root": local_root, "tmp": tmp, "jobs": jobs}
 
 

@@ -1,7 +1,12 @@
-"""The GKE task group's launches on a real Kubernetes API server: a single-host training pod
-preempted, resumed from the bucket and committed (tests/cluster/gke_scenario.py), and a two-host
-JobSet created, watched and deleted by the task group's operators (tests/cluster/jobset_scenario.py).
-Both share one storage root, so the second reuses the first's committed upstream steps."""
+"""The GKE task group's launches on a real Kubernetes API server without Airflow around them: a
+single-host training pod preempted, resumed from the bucket and committed
+(tests/cluster/gke_scenario.py), and a two-host JobSet created, watched and deleted by the task
+group's operators (tests/cluster/jobset_scenario.py); both share one storage root, so the second
+reuses the first's committed upstream steps.
+
+Marked ``slow`` (``pytest -m slow``; bench/k8s_box.py runs the same scenarios): CI runs both paths in
+production shape instead, through the scheduler, triggerer and Celery workers
+(tests/cluster/test_airflow_celery.py), which covers what these assert and more."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from tests.cluster.gke_scenario import POOL, preempted_and_resumed, train_throug
 from tests.cluster.jobset_scenario import HOSTS, JOBSET_LABEL, ran_as_two_hosts, train_jobset_through_kube
 from tests.cluster.node_pools import CPU_MACHINE, MACHINE_LABEL, POOL_LABEL, SPOT_LABEL
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

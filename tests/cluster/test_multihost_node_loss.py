@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import uuid
 
 import pytest
 
@@ -25,11 +24,11 @@ WATCHDOG_S = 60  # no step for this long: a process exits 76 (tidal/train/watchd
 PEER_TIMEOUT_S = 20  # missed heartbeats for this long: a process is gone (TIDAL_TRAIN_PEER_TIMEOUT_S)
 
 
-def test_two_hosts_lose_a_node_each_time_and_resume_from_the_bucket_bitwise(cluster, tmp_path):
+def test_two_hosts_lose_a_node_each_time_and_resume_from_the_bucket_bitwise(cluster, slice_root, tmp_path):
     text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY, name="tiny_mh")
     steps = sc.step_names(text, tmp_path)
     name = next(s[0] for s in steps if s[2] == "train")
-    root = f"s3://tidal/mh-{uuid.uuid4().hex[:8]}"
+    root = slice_root
     ts.upstream(cluster, text, steps, root=root, run_key="mh")
     proc = sc.on_node_argv(cluster, "mh-prep", text, ["python", "-c", sc.PREPARE, name], root=root)
     prepared = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import re
-import uuid
 
 import pytest
 
@@ -33,13 +32,13 @@ def _host_env() -> dict[str, str]:
             if not k.startswith(("TIDAL_STORAGE", "TIDAL_S3", "MLFLOW_", "AWS_"))}
 
 
-def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
+def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, local_root, tmp_path):
     text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY)
     steps = sc.step_names(text, tmp_path)
     rng = random.Random(20261202)
     targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
     losses = list(zip(["SIGKILL", "SIGTERM", "SIGKILL"], targets, strict=True))
-    root = f"s3://tidal/nl-{uuid.uuid4().hex[:8]}"
+    root = slice_root
     run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path,
                              last_disk_mb=DISK_MB)
     logs = "\n".join(f"--- {a.node} ({a.lost} at {a.target}) rc={a.returncode}\n{a.log[-2500:]}" for a in run.attempts)
@@ -62,7 +61,7 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
     assert inputs > DISK_MB * 2**20, inputs  # it trained on a node that could not hold its data
     assert "COMMITTED" in run.commit_output, run.commit_output[-3000:]
 
-    local_root, _ = sc.run_local(text, tmp_path, _host_env())
+    local_root, _ = sc.run_local(text, tmp_path, _host_env(), local_root)
     train = [s for s in steps if s[2] == "train"]
     differ = sc.differences(cluster, root, local_root, train)
     assert not differ, f"the resumed run differs from an uninterrupted one: {differ}\n{logs}"
@@ -71,5 +70,6 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, tmp_path):
     ckpt_bytes = sum(e["bytes"] for e in manifest["files"] if e["path"].startswith("checkpoints/"))
     sent = [int(b) for b in re.findall(r"staged \d+ files \((\d+) bytes\)", run.attempts[-1].log)]
     assert sent and ckpt_bytes > 0 and sent[-1] < ckpt_bytes, (sent, ckpt_bytes)
-    staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=root.removeprefix("s3://tidal/") + "/.staging/")
+    staging = run.prepared["step_uri"].removeprefix("s3://tidal/")  # this step's: the root is shared
+    staged = cluster.s3().list_objects_v2(Bucket="tidal", Prefix=staging)
     assert staged.get("KeyCount", 0) == 0, [o["Key"] for o in staged.get("Contents", [])][:5]

@@ -27,14 +27,14 @@ def _host_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def shared_run(cluster, tmp_path_factory):
+def shared_run(cluster, local_root, tmp_path_factory):
     """The slice run once on the cluster and once locally (module scope: the tests below read it)."""
     tmp = tmp_path_factory.mktemp("share-nothing")
     text = sc.slice_recipe(tmp)
     steps = sc.step_names(text, tmp)
     root = f"s3://tidal/sn-{uuid.uuid4().hex[:8]}"
     run = sc.run_on_nodes(cluster, text, steps, root=root, run_key="sn-run")
-    local_root, _ = sc.run_local(text, tmp, _host_env())
+    local_root, _ = sc.run_local(text, tmp, _host_env(), local_root)
     return {"text": text, "steps": steps, "run": run, "root": root, "local_root": local_root, "tmp": tmp}
 
 

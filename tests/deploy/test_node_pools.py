@@ -42,8 +42,7 @@ def create_pools(kube: KubeServer, cases: list[tuple[str, dict]], namespace: str
         pool = node_pool(config(resources, namespace), f"{prefix}{i}")
         nodes += pool
         pools[f"{prefix}{i}"] = {k: v for k, v in pool[0]["metadata"]["labels"].items() if k in PLACEMENT_LABELS}
-    kube.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
-    kube.wait_nodes_ready([node["metadata"]["name"] for node in nodes])
+    kube.add_nodes(nodes)
     return pools
 
 

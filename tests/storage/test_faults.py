@@ -23,6 +23,7 @@ from tidal.steps import Step
 from tidal.storage import StorageSettings, open_storage
 from tidal.storage.s3 import HOLD_BEFORE_MARKER_ENV
 
+LEASE_TTL_S = 8.0
 WRITER = {"name": "writer", "kind": "fixture", "config": {"parts": 8, "pause_s": 0.0, "fail_at": None}}
 
 
@@ -83,7 +84,8 @@ def test_dropped_upload_past_the_retry_budget_commits_nothing_and_rerun_complete
 def test_worker_killed_between_data_and_marker(bucket, s3_env, tmp_path):
     root = f"s3://{bucket}/k"
     flag = tmp_path / "data-uploaded"
-    spec = {"root": root, "step": WRITER, "out": str(tmp_path / "out.json")}
+    # a short lease TTL: the killed worker's lease blocks the step until it expires (120 s by default)
+    spec = {"root": root, "step": WRITER, "out": str(tmp_path / "out.json"), "settings": {"lease_ttl_s": LEASE_TTL_S}}
     env = {**os.environ, "PYTHONPATH": str(REPO), HOLD_BEFORE_MARKER_ENV: str(flag)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.storage.worker", json.dumps(spec)], cwd=REPO, env=env)
     deadline = time.monotonic() + 90
@@ -95,14 +97,16 @@ def test_worker_killed_between_data_and_marker(bucket, s3_env, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    storage = open_storage(root)
+    storage = open_storage(root, settings=StorageSettings(lease_ttl_s=LEASE_TTL_S))
     step = step_of(WRITER)
     half = objects(raw_client(s3_env.endpoint), bucket, f"k/{step.step_id}/")
     assert len(half) == 10 and f"k/{step.step_id}/_SUCCESS" not in half  # 8 parts, manifest, step.json
     assert not storage.is_committed(step.step_id)
     with pytest.raises(StepBlocked):
         run_step(Step("reader", "concat", {}, inputs=(step,)), storage)
-    result = run_step(step, storage)  # the dead worker's lease (same host, pid gone) is taken over
+    started = time.monotonic()
+    result = run_step(step, storage)  # the dead worker's lease is taken over once it expired, not before
+    assert LEASE_TTL_S / 4 < time.monotonic() - started < LEASE_TTL_S * 4
     assert result.status == "run"
     lease = json.loads(storage.read_text(step.step_id, "step.json"))["provenance"]["lease"]
     assert lease["took_over_from"].split(":")[1] == str(proc.pid)
