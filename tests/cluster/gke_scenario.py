@@ -42,7 +42,7 @@ class KubeTrainRun:
 
 
 def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *, root: str | None = None,
-                       steps: int = 60, checkpoint_every: int = 10) -> KubeTrainRun:
+                       steps: int = 200, checkpoint_every: int = 10) -> KubeTrainRun:
     """Run the scenario of the module doc; ``values``: the installed chart's values; ``root``: the
     storage root in the bucket (default: a new one)."""
     namespace = values["training"]["namespace"]

@@ -66,11 +66,12 @@ def _lose_the_node_running(af: AirflowCluster, run_id: str, task_id: str, *, aft
 def airflow(cluster, kube, installed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("airflow-celery")
     text = sc.slice_recipe(tmp, RECIPE)
-    # the same data, a shorter training on a GKE Spot CPU pod (resources are not hashed: steps are)
+    # the same data, another training on a GKE Spot CPU pod (resources are not hashed: steps are); long
+    # enough after its first checkpoint (190 steps, seconds) that the pod is deleted before it ends
     resources = {"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}, "priority_class": "tidal-train-spot",
                  "namespace": installed["training"]["namespace"]}
-    gke = sc.slice_recipe(tmp, GKE, **{"train.steps": 24, "train.checkpoint_every": 12,
-                                       "train.optimizer.warmup_steps": 2, "train.resources": resources})
+    gke = sc.slice_recipe(tmp, GKE, **{"train.steps": 200, "train.checkpoint_every": 10,
+                                       "train.resources": resources})
     # and a two-host one: a JobSet
     hosts = sc.slice_recipe(tmp, HOSTS, **{"train.steps": 12, "train.checkpoint_every": 6,
                                            "train.optimizer.warmup_steps": 2, "train.resources": {
