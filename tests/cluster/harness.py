@@ -228,7 +228,7 @@ class Cluster:
         self._names: list[str] = []
         self._addresses: dict[str, str] = {}
         self._aliases: dict[str, list[str]] = {}
-        self._dns_names: list[str] = []  # cluster-wide names that are not nodes (a JobSet pod's hostname)
+        self._dns_names: list[str] = []  # cluster-wide names that are not nodes (add_dns_name)
         self._disk_mb: dict[str, int] = {}  # node -> size of each of its private tmpfs mounts (MiB)
         self._lock = threading.Lock()
         self._moto: MotoServer | None = None
@@ -341,18 +341,13 @@ class Cluster:
     # --- nodes -------------------------------------------------------------------------------
 
     def add_dns_name(self, name: str) -> None:
-        """Let ``name`` (dotted labels, e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve on every
-        node, as the cluster DNS resolves a pod's name; nodes share loopback, so it is 127.0.0.1.
-
-        Raises:
-            ValueError: a label of ``name`` is not a hostname.
-        """
+        """Let ``name`` (e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve to 127.0.0.1 (shared loopback)
+        on every node, as cluster DNS resolves a pod. ValueError: a label of ``name`` is not a hostname."""
         if not all(NODE_NAME.match(label) for label in name.split(".")):
             raise ValueError(f"{name!r} is not a DNS name")
         with self._lock:
-            if name not in self._dns_names:
-                self._dns_names.append(name)
-                self._write_hosts()
+            self._dns_names = sorted({*self._dns_names, name})
+            self._write_hosts()
 
     def _add_name(self, name: str, aliases: Sequence[str] = ()) -> None:
         if not NODE_NAME.match(name) or name == "localhost":

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest.mock import patch
 
 import yaml
 
@@ -58,22 +58,6 @@ class JobSetRun:
     deleted: bool  # the JobSet, its Jobs and pods are gone after the delete task
     commit_output: str
     committed: bool
-
-
-@contextmanager
-def launcher_connection(kube: KubeServer, values: dict):
-    """``AIRFLOW_CONN_KUBERNETES_DEFAULT`` for this block: the Airflow worker's connection
-    (:func:`tests.deploy.kube_checks.worker_connection`)."""
-    key = "AIRFLOW_CONN_KUBERNETES_DEFAULT"
-    before = os.environ.get(key)
-    os.environ[key] = worker_connection(kube, values)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def wait_pods(kube: KubeServer, namespace: str, jobset_name: str, count: int, timeout_s: float = 120) -> list[dict]:
@@ -118,7 +102,8 @@ def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, 
     common = {"yaml_conf": yaml.safe_dump(manifest, sort_keys=False), "namespace": namespace,
               "custom_resource_definition": True, "kubernetes_conn_id": CONN_ID}
     runner = PodRunner(kube, cluster, namespace, tmp)
-    with launcher_connection(kube, values):
+    # the kubernetes_default connection of the Airflow worker (its service account's token)
+    with patch.dict(os.environ, {"AIRFLOW_CONN_KUBERNETES_DEFAULT": worker_connection(kube, values)}):
         ProviderOperator(task_id="create", provider_class=CREATE_OPERATOR, operator_kwargs=common).execute({})
         created = kube.get_json("jobset", name, "-n", namespace)
         sensor = JobSetSensor(task_id="wait", name=name, namespace=namespace)
