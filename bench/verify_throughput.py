@@ -4,7 +4,7 @@ Generates a real committed step of ``--gb`` GB (default 1; ``--files`` files of 
 bytes) through the runner (so it has the manifest, step.json and a signature), then times:
 
 * ``commit``: the runner's manifest hashing while committing (SHA-256, hashlib, 1 MiB reads);
-* ``verify``: :func:`tidal.verify.verify_step` (every file re-hashed, root hash, step id, HMACs);
+* ``verify``: :func:`tidal.audit.verify.verify_step` (every file re-hashed, root hash, step id, HMACs);
 * ``sha256sum``: the coreutils binary over the same files, one process (the baseline);
 * ``hashlib``: SHA-256 of an in-memory 256 MiB buffer (the hash alone, no I/O).
 
@@ -67,12 +67,12 @@ def main() -> None:
     parser.add_argument("--dir", help="where to write the step (default: a temp dir, removed after)")
     args = parser.parse_args()
 
+    from tidal.audit.verify import DEFAULT_WORKERS, verify_step
     from tidal.core.runner import run_step
     from tidal.integrity.signing import KEY_ENV, load_key
     from tidal.kinds import KINDS, KindSpec
     from tidal.steps import Step
     from tidal.storage import LocalStorage
-    from tidal.verify import DEFAULT_WORKERS, verify_step
 
     os.environ.setdefault(KEY_ENV, os.urandom(32).hex())  # signed, as in production
     KINDS["bench_blob"] = KindSpec("bench.verify_throughput", STEP_VERSION)
@@ -112,7 +112,7 @@ def main() -> None:
               f"{total_s:.1f} s")
         print(f"cpu: {os.cpu_count()} cores, SHA extensions (sha_ni): {'yes' if ' sha_ni' in cpu_flags else 'no'}; "
               f"{hashlib.sha256().name} via OpenSSL {__import__('ssl').OPENSSL_VERSION}")
-        print(f"verify (tidal.verify.verify_step, {DEFAULT_WORKERS} threads): {verify_s:.3f} s  "
+        print(f"verify (tidal.audit.verify.verify_step, {DEFAULT_WORKERS} threads): {verify_s:.3f} s  "
               f"{gb / verify_s:.2f} GB/s")
         print(f"verify, 1 thread:                   {verify1_s:.3f} s  {gb / verify1_s:.2f} GB/s")
         print(f"manifest build (commit's hashing):  {manifest_s:.3f} s  {gb / manifest_s:.2f} GB/s")

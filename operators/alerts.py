@@ -25,6 +25,8 @@ import logging
 import urllib.request
 from typing import Any
 
+from tidal.settings import current
+
 log = logging.getLogger(__name__)
 PAGERDUTY_SUMMARY_MAX = 1024  # Events API v2: payload.summary is at most 1024 characters
 
@@ -89,8 +91,6 @@ def post_json(url: str, payload: dict[str, Any], timeout_s: float = 5.0) -> int:
 def send_alert(record: dict[str, Any], env: dict[str, str] | None = None) -> int | None:
     """Post ``record`` to the configured webhook; returns the HTTP status, None if off or failed."""
     if env is None:
-        from tidal.settings import current
-
         env = current().child_env()
     url = env.get("TIDAL_ALERT_WEBHOOK_URL")
     if not url:

@@ -12,7 +12,7 @@ place of the single ``TidalStepOperator`` of each Beam step (clean, tokenize):
 * ``{step}.commit``: :func:`tidal.core.beam_job.commit`: expected outputs, manifest,
   step.json, _SUCCESS, atomic rename into place, MLflow.
 
-The launch task is an :class:`operators.gke.ProviderOperator` shell (the real operator is
+The launch task is an :class:`operators.remote.ProviderOperator` shell (the real operator is
 built on the worker, from :mod:`operators.beam_provider`): with the Google provider installed
 (needed for Dataflow) importing the Beam provider imports the Google Cloud hooks, and
 without it the 6.3.1 operator cannot be constructed at all on Airflow 3.3.
@@ -27,8 +27,8 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from operators.assets import step_alias
-from operators.gke import ProviderOperator, TidalCommitOperator, TidalPrepareOperator
-from operators.step import run_key_of
+from operators.remote import ProviderOperator, TidalCommitOperator, TidalPrepareOperator
+from operators.step import export_signing_key, pipeline_for_run, run_key_of
 
 BEAM_OPERATOR = "operators.beam_provider:BeamRunPythonPipelineOperator"
 # Runners whose launcher returns before the job ends (the provider then waits in the triggerer).
@@ -42,7 +42,6 @@ class BeamPrepareOperator(TidalPrepareOperator):
     """
 
     def choose_branch(self, context: Any) -> list[str]:
-        from operators.step import pipeline_for_run
         from tidal.core.beam_job import prepare
 
         params = context.get("params") or {}
@@ -63,7 +62,6 @@ class BeamCommitOperator(TidalCommitOperator):
         self.runner = runner
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from operators.step import export_signing_key, pipeline_for_run
         from tidal.core.beam_job import commit
 
         export_signing_key()  # the commit signs step.json and manifest.json (tidal/integrity/signing.py)

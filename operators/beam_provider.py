@@ -1,6 +1,6 @@
 """The Beam provider's ``BeamRunPythonPipelineOperator``, constructible without the Google provider.
 
-Imported only on the worker (by :class:`operators.gke.ProviderOperator`) and in tests.
+Imported only on the worker (by :class:`operators.remote.ProviderOperator`) and in tests.
 
 Why a shim: with apache-airflow-providers-apache-beam 6.3.1 on Airflow 3.3, the operator cannot
 even be constructed unless apache-airflow-providers-google is installed, whatever the runner.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from operators.run_context import pipeline_for_run, run_key_of
 from operators.task_log import capture_log_tail, log_tail, task_log_tail
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ def mlflow_link(pipe: Any, run_key: str) -> tuple[str | None, str | None]:
 
 def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
     """The catalog record of a failed task and its pipeline (None if the recipe cannot load)."""
-    from operators.run_context import pipeline_for_run, run_key_of
     from tidal.tracking.failures import build_record
 
     ti, task, dag_run = context["ti"], context["task"], context["dag_run"]
@@ -85,11 +85,11 @@ def failure_record(context: Any) -> tuple[dict[str, Any], Any]:
 def on_failure_callback(context: Any) -> None:
     """Record the failure as an object ``{storage_root}/failures/...`` (in the bucket for an object-store
     root, so every pod sees it), send metrics and the webhook alert;
-    close a GKE training step's live MLflow run as FAILED (:func:`operators.gke.close_failed_live_run`)."""
+    close a GKE training step's live MLflow run as FAILED (:func:`operators.remote.close_failed_live_run`)."""
     from tidal.tracking import TrackingUnavailable
 
     try:
-        from operators.gke import close_failed_live_run
+        from operators.remote import close_failed_live_run
 
         closed = close_failed_live_run(context)
         if closed:

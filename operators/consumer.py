@@ -20,6 +20,8 @@ from typing import Any
 from airflow.sdk import DAG, BaseOperator
 
 from operators.assets import checkpoint_alias
+from operators.dag_args import SCHEDULE_START
+from operators.run_context import export_signing_key
 
 __all__ = ["CATALOG_TASK_ID", "EVALUATE_TASK_ID", "CheckpointCatalogOperator", "CheckpointEvalOperator",
            "checkpoint_dag", "checkpoint_dag_id"]
@@ -53,7 +55,6 @@ class CheckpointCatalogOperator(BaseOperator):
 
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators.run_context import export_signing_key
         from tidal.audit.catalog import committed_steps
         from tidal.core.load import load_pipeline
         from tidal.integrity.signing import load_key
@@ -93,7 +94,6 @@ class CheckpointEvalOperator(BaseOperator):
         self.recipe_path = recipe_path
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from operators.run_context import export_signing_key
         from tidal.core.load import load_pipeline
 
         export_signing_key()
@@ -105,8 +105,6 @@ class CheckpointEvalOperator(BaseOperator):
 
 def checkpoint_dag(recipe: Any, recipe_path: str) -> DAG:
     """The checkpoint DAG of a recipe with a train step (see the module docstring)."""
-    from operators.dag_args import SCHEDULE_START
-
     with DAG(
         auto_register=False,
         dag_id=checkpoint_dag_id(recipe.name),

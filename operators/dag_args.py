@@ -6,6 +6,9 @@ from datetime import UTC, datetime
 
 from airflow.sdk import Param
 
+from operators.callbacks import on_failure_callback
+from operators.params import recipe_params
+
 # Scheduled recipes need a start date for their timetable; runs before it are never created
 # (catchup is off; `airflow backfill create` makes past runs on purpose).
 SCHEDULE_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -19,12 +22,8 @@ def pipeline_dag_args(graph, recipe=None) -> dict:
     full form of operators/params.py (seed, training steps, launcher, resource profile, steps to
     force-rerun, dry run). Without (a scaling suite): manual, ``force_steps`` and ``dry_run`` only.
     """
-    from operators.callbacks import on_failure_callback
-
     names = [s.name for s in graph]
     if recipe is not None:
-        from operators.params import recipe_params
-
         params = recipe_params(recipe, names)
     else:
         params = {

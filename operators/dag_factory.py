@@ -14,9 +14,16 @@ from airflow.sdk import DAG
 from airflow.task.trigger_rule import TriggerRule
 
 from operators.assets import step_alias
+from operators.consumer import checkpoint_dag, checkpoint_dag_id
 from operators.dag_args import SCHEDULE_START, pipeline_dag_args
 from operators.plan import PLAN_TASK_ID, TidalPlanOperator
 from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepOperator
+from operators.suite_factory import build_suite_dag
+from tidal.core.planner import build_graph
+from tidal.recipe import RecipeError, load_recipe
+from tidal.recipe.loader import read_yaml
+from tidal.scaling.suite import is_suite_file
+from tidal.steps import CommittedStep
 
 __all__ = ["SCHEDULE_START", "broken_recipe_dag", "build_dag", "build_dags", "pipeline_dag_args", "recipe_doc_md"]
 
@@ -51,14 +58,7 @@ def build_dag(recipe_path: Path) -> DAG:
     Raises:
         tidal.recipe.RecipeError: the recipe is invalid (Airflow shows it as an import error).
     """
-    from tidal.core.planner import build_graph
-    from tidal.recipe import load_recipe
-    from tidal.scaling.suite import is_suite_file
-    from tidal.steps import CommittedStep
-
     if is_suite_file(recipe_path):  # `kind: scaling_suite`: grid DAG (operators/suite_factory.py)
-        from operators.suite_factory import build_suite_dag
-
         return build_suite_dag(Path(recipe_path))
     recipe = load_recipe(recipe_path)
     if recipe.train.continue_from is None:
@@ -168,12 +168,8 @@ def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
 
 def _consumer_dags(path: Path, dag: DAG) -> list[DAG]:
     """The checkpoint DAG (operators/consumer.py) of a pipeline recipe with a train step."""
-    from tidal.scaling.suite import is_suite_file
-
     if is_suite_file(path) or not any(t.task_id == "train" or t.task_id.startswith("train.") for t in dag.tasks):
         return []
-    from operators.consumer import checkpoint_dag
-    from tidal.recipe import load_recipe
 
     return [checkpoint_dag(load_recipe(path), str(path))]
 
@@ -181,14 +177,10 @@ def _consumer_dags(path: Path, dag: DAG) -> list[DAG]:
 def _may_define(path: Path, dag_id: str) -> bool:
     """Whether the recipe file ``path`` may define ``dag_id`` (``tidal_<name>`` from its top-level
     ``name``); a file that cannot be read so cheaply may."""
-    from tidal.recipe import RecipeError
-    from tidal.recipe.loader import read_yaml
-
     try:
         data = read_yaml(path)
     except RecipeError:
         return True
-    from operators.consumer import checkpoint_dag_id
 
     name = data.get("name") if isinstance(data, dict) else None
     return not isinstance(name, str) or dag_id in (f"tidal_{name}", checkpoint_dag_id(name))

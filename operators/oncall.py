@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidal.scaling.suite import is_suite_file
+from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
+
 
 def recipe_files(recipes_dir: Path) -> list[Path]:
     """Pipeline recipes in ``recipes_dir`` (scaling suites excluded), sorted by name."""
-    from tidal.scaling.suite import is_suite_file
-
     return [p for p in sorted(Path(recipes_dir).glob("*.yaml")) if not is_suite_file(p)]
 
 
@@ -37,7 +38,6 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
     """
     from tidal.core.load import load_pipeline
     from tidal.tracking.failures import group_failures, list_failures
-    from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
 
     try:
         pipe = load_pipeline(recipe_path)

@@ -21,7 +21,10 @@ from typing import Any
 
 from airflow.sdk.bases.branch import BaseBranchOperator
 
+from operators.params import run_options
 from operators.run_context import export_signing_key, pipeline_for_run, run_key_of
+from operators.step import emit_step_metrics
+from operators.task_log import capture_log_tail
 
 PLAN_TASK_ID = "plan"
 
@@ -46,10 +49,6 @@ class TidalPlanOperator(BaseBranchOperator):
         self.entry_tasks = entry_tasks
 
     def choose_branch(self, context: Any) -> list[str]:
-        from operators.params import run_options
-        from operators.step import emit_step_metrics
-        from operators.task_log import capture_log_tail
-
         capture_log_tail()
         force_steps, dry_run = run_options(context.get("params") or {})
         pipe = pipeline_for_run(self.recipe_path, context)

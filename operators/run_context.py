@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from operators.params import overrides_from_params
+from tidal.recipe import load_recipe
+from tidal.scaling.suite import is_suite_file
+from tidal.settings import current
+
 
 def run_key_of(context: Any) -> str:
     """The MLflow parent-run key of the Airflow DAG run: ``{dag_id}__{run_id}``."""
@@ -29,8 +34,6 @@ def export_signing_key(conn_id: str = SIGNING_CONN_ID) -> bool:
 
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException
-
-    from tidal.settings import current
 
     if current().signing_key is not None:
         return False
@@ -68,14 +71,10 @@ def pipeline_for_run(recipe_path: str, context: Any, *, check_tracking: bool = T
             (or the recipe's ``tracking_uri``) to an MLflow server.
     """
     from tidal.core.load import load_pipeline
-    from tidal.scaling.suite import is_suite_file
 
     if is_suite_file(recipe_path):
         pipe = load_pipeline(recipe_path)
     else:
-        from operators.params import overrides_from_params
-        from tidal.recipe import load_recipe
-
         params = dict(context.get("params") or {})
         overrides = overrides_from_params(load_recipe(recipe_path), params)
         pipe = load_pipeline(recipe_path, overrides or None)

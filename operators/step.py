@@ -10,8 +10,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators.lineage import StepLineageMixin
+from operators.openlineage_facets import StepLineageMixin
+from operators.params import overrides_from_params, run_options
 from operators.run_context import SIGNING_CONN_ID, export_signing_key, pipeline_for_run, run_key_of
+from operators.task_log import capture_log_tail
+from tidal.recipe import load_recipe
+from tidal.settings import current
+from tidal.steps import CommittedStep
+from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
 
 __all__ = ["SIGNING_CONN_ID", "BrokenRecipeOperator", "InjectedFault", "TidalReportOperator", "TidalStepOperator",
            "check_fault", "emit_step_metrics", "export_signing_key", "pipeline_for_run", "run_key_of"]
@@ -31,8 +37,6 @@ def check_fault(step_name: str) -> None:
         InjectedFault: with the file's text.
     """
     from pathlib import Path
-
-    from tidal.settings import current
 
     fault_dir = current().fault_dir
     if fault_dir and (Path(fault_dir) / step_name).is_file():
@@ -82,7 +86,7 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
 
     Returns (XCom): ``{"step_id", "status" ("run"|"skip"|"dry-run:<run|skip|blocked>"), "seconds"}``.
     OpenLineage (when a transport is configured): inputs and output as step URIs and the
-    ``tidal_step`` run facet (operators/lineage.py).
+    ``tidal_step`` run facet (operators/openlineage_facets.py).
     """
 
     template_fields = ("recipe_path",)
@@ -96,9 +100,6 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators.params import run_options
-        from operators.task_log import capture_log_tail
-
         capture_log_tail()
         force_steps, dry_run = run_options(context.get("params") or {})
         pipe = pipeline_for_run(self.recipe_path, context)
@@ -109,7 +110,6 @@ class TidalStepOperator(StepLineageMixin, BaseOperator):
                           else status, step.kind)
             return {"step_id": step.step_id, "status": f"dry-run:{status}", "seconds": 0.0}
         launcher = pipe.recipe.train.resources.launcher
-        from tidal.steps import CommittedStep
 
         if step.kind == "train" and launcher != "local" and not isinstance(step, CommittedStep):
             raise AirflowFailException(
@@ -151,10 +151,7 @@ class TidalReportOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators.params import overrides_from_params, run_options
-        from operators.task_log import capture_log_tail
         from tidal.core.report import build_report, format_report
-        from tidal.recipe import load_recipe
 
         capture_log_tail()
         _, dry_run = run_options(context.get("params") or {})
@@ -220,7 +217,6 @@ def _emit_checkpoint_metrics(pipe: Any) -> None:
     import time
 
     from tidal.tracking import statsd as m
-    from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
 
     client = m.StatsdClient.from_env()
     if not client.enabled or "train" not in pipe.graph.by_name:

@@ -14,6 +14,8 @@ from airflow.sdk import DAG
 
 from operators.dag_args import pipeline_dag_args
 from operators.step import TidalReportOperator, TidalStepOperator
+from tidal.core.planner import build_suite_graph, train_step_names
+from tidal.scaling.suite import FIT_STEP, load_suite
 
 
 def build_suite_dag(suite_path: Path) -> DAG:
@@ -26,9 +28,6 @@ def build_suite_dag(suite_path: Path) -> DAG:
     Raises:
         tidal.scaling.suite.SuiteError: the suite or its base recipe is invalid.
     """
-    from tidal.core.planner import build_suite_graph, train_step_names
-    from tidal.scaling.suite import FIT_STEP, load_suite
-
     suite, base = load_suite(suite_path)
     graph = build_suite_graph(suite, base)
     grid = train_step_names(graph)

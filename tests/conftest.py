@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import TIERS, group_of, tier_of
+
 pytest_plugins = ["tests.cluster.kube_fixtures"]  # kube, installed: the Kubernetes API server tests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -14,6 +16,22 @@ TINY = REPO / "recipes" / "tiny.yaml"
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into node ids
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier and its xdist group (tests/tiers.py), and run the longest groups first:
+    the test cluster, then the operations server, so that the worker that takes them is not the last to end."""
+    first = {"cluster": 0, "ops": 1}
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
+        item.add_marker(pytest.mark.xdist_group(group_of(item.path)))
+    items.sort(key=lambda item: first.get(group_of(item.path), 2))  # stable: file order kept within a group
+
+
+def pytest_configure(config):
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (by folder, tests/tiers.py)")
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""tidal/layout.py: the step contract's names and the atomic write every writer uses."""
+"""tidal/storage/layout.py: the step contract's names and the atomic write every writer uses."""
 
 from __future__ import annotations
 
 import pytest
 
-from tidal import layout
+from tidal.storage import layout
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):

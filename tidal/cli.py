@@ -15,9 +15,48 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from tidal.recipe import RecipeError
+from tidal.audit import models  # tidal export / tidal sample
+from tidal.audit.ancestry import (
+    TargetError,
+    build_lineage,
+    format_lineage,
+    nothing_committed,
+    resolve_target,
+)
+from tidal.audit.catalog import pipeline_of_run, write_run_plan
+from tidal.audit.models import add_commands
+from tidal.audit.verify import format_verification, verify_steps
+from tidal.core.commit import step_seed
+from tidal.core.load import load_pipeline
+from tidal.core.mixture import mixture_table
+from tidal.core.report import build_report, format_report
+from tidal.data.archives import ensure_archives
+from tidal.integrity.signing import SigningKeyError, load_key
+from tidal.logs import quiet_libraries
+from tidal.quality.baseline import (
+    baseline_path,
+    describe_baseline,
+    read_run_values,
+    step_dirs_of_run,
+    write_baseline,
+)
+from tidal.recipe import Recipe, RecipeError, load_recipe
+from tidal.recipe.reference import markdown_reference
 from tidal.settings import SettingsError, entry_point
 from tidal.settings import current as current_settings
+from tidal.steps import CommittedStep
+from tidal.storage import StorageError, open_storage
+from tidal.storage.s3 import S3Storage
+from tidal.storage.uris import storage_hint
+from tidal.tracking import TrackingUnavailable
+from tidal.tracking.failures import (
+    CATALOG_DIR,
+    build_record,
+    format_groups,
+    group_failures,
+    list_failures,
+    record_failure,
+)
 
 
 def _check_bucket(storage) -> None:
@@ -27,9 +66,6 @@ def _check_bucket(storage) -> None:
     Raises:
         StorageError: naming the bucket and the setting.
     """
-    from tidal.storage import StorageError
-    from tidal.storage.s3 import S3Storage
-
     if not isinstance(storage, S3Storage):
         return
     from botocore.exceptions import ClientError
@@ -65,9 +101,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from tidal.core.load import load_pipeline
-    from tidal.quality.baseline import describe_baseline
-
     pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     _check_bucket(pipe.storage)
     print(f"recipe {pipe.recipe.name} v{pipe.recipe.version}  storage {pipe.storage.root}")
@@ -85,7 +118,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 f"sources.{name}.snapshot_sha256: {planned} to keep this id and have fetch check the files"
                 if planned else f"its step id follows the path, and a change to its files is not noticed (pin "
                 f"sources.{name}.snapshot_sha256 with the value its fetch step logs)"))
-    from tidal.steps import CommittedStep
 
     ref = pipe.graph["train"].config.get("continue_from") if "train" in pipe.graph.by_name else None
     if ref:
@@ -108,8 +140,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _print_mixture(pipe) -> int:
     """The mixture table (tidal/core/mixture.py); 1 with one ``error:`` line when a source cannot give
     its share (``mixture.size`` / ``mixture.n_sequences``), known once its tokenize step is committed."""
-    from tidal.core.mixture import mixture_table
-
     table = mixture_table(pipe)
     for line in table.lines():
         print(line)
@@ -120,14 +150,11 @@ def _print_mixture(pipe) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from tidal.core.load import load_pipeline
-
     pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     step = pipe.graph.find(args.step)
     print(f"{step.step_id}  ({pipe.status(step.name)}, output {pipe.storage.step_uri(step.step_id)})")
     print("hashed:")
     print(json.dumps(step.hash_input, indent=2, sort_keys=True))
-    from tidal.core.commit import step_seed
 
     seed = step_seed(step)
     if seed is not None:  # what a standalone job of this step needs: python -m tidal.data.mix --seed N
@@ -136,9 +163,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from tidal.audit.catalog import write_run_plan
-    from tidal.core.load import load_pipeline
-
     pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
     problem = pipe.tracking_problem()
     if problem:  # one machine runs every step here, so its own store is enough
@@ -171,15 +195,13 @@ def _finish_parent(pipe, run_key: str, status: str) -> None:
         parent = pipe.parent_run(run_key)
         if parent is not None:
             pipe.finish_run(parent, status)
-    except Exception as problem:  # noqa: BLE001 - tracking never takes a run down (DESIGN.md §5)
+    except Exception as problem:  # noqa: BLE001 - tracking never takes a run down (docs/architecture.md §5)
         print(f"warning: the MLflow run {run_key} could not be closed: {problem}", file=sys.stderr)
 
 
 def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
     """Add a failed in-process step to the failure catalog under the storage root (``tidal failures``
     on any machine lists it, as it lists the Airflow tasks' failures); never masks ``err``."""
-    from tidal.tracking.failures import build_record, record_failure
-
     try:
         step = pipe.graph[name]
         record = build_record(err, dag_id="tidal-run", task_id=name, run_id=run_key, try_number=1,
@@ -191,18 +213,12 @@ def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tidal.audit.catalog import pipeline_of_run
-    from tidal.core.report import build_report, format_report
-
     pipe = pipeline_of_run(args.recipe, args.run_key, args.storage_root)  # the run's own overrides
     print(format_report(build_report(pipe, args.run_key)))
     return 0
 
 
 def _cmd_archives(args: argparse.Namespace) -> int:
-    from tidal.data.archives import ensure_archives
-    from tidal.recipe import load_recipe
-
     recipe = load_recipe(args.recipe)
     for path in ensure_archives([s.archive.model_dump() for s in recipe.sources.values() if s.archive is not None]):
         print(path)
@@ -210,8 +226,7 @@ def _cmd_archives(args: argparse.Namespace) -> int:
 
 
 def _cmd_forecast(args: argparse.Namespace) -> int:
-    from tidal.core.load import load_pipeline
-    from tidal.scaling.forecast import ForecastUnavailable, forecast_suite, format_forecast
+    from tidal.scaling.forecast import ForecastUnavailable, forecast_suite, format_forecast  # scipy: ~0.6 s
 
     pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     try:
@@ -224,10 +239,6 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from tidal.audit.lineage import TargetError, nothing_committed, resolve_target
-    from tidal.integrity.signing import SigningKeyError, load_key
-    from tidal.verify import format_verification, verify_steps
-
     try:
         key = load_key()
         target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
@@ -255,15 +266,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_lineage(args: argparse.Namespace) -> int:
-    from tidal.audit.lineage import (
-        TargetError,
-        build_lineage,
-        format_lineage,
-        nothing_committed,
-        resolve_target,
-    )
-    from tidal.tracking import TrackingUnavailable
-
     note = None
     try:
         target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
@@ -290,23 +292,15 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    from tidal.audit import models  # tidal export / tidal sample
-
     return models.run_command(args)
 
 
 def _cmd_failures(args: argparse.Namespace) -> int:
-    from tidal.tracking.failures import CATALOG_DIR, format_groups, group_failures, list_failures
-
     recipe_name = None
     if args.recipe:
-        from tidal.core.load import load_pipeline
-
         pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
         storage, recipe_name = pipe.storage, pipe.recipe.name
     else:
-        from tidal.storage import open_storage
-
         storage = open_storage(args.storage_root or current_settings().storage_root or ".tidal")
     records = list_failures(storage, recipe_name)[: args.limit]
     if args.json:
@@ -320,20 +314,11 @@ def _cmd_failures(args: argparse.Namespace) -> int:
 def _cmd_baseline(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tidal.core.load import load_pipeline
-    from tidal.quality.baseline import (
-        baseline_path,
-        read_run_values,
-        step_dirs_of_run,
-        write_baseline,
-    )
-
     pipe = load_pipeline(args.recipe, storage_root=args.storage_root)
     out = Path(args.out) if args.out else baseline_path(pipe)
     if out is None:
         print("error: the recipe has no `baseline.file`; pass --out FILE", file=sys.stderr)
         return 2
-    from tidal.tracking import TrackingUnavailable
 
     try:
         stats_dir, train_dir, source = step_dirs_of_run(pipe, args.from_run)
@@ -348,11 +333,7 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipe_schema(args: argparse.Namespace) -> int:
-    from tidal.recipe import Recipe
-
     if args.markdown:
-        from tidal.recipe.reference import markdown_reference
-
         print(markdown_reference(Recipe.model_json_schema()), end="")
     else:
         print(json.dumps(Recipe.model_json_schema(), indent=1))
@@ -409,7 +390,6 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(the default when TIDAL_SIGNING_KEY is set)")
             cmd.add_argument("--allow-unsigned", action="store_true",
                              help="with a signing key configured, accept unsigned steps and other keys' signatures")
-    from tidal.audit.models import add_commands
 
     add_commands(sub, _cmd_model)
     failures = sub.add_parser("failures", help="list recorded task failures, newest first, grouped by fingerprint")
@@ -449,11 +429,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Exit status: 0 ok; 1 a step or check failed (one ``error:`` line, no traceback), or
     ``verify``/``lineage`` found nothing committed; 2 bad recipe, unknown step name, or a
-    ``verify``/``lineage`` target that names nothing (tidal/audit/lineage.py resolve_target);
+    ``verify``/``lineage`` target that names nothing (tidal/audit/ancestry.py resolve_target);
     130 interrupted (Ctrl-C).
     """
-    from tidal.logs import quiet_libraries
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_libraries()
@@ -480,8 +458,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         hint = ""
         if names & {"BotoCoreError", "ClientError"}:
-            from tidal.storage.uris import storage_hint
-
             hint = f"; {storage_hint(err)}"
         elif isinstance(err, OSError) and type(err).__name__ != "DiskFull":
             hint = "; check that TIDAL_STORAGE_ROOT (or the recipe's storage_root) and TIDAL_STORAGE_CACHE are writable"

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.files import is_uri
+from tidal.files.step_files import is_uri
+from tidal.kinds import KINDS
 
 SPILL_DIR = "_spill"  # a local step's intermediate files, inside its scratch dir (removed before it commits)
 SPILL_PREFIX = "spill"  # under a staged job's work prefix: the workers' intermediate files
 CHECKSUMS = "checksums"  # under a staged job's work prefix: one {"bytes", "sha256"} record per output file
 
 if TYPE_CHECKING:
-    from tidal.files import StepFiles
     from tidal.files.output import OutputDir
+    from tidal.files.step_files import StepFiles
 
 __all__ = ["MissingInput", "StepContext", "is_uri"]
 
@@ -49,7 +50,9 @@ class StepContext:
         step_id: ``f"{name}-{hash12}"``, the content address of the output.
         name: the step's name in the graph (``"clean-brown"``, ``"train"``).
         kind: the step kind (``"clean"``, ``"train"`` ...), i.e. the module that runs it.
-        config: the step's versioned config as plain JSON data; this is what is hashed.
+        config: the step's config as its kind's config model (:attr:`tidal.kinds.KindSpec.config`):
+            the model the planner parsed, handed over unchanged; a mapping given here (a job's or a
+            test's context) is parsed once, on construction. A kind without a model gets the mapping.
         out_dir: directory to write every output file into. For non-resumable kinds it is
             a fresh scratch directory the runner renames into place after ``run`` returns.
         inputs: input step name -> where that committed step lives: a local directory, or the
@@ -71,7 +74,7 @@ class StepContext:
     step_id: str
     name: str
     kind: str
-    config: dict[str, Any]
+    config: Any
     out_dir: Path
     inputs: dict[str, Path | str] = field(default_factory=dict)
     input_ids: dict[str, str] = field(default_factory=dict)
@@ -80,6 +83,11 @@ class StepContext:
     resolve: Callable[[str], Path] | None = field(default=None, compare=False, repr=False)
     out_uri: str | None = None
     work_uri: str | None = None
+
+    def __post_init__(self) -> None:
+        spec = KINDS.get(self.kind)
+        if spec is not None:  # pydantic.ValidationError: the kind's model refuses the config
+            object.__setattr__(self, "config", spec.parse_config(self.config))
 
     def output(self) -> OutputDir:
         """Where the step's workers write its outputs: ``out_uri`` (with checksum records under
@@ -139,12 +147,12 @@ class StepContext:
         return str(self._input(name))
 
     def input_files(self, name: str) -> StepFiles:
-        """Input step ``name`` read in place (:class:`tidal.files.StepFiles`: listing, range reads,
+        """Input step ``name`` read in place (:class:`tidal.files.step_files.StepFiles`: listing, range reads,
         parquet columns), whether it lives in a local directory or in the bucket.
 
         Raises:
             MissingInput: naming the missing input and the inputs this step has.
         """
-        from tidal.files import StepFiles
+        from tidal.files.step_files import StepFiles
 
         return StepFiles.open(self.input_uri(name))

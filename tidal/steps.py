@@ -33,12 +33,24 @@ class Step:
         config: JSON-able config; every field of it is hashed, except a kind's location keys
             when the config holds its content pin (:attr:`tidal.kinds.KindSpec.location_keys`).
         inputs: the steps whose committed outputs this one reads.
+        model: ``config`` parsed into the kind's config model (:attr:`tidal.kinds.KindSpec.config`),
+            by the kind's planning function at plan time (:func:`tidal.core.plans.planned`); never
+            hashed. What the step's run receives (:attr:`typed_config`).
     """
 
     name: str
     kind: str
     config: Mapping[str, Any]
     inputs: tuple[Step, ...] = ()
+    model: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def typed_config(self) -> Any:
+        """The config as the kind's run receives it: the model parsed at plan time, else (a step
+        built by hand) ``config`` parsed now (:meth:`tidal.kinds.KindSpec.parse_config`)."""
+        if self.model is not None:
+            return self.model
+        return kind_spec(self.kind).parse_config(dict(self.config))
 
     @cached_property
     def hash_input(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.audit.test_lineage import clean_env, small_recipe  # noqa: F401 - fixture
+from tests.audit.test_ancestry import clean_env, small_recipe  # noqa: F401 - fixture
 from tidal.audit.catalog import pipeline_of_run, recorded_overrides, run_plan
 from tidal.cli import main
 from tidal.core.load import load_pipeline

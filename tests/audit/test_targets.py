@@ -1,5 +1,5 @@
 """`tidal verify` and `tidal lineage` on targets that are not committed steps: both commands
-resolve a target alike (tidal/audit/lineage.py resolve_target) and answer alike, through the CLI.
+resolve a target alike (tidal/audit/ancestry.py resolve_target) and answer alike, through the CLI.
 
 A target that names nothing exits 2 with the same one ``error:`` line from both commands and
 prints nothing on stdout; a target none of whose steps is committed exits 1 from both."""

@@ -10,14 +10,14 @@ import pytest
 
 from tests.files.conftest import upload  # noqa: F401 - fixture used here
 from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - fixtures used here
+from tidal.audit.verify import step_files, verify_step, verify_steps
 from tidal.cli import main
 from tidal.core.runner import run_step
-from tidal.files import StepFiles, bytes_fetched
+from tidal.files.step_files import StepFiles, bytes_fetched
 from tidal.integrity.signing import KEY_ENV, SigningKey
 from tidal.kinds import KINDS, KindSpec
 from tidal.steps import Step
 from tidal.storage import LocalStorage, open_storage
-from tidal.verify import step_files, verify_step, verify_steps
 
 KEY_HEX = "a5" * 32
 OTHER_HEX = "5a" * 32
@@ -220,11 +220,10 @@ def test_an_uploaded_step_is_hashed_in_chunks_from_the_bucket(signed_step, uploa
     """A step uploaded to moto verifies from the bucket, streamed in small chunks (every byte fetched
     once, ``bytes`` = what was hashed); one byte changed in the bucket is a mismatch naming the file,
     and a damaged manifest.json is reported, not raised."""
-    import tidal.files
-
+    import tidal.files.step_files
     out, _, step_id = signed_step
     uri = upload(out, step_id)
-    monkeypatch.setattr(tidal.files, "COPY_CHUNK_BYTES", 5)  # several ranged GETs per file
+    monkeypatch.setattr(tidal.files.step_files, "COPY_CHUNK_BYTES", 5)  # several ranged GETs per file
     data_bytes = sum((out / f"part-{i}.txt").stat().st_size for i in range(3))
     before = bytes_fetched()
     result = check(uri, step_id)
@@ -248,10 +247,9 @@ def test_an_uploaded_step_is_hashed_in_chunks_from_the_bucket(signed_step, uploa
 
 def test_a_local_step_is_hashed_in_chunks_in_place(signed_step, monkeypatch):
     """On a local root the files are hashed where they are, in chunks, and nothing is fetched."""
-    import tidal.files
-
+    import tidal.files.step_files
     out, _, step_id = signed_step
-    monkeypatch.setattr(tidal.files, "LOCAL_HASH_CHUNK_BYTES", 3)
+    monkeypatch.setattr(tidal.files.step_files, "LOCAL_HASH_CHUNK_BYTES", 3)
     before = bytes_fetched()
     result = check(out, step_id)
     assert result.ok and result.location == str(out) and bytes_fetched() == before

@@ -3,7 +3,7 @@ operators, then committed; for tests/cluster/test_gke_on_kube.py and bench/k8s_b
 
 What the ``{step}.create`` / ``{step}.wait`` / ``{step}.delete`` tasks of
 :func:`operators.gke.gke_train_group` run, with the provider's own operators built by
-:class:`operators.gke.ProviderOperator` from the same arguments, on a ``kubernetes_default``
+:class:`operators.remote.ProviderOperator` from the same arguments, on a ``kubernetes_default``
 connection that holds a token the API server signed for the Airflow worker's service account (so
 the chart's RBAC is what lets them act): ``KubernetesCreateResourceOperator`` creates the JobSet of
 :func:`tidal.launch.pods.workload` (CPU, two hosts); the real JobSet controller (its webhooks
@@ -79,7 +79,8 @@ def wait_pods(kube: KubeServer, namespace: str, jobset_name: str, count: int, ti
 def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *, root: str,
                               steps: int = 12, checkpoint_every: int = 6) -> JobSetRun:
     """Run the scenario of the module doc under ``root`` (upstream steps already committed there are reused)."""
-    from operators.gke import CONN_ID, CREATE_OPERATOR, DELETE_OPERATOR, JobSetSensor, ProviderOperator
+    from operators.gke import CONN_ID, CREATE_OPERATOR, DELETE_OPERATOR, JobSetSensor
+    from operators.remote import ProviderOperator
 
     namespace = values["training"]["namespace"]
     resources = ResourceConfig.model_validate({"launcher": "gke", "accelerator": {"kind": "cpu", "nodes": HOSTS},

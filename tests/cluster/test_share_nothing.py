@@ -1,4 +1,4 @@
-"""Share nothing but the bucket (DESIGN.md §0), proven on the test cluster.
+"""Share nothing but the bucket (docs/architecture.md §0), proven on the test cluster.
 
 A slice of the tiny recipe runs with an ``s3://`` root, every step on fresh nodes (Beam steps and
 training as prepare / launch / commit on three nodes, handing over only the prepare's XCom); then

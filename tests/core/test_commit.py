@@ -67,7 +67,7 @@ def test_in_process_and_provider_paths_check_the_same_contract(provider_job, tmp
     (copy / clean.QUARANTINE_FILE).unlink()
     with pytest.raises(OutputsIncomplete, match=r"quarantine\.parquet"):
         check_outputs(step, copy)
-    assert clean.expected_outputs(dict(step.config))[:3] == ["counts.json", "quarantine.parquet", "removed.parquet"]
+    assert clean.expected_outputs(step.typed_config)[:3] == ["counts.json", "quarantine.parquet", "removed.parquet"]
 
 
 def test_tokenize_outputs_are_checked_against_meta(tmp_path):

@@ -1,6 +1,6 @@
 """Golden step ids: every step of every recipe in ``recipes/`` keeps the id it had when pinned.
 
-A step id is the content address of its output (DESIGN.md section 1): a refactor that changes
+A step id is the content address of its output (docs/architecture.md section 1): a refactor that changes
 one silently recomputes every committed step under a new name. The ids in
 ``tests/golden/step_ids.json`` were computed before the structure refactor (issue 15); a change
 that must change an id bumps the kind's STEP_VERSION and re-pins the file on purpose.

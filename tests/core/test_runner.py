@@ -126,7 +126,7 @@ def test_killed_step_is_not_committed_and_rerun_completes(tmp_path):
 def test_a_failed_forced_attempt_keeps_the_committed_output_and_its_descendants(tmp_path, monkeypatch):
     """Issue 22, item 7: --force used to delete the committed output before the new attempt; when the
     attempt failed, the step's descendants stayed committed on an input that no longer existed."""
-    from tidal.verify import verify_step
+    from tidal.audit.verify import verify_step
 
     storage = LocalStorage(tmp_path)
     upstream = make_step(parts=3)

@@ -18,8 +18,8 @@ from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - f
 from tidal.context import StepContext
 from tidal.data import clean, fetch
 from tidal.data.clean import fns as clean_fns
-from tidal.files import bytes_fetched
 from tidal.files.output import OutputDir
+from tidal.files.step_files import bytes_fetched
 
 ENGLISH = "The quick brown fox jumps over the lazy dog near the river bank."
 LONG = ("Rivers carry silt from the high valleys down to the wide plains where farmers have grown "

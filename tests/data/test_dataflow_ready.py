@@ -28,7 +28,7 @@ from tidal.data import clean, tokenize
 from tidal.data import tokenizer as tokenizer_step
 from tidal.data.beam_options import beam_args, staged_defaults
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 from tidal.storage import staging
 
 IMAGE = "europe-docker.pkg.dev/tidal/tidal/beam-worker:abc123"

@@ -21,8 +21,8 @@ from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - f
 from tidal.context import CHECKSUMS, SPILL_PREFIX, StepContext
 from tidal.data import clean, jobcli, tokenize
 from tidal.integrity.hashing import build_manifest
-from tidal.layout import MANIFEST_JSON
 from tidal.storage import staging, uris
+from tidal.storage.layout import MANIFEST_JSON
 
 
 def listed(client, bucket_name: str, prefix: str) -> dict[str, bytes]:

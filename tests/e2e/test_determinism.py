@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.e2e.slices import write_slice_recipe
-
-pytestmark = pytest.mark.e2e
 
 
 def run_all(tmp_path, name: str):

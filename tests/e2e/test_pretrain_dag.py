@@ -21,7 +21,6 @@ import yaml
 from tests.conftest import REPO
 from tests.e2e.slices import write_slice_recipe
 
-pytestmark = pytest.mark.e2e
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -94,7 +93,7 @@ def check_openlineage(path: Path, pipe) -> None:
     and the licence of every upstream source."""
     import jsonschema
 
-    from operators.lineage import dataset_name
+    from operators.openlineage_facets import dataset_name
     from tidal.quality.licences import licence_decisions
 
     schema = json.loads((REPO / "docs" / "openlineage" / "TidalStepRunFacet.json").read_text())

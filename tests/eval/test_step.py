@@ -15,7 +15,7 @@ from tidal.eval.build_tasks import TASKS_DIR
 from tidal.eval.config import DownstreamSettings
 from tidal.eval.step import RESULTS_JSON, lm_eval_version
 from tidal.eval.suite import task_hash
-from tidal.layout import STEP_JSON
+from tidal.storage.layout import STEP_JSON
 
 TASKS = ["tidal_brown_cloze", "tidal_brown_lastword", "tidal_udhr_cmn"]
 

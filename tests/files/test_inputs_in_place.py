@@ -17,7 +17,7 @@ from tidal.data import mix as mix_step
 from tidal.data import stats as stats_step
 from tidal.data import tokenize as tokenize_step
 from tidal.data import tokenizer as tokenizer_step
-from tidal.files import StepFiles, bytes_fetched
+from tidal.files.step_files import StepFiles, bytes_fetched
 from tidal.quality import gates
 from tidal.scaling.fit_step import read_runs
 from tidal.train.loader import TokenShards, read_tokenizer_meta, token_byte_lengths

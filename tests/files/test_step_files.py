@@ -13,7 +13,8 @@ import pytest
 
 from tests.data.builders import write_clean_step
 from tidal.data.shards import iter_documents, load_token_sequences, shard_names, write_token_shards
-from tidal.files import NpyRows, StepFiles, bytes_fetched
+from tidal.files.npy import NpyRows
+from tidal.files.step_files import StepFiles, bytes_fetched
 from tidal.integrity.hashing import write_manifest
 from tidal.train.loader import BatchLoader, TokenShards
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from operators.dag_factory import build_dag
-from operators.gke import ProviderOperator
+from operators.remote import ProviderOperator
 from tests.conftest import REPO, seal
 from tidal.core.planner import build_graph
 from tidal.recipe import BEAM_RUNNERS, RecipeError, parse_recipe
@@ -252,16 +252,23 @@ def fake_job(tmp_path: Path, name: str = "tidal.data.clean") -> ModuleType:
     return module
 
 
+# the smallest configs the clean and mix models accept (a job parses its config once, into the model)
+CLEAN_CONFIG = '{"source": "x", "input": "fetch-x"}'
+MIX_CONFIG = '{"seed": 1, "weights": {"x": 1.0}, "inputs": {"x": "tokenize-x"}, "n_sequences": 4, "shards": 1}'
+
+
 def test_jobcli_forwards_unknown_options_to_beam(tmp_path, monkeypatch):
+    from tidal.data.clean import CleanConfig
     from tidal.data.jobcli import main
 
     monkeypatch.setenv("TIDAL_BEAM_ARGS", "--direct_num_workers=2")
     module = fake_job(tmp_path)
-    main(module, "clean", ["--config={}", "--input=fetch-x=/d", f"--out={tmp_path}/o",
+    main(module, "clean", [f"--config={CLEAN_CONFIG}", "--input=fetch-x=/d", f"--out={tmp_path}/o",
                            "--runner=FlinkRunner", "--labels=a=b"])
     ctx, beam_args = module.seen[0]
     assert beam_args == "--direct_num_workers=2 --runner=FlinkRunner --labels=a=b"
-    assert ctx.inputs == {"fetch-x": Path("/d")} and ctx.seed is None and ctx.config == {}
+    assert ctx.inputs == {"fetch-x": Path("/d")} and ctx.seed is None
+    assert ctx.config == CleanConfig(source="x", input="fetch-x")  # the model, parsed once from the JSON
     assert os.environ["TIDAL_BEAM_ARGS"] == "--direct_num_workers=2"  # restored
     with pytest.raises(SystemExit):
         main(fake_job(tmp_path, "tidal.data.mix"), "mix", ["--config={}", f"--out={tmp_path}/o", "--runner=X"])
@@ -275,10 +282,15 @@ def test_jobcli_usage_names_the_module_and_a_missing_config_file(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: python -m tidal.data.clean: --config ") and "nope.json: file not found" in err
     assert len(err.strip().splitlines()) == 1
-    (tmp_path / "c.json").write_text('{"a": 1}')
+    (tmp_path / "c.json").write_text(CLEAN_CONFIG)
     module = fake_job(tmp_path)
     main(module, "clean", ["--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o")])
-    assert module.seen[0][0].config == {"a": 1} and module.seen[0][1] is None
+    assert module.seen[0][0].config.source == "x" and module.seen[0][1] is None
+    (tmp_path / "c.json").write_text('{"source": "x", "input": "fetch-x", "a": 1}')
+    with pytest.raises(SystemExit):
+        main(module, "clean", ["--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert "--config: 1 problem(s) for CleanConfig: a: unknown key" in err and len(err.strip().splitlines()) == 1
 
 
 def test_jobcli_requires_the_seed_of_a_seeded_kind_and_refuses_it_elsewhere(tmp_path, capsys):
@@ -291,7 +303,7 @@ def test_jobcli_requires_the_seed_of_a_seeded_kind_and_refuses_it_elsewhere(tmp_
     with pytest.raises(SystemExit):
         main(module, "clean", ["--config={}", f"--out={tmp_path}/o", "--seed=3"])
     assert "--seed: a clean step draws no random numbers" in capsys.readouterr().err
-    main(module, "mix", ["--config={}", f"--out={tmp_path}/o", "--seed=3"])
+    main(module, "mix", [f"--config={MIX_CONFIG}", f"--out={tmp_path}/o", "--seed=3"])
     assert module.seen[-1][0].seed == 3
 
 
@@ -301,7 +313,7 @@ def test_jobcli_names_a_missing_input_in_one_line(tmp_path, capsys):
     module = fake_job(tmp_path)
     module.run = lambda ctx: ctx.input_dir("fetch-brown")
     with pytest.raises(SystemExit) as exit_info:
-        main(module, "clean", ["--config={}", f"--out={tmp_path}/o"])
+        main(module, "clean", [f"--config={CLEAN_CONFIG}", f"--out={tmp_path}/o"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("error: python -m tidal.data.clean: ")
     assert "step 'clean' has no input 'fetch-brown'; its inputs are [] (give each as --input NAME=DIR)" in err

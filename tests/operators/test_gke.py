@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from operators.dag_factory import build_dag
-from operators.gke import ProviderOperator, jobset_finished
+from operators.gke import jobset_finished
+from operators.remote import ProviderOperator
 from tests.conftest import REPO, TINY, seal
 from tests.launch.test_pods import K8S_VERSION, RUN_ID, SERVER_URI, validate
 from tests.storage.servers import hostname_mlflow_server

@@ -15,7 +15,6 @@ import pytest
 from tests.conftest import REPO
 from tests.ops.conftest import unavailable
 
-pytestmark = pytest.mark.e2e
 DAG_ID = "tidal_ops_ci"
 ARTIFACTS = REPO / "test-artifacts"
 

@@ -19,7 +19,6 @@ import pytest
 
 from tests.ops.conftest import VENV_BIN
 
-pytestmark = pytest.mark.e2e
 CI_DAG, NIGHTLY_DAG = "tidal_ops_ci", "tidal_ops_nightly"
 DATA_STEPS = ["fetch-brown", "fetch-udhr", "clean-brown", "clean-udhr", "tokenizer", "tokenize-brown",
               "tokenize-udhr"]

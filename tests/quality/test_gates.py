@@ -110,16 +110,15 @@ def test_nan_value_counts_as_missing(tmp_path):
 
 
 def test_config_without_threshold_is_refused(tmp_path):
+    """The config is parsed into GateConfig once, when the step's context is made (before run)."""
     ctx = make_ctx(tmp_path, stats_rows())
-    bad = StepContext(**{**ctx.__dict__, "config": {k: v for k, v in CONFIG.items() if k != "min_total_tokens"}})
     with pytest.raises(ValidationError, match="min_total_tokens\n  Field required"):
-        gates.run(bad)
+        StepContext(**{**ctx.__dict__, "config": {k: v for k, v in CONFIG.items() if k != "min_total_tokens"}})
     for weights, rule in (({}, "weights\n  Dictionary should have at least 1 item"),
                           ({"brown": 0.0}, "weights sum to 0.0; need > 0"),
                           ({"brown": -1.0}, "weights.brown\n  Input should be greater than or equal to 0")):
-        bad = StepContext(**{**ctx.__dict__, "config": {**CONFIG, "weights": weights}})
         with pytest.raises(ValidationError, match=rule):
-            gates.run(bad)
+            StepContext(**{**ctx.__dict__, "config": {**CONFIG, "weights": weights}})
 
 
 def test_recipe_defaults_are_the_gate_config_defaults():

@@ -1,4 +1,4 @@
-"""Shared state as objects under the root (DESIGN.md §0): the object API on both backends, the
+"""Shared state as objects under the root (docs/architecture.md §0): the object API on both backends, the
 failure catalog and failed-attempt evidence seen from another "pod" (another cache directory,
 the first one deleted), and scratch staleness decided by the lease and by age, never by a pid."""
 

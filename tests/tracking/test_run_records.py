@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from tests.e2e.slices import write_slice_recipe
 from tests.storage.servers import free_port, kill_mlflow_server, start_mlflow_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 OK_KEY, FAILED_KEY = "records__ok", "records__failed"
 
 

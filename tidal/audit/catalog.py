@@ -5,7 +5,7 @@ Steps are content-addressed and shared: a committed ``train-<hash>`` step belong
 ids it planned to ``runs/<recipe>/<run key>.json`` in the storage root (:func:`write_run_plan`);
 a consumer (the recipe's checkpoint DAG, scheduled on its train asset alias) reads every plan of
 the recipe, keeps the planned ids that are committed and verifies each
-(:func:`tidal.verify.verify_step`). Asset events of tasks that finish together may be merged
+(:func:`tidal.audit.verify.verify_step`). Asset events of tasks that finish together may be merged
 or lost; these records are not.
 """
 
@@ -14,6 +14,11 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+
+from tidal.audit.verify import verify_step
+from tidal.core.load import load_pipeline
+from tidal.core.pipeline import OVERRIDES_TAG
+from tidal.tracking import TrackingUnavailable, parent_run, store_exists
 
 __all__ = ["RUNS_DIR", "committed_steps", "recipe_plans", "run_plan", "run_progress", "write_run_plan"]
 
@@ -86,7 +91,7 @@ def committed_steps(storage: Any, recipe_name: str, step_name: str = "train", *,
     Args:
         storage: the run's :class:`tidal.storage.Storage`.
         key: the signing key, if configured (a foreign signature is then a mismatch).
-        verify: re-hash every file against the step's manifest (:func:`tidal.verify.verify_step`).
+        verify: re-hash every file against the step's manifest (:func:`tidal.audit.verify.verify_step`).
 
     Returns:
         One dict per committed step id, sorted by id: ``step_id``, ``uri``, ``run_keys`` (the runs that
@@ -94,8 +99,6 @@ def committed_steps(storage: Any, recipe_name: str, step_name: str = "train", *,
         ``checkpoint_root_hash`` (its ``checkpoint_manifest.json``); with ``verify``, ``verified``
         (bool) and ``mismatches`` (the first 5, as text).
     """
-    from tidal.verify import verify_step
-
     runs: dict[str, list[str]] = {}
     for plan in recipe_plans(storage, recipe_name):
         step_id = plan["steps"].get(step_name)
@@ -133,8 +136,6 @@ def pipeline_of_run(recipe_path: Any, run_key: str | None, storage_root: str | N
     Raises:
         tidal.recipe.RecipeError: the recipe, or the overrides the run recorded, no longer load.
     """
-    from tidal.core.load import load_pipeline
-
     pipe = load_pipeline(recipe_path, storage_root=storage_root)
     if run_key is None or getattr(pipe, "suite", None) is not None:
         return pipe
@@ -148,7 +149,6 @@ def recorded_overrides(pipe: Any, run_key: str) -> dict[str, Any]:
     plan = run_plan(pipe.storage, pipe.recipe.name, run_key)
     if plan is not None and isinstance(plan.get("overrides"), dict):
         return dict(plan["overrides"])
-    from tidal.tracking import TrackingUnavailable, parent_run, store_exists
 
     if not store_exists(pipe.tracking_uri):  # never create an empty SQLite store just to look
         return {}
@@ -161,8 +161,6 @@ def recorded_overrides(pipe: Any, run_key: str) -> dict[str, Any]:
 
 def tag_overrides(tags: dict[str, str]) -> dict[str, Any]:
     """The overrides a parent run's tags record (``tidal.overrides``, JSON); ``{}`` if none or unreadable."""
-    from tidal.core.pipeline import OVERRIDES_TAG
-
     try:
         found = json.loads(tags.get(OVERRIDES_TAG) or "{}")
     except ValueError:

@@ -1,6 +1,6 @@
 """``tidal export`` and ``tidal sample``: a committed train step's model, exported or sampled.
 
-A target is read as ``tidal verify`` and ``tidal lineage`` read one (:func:`tidal.audit.lineage.resolve_target`):
+A target is read as ``tidal verify`` and ``tidal lineage`` read one (:func:`tidal.audit.ancestry.resolve_target`):
 a step directory or step id names that step; a recipe file or an MLflow run key names its ``train`` step.
 The work is in :mod:`tidal.train.hf_export` and :mod:`tidal.train.sample`; the model is read by
 :func:`tidal.train.trained.load_trained`. Light at import (the parser is built from here).
@@ -18,17 +18,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tidal.audit.ancestry import TargetError, resolve_target
+from tidal.storage import LocalStorage
+from tidal.train.config import ConfigError
+
 
 def train_step_dir(target: str, recipe: str | None = None, storage_root: str | None = None) -> Path:
     """The directory of the committed train step ``target`` names.
 
     Raises:
-        tidal.audit.lineage.TargetError: the target names nothing (see ``resolve_target``), no train step, a
+        tidal.audit.ancestry.TargetError: the target names nothing (see ``resolve_target``), no train step, a
             step that is not committed, or one under an object-store root (read it from a local copy).
     """
-    from tidal.audit.lineage import TargetError, resolve_target
-    from tidal.storage import LocalStorage
-
     found = resolve_target(target, recipe=recipe, storage_root=storage_root)
     step_id = found.final[0] if found.kind == "step" else found.steps.get("train")
     if step_id is None:
@@ -69,8 +70,6 @@ def add_commands(sub: argparse._SubParsersAction, func: Callable[[argparse.Names
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``tidal export`` or ``tidal sample`` (``args.command``); returns the exit status."""
-    from tidal.audit.lineage import TargetError
-    from tidal.train.config import ConfigError
     from tidal.train.sample import Sampling
 
     try:  # target and options first: a bad one is reported before any checkpoint is read

@@ -9,8 +9,9 @@ caller, in two halves that each take milliseconds on the Airflow worker:
 
 1. :func:`prepare`: a committed step is reported as such (no job starts); inputs must be
    committed (else :class:`tidal.core.runner.StepBlocked`); a fresh scratch directory is made
-   (the job's ``--out``) and the step's config is written as JSON next to it, in
-   ``{scratch}.job/config.json`` (outside the step's outputs, so the manifest is the same).
+   (the job's ``--out``) and the step's config model (parsed at plan time) is written as its JSON
+   next to it, in ``{scratch}.job/config.json`` (outside the step's outputs, so the manifest is the
+   same): the config's one serialized form, parsed once by the job (:mod:`tidal.data.jobcli`).
 2. the operator runs the job; the runner's workers write into the scratch directory.
 3. :func:`commit`: the kind's expected outputs must exist and pass the kind's own checks
    (``expected_outputs`` / ``check_outputs`` beside its ``summarize``); the summary is read back
@@ -19,7 +20,7 @@ caller, in two halves that each take milliseconds on the Airflow worker:
    atomic rename of the scratch directory into place, or on an object store the upload with
    the marker last), exactly as :func:`tidal.core.runner.run_step` does; then MLflow.
 
-On an object-store root (DESIGN.md §0) every argument is a location in the bucket: ``out`` is the
+On an object-store root (docs/architecture.md §0) every argument is a location in the bucket: ``out`` is the
 attempt's staging location (:mod:`tidal.storage.staging`), ``config`` its ``….job/config.json``,
 ``inputs`` the committed steps' URIs (read in place). The job computes in a local scratch on its
 own machine, seals the outputs (the kind's checks, ``manifest.json``), stages them and writes
@@ -99,14 +100,14 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
         out = staging.new_staging(storage, step.step_id)
         ctx = make_context(step, storage, Path("/nonexistent-job-local-dir"))
         config_uri = uris.join(staging.job_location(out), CONFIG_FILE)
-        uris.write_bytes(config_uri, (json.dumps(ctx.config, indent=1, sort_keys=True) + "\n").encode())
+        uris.write_bytes(config_uri, kind_spec(step.kind).config_json(ctx.config).encode())
         return {**base, "status": "run", "out": out, "config": config_uri,
                 "inputs": {n: str(p) for n, p in ctx.inputs.items()}, "seed": ctx.seed}
     work_dir = storage.new_scratch(step.step_id)  # also removes stale scratch and job dirs
     ctx = make_context(step, storage, work_dir)
     config_path = job_dir(work_dir) / CONFIG_FILE
     config_path.parent.mkdir()
-    config_path.write_text(json.dumps(ctx.config, indent=1, sort_keys=True) + "\n")
+    config_path.write_text(kind_spec(step.kind).config_json(ctx.config))
     return {**base, "status": "run", "out": str(work_dir), "config": str(config_path),
             "inputs": {n: str(p) for n, p in ctx.inputs.items()}, "seed": ctx.seed}
 
@@ -141,7 +142,7 @@ def commit(pipe: Pipeline, name: str, *, prepared: dict[str, Any], runner: str,
         if work_dir is None:
             raise JobIncomplete(f"step {step.step_id} is not committed and its prepare reported "
                                 f"{prepared.get('status')!r}; rerun the step's prepare task")
-        config = json.loads(json.dumps(dict(step.config)))  # the job's config; no input is read to commit
+        config = step.typed_config  # the job's config model; no input is read to commit
         seconds = (datetime.now(UTC) - datetime.fromisoformat(prepared["started_at"])).total_seconds()
         try:
             result = commit_step(step, storage, work_dir,

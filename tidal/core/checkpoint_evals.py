@@ -4,7 +4,7 @@ The recipe's ``eval`` step (:func:`tidal.core.planner.eval_step`) evaluates the 
 checkpoint. A train step with ``checkpoint_permanent_every`` also keeps checkpoints forever; each one
 gets an eval step of its own: the recipe's eval step with ``checkpoint_step`` set (so its id names the
 checkpoint), named ``eval-ckpt-<n>``, with the same inputs. They are found from the bucket (the train
-step's ``checkpoint_manifests/``, through :func:`tidal.core.lineage_record.checkpoint_models`, the
+step's ``checkpoint_manifests/``, through :func:`tidal.core.mlflow_lineage.checkpoint_models`, the
 same list MLflow's logged models come from), never from a local disk, so any node can run them.
 
 :func:`curve_points` reads their committed ``results.json`` back into one row per checkpoint step
@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidal.core.lineage_record import checkpoint_models
+from tidal.core.mlflow_lineage import checkpoint_models
+from tidal.core.runner import run_step
 from tidal.eval.step import RESULTS_JSON
-from tidal.layout import SUMMARY_JSON
+from tidal.settings import entry_point
 from tidal.steps import Step, StepGraph
 from tidal.storage import Storage
+from tidal.storage.layout import SUMMARY_JSON
 
 __all__ = ["checkpoint_eval_steps", "curve_points", "eval_step_of"]
 
@@ -99,9 +101,6 @@ def evaluate_checkpoints(pipe: Any, log: Any = None) -> dict[str, Any]:
         whatever an eval step raises (a checkpoint failing verification: ConfigError naming it).
     """
     import logging
-
-    from tidal.core.runner import run_step
-    from tidal.settings import entry_point
 
     log = log or logging.getLogger("tidal.eval")
     steps = checkpoint_eval_steps(pipe.graph, pipe.storage)

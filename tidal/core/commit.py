@@ -37,9 +37,9 @@ from tidal.integrity.hashing import MANIFEST_NAME, write_manifest
 from tidal.integrity.provenance import environment, git_sha
 from tidal.integrity.signing import load_key, signature_doc, signing_record, write_signature
 from tidal.kinds import kind_spec
-from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS, atomic_write_text
 from tidal.steps import CommittedStep, Step, derive_seed
 from tidal.storage import Storage, staging
+from tidal.storage.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS, atomic_write_text
 from tidal.storage.lease import Lease
 
 log = logging.getLogger("tidal.runner")
@@ -140,7 +140,7 @@ def make_context(step: Step, storage: Storage, work_dir: Path) -> StepContext:
         step_id=step.step_id,
         name=step.name,
         kind=step.kind,
-        config=json.loads(json.dumps(dict(step.config))),
+        config=step.typed_config,  # the model parsed at plan time, unchanged
         out_dir=work_dir,
         inputs={dep.name: input_location(storage, dep.step_id) for dep in step.inputs},
         input_ids={dep.name: dep.step_id for dep in step.inputs},
@@ -167,8 +167,7 @@ def check_outputs(step: Step, work_dir: Path, *, where: str = "the run") -> None
         ValueError: the kind's own check failed (names the file and both numbers).
     """
     try:
-        staging.check_outputs(step.kind, json.loads(json.dumps(dict(step.config))), work_dir, where=where,
-                              step_id=step.step_id)
+        staging.check_outputs(step.kind, step.typed_config, work_dir, where=where, step_id=step.step_id)
     except staging.StagedIncomplete as err:
         raise OutputsIncomplete(str(err)) from None
 
@@ -310,9 +309,8 @@ def commit_staged(
     Raises:
         OutputsIncomplete: nothing or not all of it was staged (names the files); nothing committed.
     """
-    config = json.loads(json.dumps(dict(step.config)))
     module = kind_spec(step.kind).load()
-    expected = list(getattr(module, "expected_outputs", lambda _c: [])(config))
+    expected = list(getattr(module, "expected_outputs", lambda _c: [])(step.typed_config))
     try:
         manifest, manifest_text = staging.staged_manifest(location, expected, where=where, step_id=step.step_id)
     except staging.StagedIncomplete as err:

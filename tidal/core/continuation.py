@@ -19,9 +19,9 @@ import json
 from typing import Any
 
 from tidal.config import RecipeError
-from tidal.layout import STEP_JSON
 from tidal.steps import CommittedStep, derive_seed
 from tidal.storage import Storage
+from tidal.storage.layout import STEP_JSON
 from tidal.train import CHECKPOINT_MANIFEST
 from tidal.train.config import CONTINUE_INPUT, ContinueFrom, TrainConfig, continuation_problem
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 
-from tidal.files import is_uri
+from tidal.files.step_files import is_uri
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
 from tidal.integrity.signing import check_signature, load_key
-from tidal.layout import SIGNATURE_JSON, SUCCESS
 from tidal.steps import Step
 from tidal.storage import Storage
 from tidal.storage.base import StorageError
+from tidal.storage.layout import SIGNATURE_JSON, SUCCESS
 
 __all__ = ["VERIFIED_DIR", "InputMismatch", "verify_inputs"]
 

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from tidal.core.pipeline import Pipeline
+from tidal.core.suite_pipeline import SuitePipeline
+from tidal.scaling.suite import is_suite_file
 
 
 def load_pipeline(recipe_path: str | Path, overrides: dict[str, Any] | None = None,
@@ -22,11 +24,7 @@ def load_pipeline(recipe_path: str | Path, overrides: dict[str, Any] | None = No
     Raises:
         tidal.recipe.RecipeError: the file is not a valid recipe or suite (names file and field).
     """
-    from tidal.scaling.suite import is_suite_file
-
     path = Path(recipe_path).resolve()
     if is_suite_file(path):
-        from tidal.core.suite_pipeline import SuitePipeline
-
         return SuitePipeline.load_suite(path, overrides, storage_root)
     return Pipeline.load(path, overrides, storage_root)

@@ -15,17 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from tidal.config import RecipeError
+from tidal.core.checkpoint_evals import evaluate_checkpoints
 from tidal.core.commit import StepResult, needs_run
-from tidal.core.lineage_record import step_lineage
+from tidal.core.continuation import resolve_continuation
+from tidal.core.mlflow_lineage import step_lineage
 from tidal.core.planner import build_graph
 from tidal.core.runner import run_step
 from tidal.integrity.hashing import canonical_json, sha256_bytes
-from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
+from tidal.integrity.provenance import git_sha
+from tidal.quality.licences import licence_tags
 from tidal.recipe import Recipe, load_recipe
 from tidal.settings import current as current_settings
 from tidal.settings import entry_point
 from tidal.steps import StepGraph
 from tidal.storage import Storage, StorageError, open_storage
+from tidal.storage.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
+from tidal.tracking import Tracker, experiment_name, is_per_machine, safe_uri, tracking_uri_for
 from tidal.train import CHECKPOINT_MANIFEST
 
 #: parent-run tag: the run's dotted overrides as JSON (``{}`` for the recipe as written)
@@ -81,8 +86,6 @@ class Pipeline:
     def tracking_uri(self) -> str:
         """MLflow URI: the setting, else the embedded SQLite store in the storage root (for an
         object-store root: in its local cache directory, per machine; set ``tracking_uri``)."""
-        from tidal.tracking import tracking_uri_for
-
         return self.tracking_uri_setting or tracking_uri_for(self.storage.local_dir)
 
     @cached_property
@@ -92,8 +95,6 @@ class Pipeline:
         Raises:
             RecipeError: ``train.continue_from`` names no committed train step that can be continued.
         """
-        from tidal.core.continuation import resolve_continuation
-
         return build_graph(self.recipe, lambda train: resolve_continuation(train, self.storage, str(self.recipe_path)))
 
     @cached_property
@@ -113,15 +114,11 @@ class Pipeline:
     @property
     def experiment(self) -> str:
         """The MLflow experiment of this recipe's runs (:func:`tidal.tracking.experiment_name`)."""
-        from tidal.tracking import experiment_name
-
         return experiment_name(self.recipe.name)
 
     def tracker(self):
         """A :class:`tidal.tracking.Tracker` for this recipe's experiment; calls it cannot deliver
         are buffered under the storage root (``.tracking/pending/``) unless the store is SQLite."""
-        from tidal.tracking import Tracker
-
         return Tracker(self.tracking_uri, experiment=self.experiment, store=self.storage)
 
     def tracking_problem(self) -> str | None:
@@ -132,8 +129,6 @@ class Pipeline:
         object-store root is SQLite in the local cache) is not: each pod would record into
         its own store, and the report would see none of the others' runs.
         """
-        from tidal.tracking import is_per_machine, safe_uri
-
         if "://" not in self.storage.uri or not is_per_machine(self.tracking_uri):
             return None
         return (f"storage root {self.storage.uri} is shared by every machine, but MLflow tracking "
@@ -142,8 +137,6 @@ class Pipeline:
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key`` (created on first use), or None if tracking is down."""
-        from tidal.tracking import safe_uri
-
         # a URI in the recipe (tracking_uri, a source url) may carry user:password or a token: never a param
         params = {k: safe_uri(v) if isinstance(v, str) else v
                   for k, v in _flatten(self.recipe.model_dump(mode="json")).items()}
@@ -154,8 +147,6 @@ class Pipeline:
             "tidal.recipe_path": str(self.recipe_path),
             OVERRIDES_TAG: json.dumps(self.overrides, sort_keys=True),
         }
-        from tidal.integrity.provenance import git_sha
-        from tidal.quality.licences import licence_tags
 
         tags["tidal.git_sha"] = git_sha()
         tags |= licence_tags(self.recipe.sources, self.recipe.intended_use, self.recipe.licences)  # uses, overrides
@@ -231,8 +222,6 @@ class Pipeline:
     def evaluate_checkpoints(self) -> dict[str, Any]:
         """Evaluate every permanent and the final checkpoint of the train step and log the curve
         (:func:`tidal.core.checkpoint_evals.evaluate_checkpoints`)."""
-        from tidal.core.checkpoint_evals import evaluate_checkpoints
-
         return evaluate_checkpoints(self)
 
     def _live_settings(self, live_run: str | None):
@@ -268,7 +257,7 @@ class Pipeline:
             )
 
     def _lineage(self, name: str, summary: dict[str, Any] | None = None, committed: bool = True):
-        """Step ``name``'s MLflow lineage objects (:func:`tidal.core.lineage_record.step_lineage`; the
+        """Step ``name``'s MLflow lineage objects (:func:`tidal.core.mlflow_lineage.step_lineage`; the
         registered model is named like the experiment), or None when the step is not in the graph."""
         try:
             step = self.graph[name]
@@ -285,14 +274,13 @@ class Pipeline:
         history is not logged twice. ``complete_history``: the live run may lack rows (a GKE
         pod's undelivered rows stay in the pod): the rows of ``metrics.jsonl`` whose (metric,
         step) the run does not hold are logged (:meth:`tidal.tracking.Tracker.log_step`).
-        Any step's run also gets its MLflow 3 lineage objects (:func:`tidal.core.lineage_record.step_lineage`:
+        Any step's run also gets its MLflow 3 lineage objects (:func:`tidal.core.mlflow_lineage.step_lineage`:
         input steps as datasets; a train step's checkpoints as logged models, the final one registered).
         """
         tracker = self.tracker()
         parent = self.parent_run(run_key)
         if parent is None:
             return
-        from tidal.integrity.provenance import git_sha
 
         tags = {"tidal.recipe_hash": self.recipe_hash, "tidal.git_sha": git_sha()}
         for key in ("tokenizer_hash", "archive_sha256", "checkpoint_root_hash", "params_sha256",
@@ -322,7 +310,6 @@ class Pipeline:
         import yaml
 
         from tidal.data.tokenizer import TOKENIZER_FILE
-        from tidal.tracking import safe_uri
 
         def clean(value: Any) -> Any:
             if isinstance(value, dict):

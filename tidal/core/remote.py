@@ -18,7 +18,7 @@ attempt resumes; only a finished run is ever marked done. ``spec.json`` holds wh
 local runner writes (:func:`tidal.train.write_spec`), so the entrypoint cannot tell the two
 apart.
 
-On an object-store root nothing a pod needs is on the Airflow worker's disk (DESIGN.md §0):
+On an object-store root nothing a pod needs is on the Airflow worker's disk (docs/architecture.md §0):
 ``step_uri`` is the step's staging location in the bucket
 (:func:`tidal.storage.staging.resumable_staging`); prepare writes ``spec.json`` there, the pod
 downloads it, trains in its own local directory, seals its outputs (manifest) and stages them
@@ -37,9 +37,10 @@ from typing import Any
 from tidal.context import is_uri
 from tidal.core.commit import StepResult, commit_staged, commit_step, make_context, needs_run, now, skip_result
 from tidal.core.pipeline import Pipeline
-from tidal.layout import SPEC_JSON
-from tidal.layout import SUMMARY_JSON as SUMMARY
 from tidal.storage import staging, uris
+from tidal.storage.layout import SPEC_JSON
+from tidal.storage.layout import SUMMARY_JSON as SUMMARY
+from tidal.train import spec_of, spec_text, write_spec  # light: no JAX (see tidal/train/__init__.py)
 
 
 class RemoteRunIncomplete(RuntimeError):
@@ -61,7 +62,6 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
     base = {"step_id": step.step_id, "step_uri": storage.step_uri(step.step_id), "started_at": now()}
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
-    from tidal.train import spec_of, spec_text, write_spec  # light: no JAX (see tidal/train/__init__.py)
 
     if is_uri(storage.uri):  # the pod reads spec.json from the bucket, never from this worker's disk
         location = staging.resumable_staging(storage, step.step_id)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidal.layout import STEP_JSON, SUMMARY_JSON
+from tidal.core.mixture import mixture_table
+from tidal.scaling.suite import FIT_STEP
+from tidal.storage.layout import STEP_JSON, SUMMARY_JSON
+from tidal.tracking import TrackingUnavailable, child_runs, parent_run, safe_uri, store_exists
 
 
 def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) -> dict[str, Any]:
@@ -79,8 +82,6 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
                               + result["summary"].replace("\n", "\n    "))
             break
     if storage.is_committed(graph["mix"].step_id):
-        from tidal.core.mixture import mixture_table
-
         report["mixture"] = mixture_table(pipe).lines()  # per source: tokens, weight, taken, epochs, unused
     if finish and report.get("mlflow_run_id"):
         pipe.finish_run(report["mlflow_run_id"], "FAILED" if missing else "FINISHED")
@@ -130,8 +131,6 @@ def _grid_runs(pipe: Any) -> list[dict[str, Any]]:
 def _fit_result(pipe: Any) -> dict[str, Any]:
     """A suite's ``fit`` step: ``step_id``, ``committed`` and, when committed, its summary
     (``n_runs``, ``n_flags``, ``alpha``, ``beta``, ``E``, ``holdout_rel_error``, ...)."""
-    from tidal.scaling.suite import FIT_STEP
-
     step = pipe.graph[FIT_STEP]
     fit: dict[str, Any] = {"step_id": step.step_id, "committed": pipe.storage.is_committed(step.step_id)}
     text = _committed_text(pipe.storage, step.step_id, STEP_JSON)
@@ -153,8 +152,6 @@ def _committed_text(storage: Any, step_id: str, name: str) -> str | None:
 def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> dict[str, str]:
     """Step name -> ``run``/``skip`` from the nested runs of the parent run (empty when tracking is
     unreachable: ``report["mlflow_error"]`` then says so, and the rest of the report stands)."""
-    from tidal.tracking import TrackingUnavailable, child_runs, parent_run, safe_uri, store_exists
-
     uri = pipe.tracking_uri
     report["mlflow_uri"] = safe_uri(uri)
     if not store_exists(uri):

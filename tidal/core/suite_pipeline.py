@@ -17,10 +17,13 @@ from typing import Any
 from tidal.core.pipeline import Pipeline, _flatten
 from tidal.core.planner import build_suite_graph
 from tidal.integrity.hashing import canonical_json, sha256_bytes
-from tidal.scaling.suite import Suite, load_suite
+from tidal.integrity.provenance import git_sha
+from tidal.quality.licences import licence_tags
+from tidal.scaling.suite import Suite, SuiteError, load_suite
 from tidal.settings import current as current_settings
 from tidal.steps import StepGraph
 from tidal.storage import open_storage
+from tidal.tracking import experiment_name
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,6 @@ class SuitePipeline(Pipeline):
         Raises:
             tidal.scaling.suite.SuiteError: bad suite or base recipe; ``overrides`` are refused.
         """
-        from tidal.scaling.suite import SuiteError
-
         path = Path(path).resolve()
         if overrides:
             raise SuiteError(f"{path}: overrides are not supported for suite files; edit the file")
@@ -69,15 +70,10 @@ class SuitePipeline(Pipeline):
     @property
     def experiment(self) -> str:
         """The MLflow experiment of the suite's runs: the suite's own name, not the base recipe's."""
-        from tidal.tracking import experiment_name
-
         return experiment_name(self.suite.name)
 
     def parent_run(self, run_key: str) -> str | None:
         """The MLflow parent run for ``run_key``, with the suite's fields as params."""
-        from tidal.integrity.provenance import git_sha
-        from tidal.quality.licences import licence_tags
-
         params = _flatten({"suite": self.suite.model_dump(mode="json"), "base": self.recipe.name})
         tags = {"tidal.recipe": self.suite.name, "tidal.recipe_version": str(self.suite.version),
                 "tidal.recipe_hash": self.recipe_hash, "tidal.recipe_path": str(self.recipe_path),

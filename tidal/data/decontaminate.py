@@ -72,8 +72,8 @@ from tidal.data.heldout import is_heldout
 from tidal.data.minhash import window_hashes, word_hash
 from tidal.data.neardup import fold_text
 from tidal.data.shards import DOCUMENT_SCHEMA, DOCUMENTS_PREFIX, shard_names
-from tidal.files import StepFiles
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles
 
 STEP_VERSION = 1
 COUNTS_FILE = "counts.json"

@@ -54,7 +54,7 @@ from tidal.data.readers import ReadRecord, read_path
 from tidal.data.record_fields import FieldSpec, SourceError
 from tidal.data.snapshot import file_sha256, snapshot_sha256
 from tidal.data.sources import read_source, ref_sort_key
-from tidal.layout import temporary_name
+from tidal.storage.layout import temporary_name
 
 STEP_VERSION = 3  # 3: the `fields` column; a file source's id follows its content
 RAW_FILE = "raw.parquet"

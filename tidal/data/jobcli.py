@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -101,9 +102,14 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         parser.error(f"--config {args.config}: file not found (give a JSON file or inline JSON)")
     else:
         text = args.config
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as err:
+    try:  # the config's one parse: its model's JSON -> the model every part of the job reads
+        config = kind_spec(kind).parse_config(text)
+    except ValidationError as err:
+        invalid = [e["msg"] for e in err.errors() if e["type"] == "json_invalid"]
+        if invalid:
+            parser.error(f"--config is neither a readable file nor valid JSON: {invalid[0]}")
+        parser.error(f"--config: {config_problems(err)}")
+    except json.JSONDecodeError as err:  # a kind without a config model
         parser.error(f"--config is neither a readable file nor valid JSON: {err}")
     inputs = {}
     for item in args.input:
@@ -144,7 +150,7 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
                 _seal_in_place(kind, config, args.out, summary, args.name)
             elif staged:
                 _stage(kind, config, out_dir, args.out, summary, args.name)
-        except ValidationError as err:  # every kind's run() reads its config with its model first
+        except ValidationError as err:  # a model a kind builds from its config (e.g. a training spec)
             parser.error(f"--config: {config_problems(err)}")
         except MissingInput as err:
             parser.error(f"{err} (give each as --input NAME=DIR)")
@@ -175,14 +181,14 @@ def materialize(uri: str) -> Path:
     return storage.input_dir(step_id)
 
 
-def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict, name: str) -> None:
+def _stage(kind: str, config: Any, out_dir: Path, location: str, summary: dict, name: str) -> None:
     """Seal the finished outputs, upload them to ``location`` and write the summary beside it.
 
     Outputs the kind's checks refuse are kept under the root's ``.failed/`` (evidence any machine
     reads) and the job exits with one ``error:`` line; nothing is staged.
     """
     try:
-        staging.seal(kind, json.loads(json.dumps(config)), out_dir, step_id=name, where=f"the {kind} job")
+        staging.seal(kind, config, out_dir, step_id=name, where=f"the {kind} job")
     except ValueError as err:
         from tidal.settings import current
 
@@ -195,7 +201,7 @@ def _stage(kind: str, config: dict, out_dir: Path, location: str, summary: dict,
     shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _seal_in_place(kind: str, config: dict, location: str, summary: dict, name: str) -> None:
+def _seal_in_place(kind: str, config: Any, location: str, summary: dict, name: str) -> None:
     """Seal outputs the workers wrote straight to ``location`` (:func:`tidal.storage.staging.seal_staged`)
     and write the summary beside it. Outputs the kind's checks refuse stay where they are, never
     counted as committed, and the job exits with one ``error:`` line naming them."""
@@ -203,7 +209,7 @@ def _seal_in_place(kind: str, config: dict, location: str, summary: dict, name: 
 
     uris.delete_dir(uris.join(staging.job_location(location), SPILL_PREFIX))  # the workers' intermediate files
     try:
-        staging.seal_staged(kind, json.loads(json.dumps(config)), location, step_id=name, where=f"the {kind} job")
+        staging.seal_staged(kind, config, location, step_id=name, where=f"the {kind} job")
     except ValueError as err:
         raise SystemExit(f"error: {err}; the refused outputs are at {location} (never counted as committed; "
                          "its prepare task's next attempt starts a fresh location)") from None

@@ -9,7 +9,7 @@ every machine. Token shards are 2-D ``.npy`` arrays ``[n_sequences, seq_len]`` o
 ``uint16`` (vocab size < 65536, docs/contracts.md) or ``uint32``; ``np.save``
 output is a pure function of dtype, shape and values, so equal arrays give equal bytes.
 
-Readers take a step as a :class:`tidal.files.StepFiles` (or a directory / bucket URI, opened as
+Readers take a step as a :class:`tidal.files.step_files.StepFiles` (or a directory / bucket URI, opened as
 one) and read in place: parquet shards by the columns asked for, token shards by the rows asked
 for (memory maps on a local root, range reads from a bucket).
 """
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 
 DOCUMENTS_PREFIX = "documents"
 TOKENS_PREFIX = "tokens"

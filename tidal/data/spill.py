@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tidal.files import StepFiles, is_uri
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles, is_uri
 
 SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
                           ("language", pa.string()), ("fields", pa.string()), ("text", pa.string())])

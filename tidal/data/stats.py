@@ -33,7 +33,7 @@ Source ``all``: total_tokens (tokens in the mixture), mixture_tokens_unused and
     v2 inputs ``tokens`` (packed, summed over sources), unknown_token_rate, byte_fallback_rate.
 
 Not a Beam job: it reads one text column per shard with pyarrow and a few small JSON files, in
-place (:class:`tidal.files.StepFiles`): from a bucket it fetches each documents shard's footer and
+place (:class:`tidal.files.step_files.StepFiles`): from a bucket it fetches each documents shard's footer and
 ``text`` column chunks, ``counts.json``, ``meta.json`` and ``mixture.json``, and nothing else (no
 other column, no ``removed.parquet`` / ``quarantine.parquet``, no token shard). Character lengths
 need every kept text, so the ``text`` column is read once per shard.
@@ -63,7 +63,7 @@ from tidal.config import Strict, omit_unused
 from tidal.context import StepContext
 from tidal.data.mix_sizing import MixtureTable
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 
 STEP_VERSION = 4  # 3: mixture sizing rows (mixture_epochs, mixture_tokens_unused, ...); 4: stats.png
 STATS_PARQUET = "stats.parquet"
@@ -95,7 +95,7 @@ def _rate(part: float, whole: float) -> float:
 
 def read_counts(step: StepFiles | str | Path) -> dict:
     """A clean step's ``counts.json``, checked against ``in = kept + filtered + duplicates +
-    quarantined`` (DESIGN.md section 4).
+    quarantined`` (docs/architecture.md section 4).
 
     Raises:
         FileNotFoundError: no ``counts.json``, naming it.

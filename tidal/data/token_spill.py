@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from tidal.files import StepFiles
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles
 
 ID_DTYPE = np.dtype(np.uint32)
 CHUNK_ROWS = 4096  # output rows written per write call

@@ -71,8 +71,8 @@ from tidal.data.shards import (
 )
 from tidal.data.token_spill import encode_shard, merge_spills
 from tidal.data.tokenize_config import TokenizeConfig
-from tidal.files import StepFiles
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles
 
 STEP_VERSION = 2
 FAILED_FILE = "failed_documents.json"
@@ -371,16 +371,22 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     }
 
 
-def expected_outputs(config: dict[str, Any]) -> list[str]:
+def _plain(config: Any) -> dict[str, Any]:
+    """The step's config model (what the runner hands over) or a plain mapping, as a mapping."""
+    return config.model_dump() if isinstance(config, TokenizeConfig) else dict(config)
+
+
+def expected_outputs(config: Any) -> list[str]:
     """The files a finished tokenize run writes (docs/contracts.md): ``meta.json``,
     ``failed_documents.json`` and ``shards`` token shards (part of the kind's commit contract,
     :func:`tidal.core.commit.check_outputs`)."""
+    config = _plain(config)
     shards = int(config.get("shards", 1))
     heldout = [HELDOUT_META, HELDOUT_DOCUMENTS, HELDOUT_TOKENS] if config.get("heldout") else []
     return [META_NAME, FAILED_FILE, *(shard_name(TOKENS_PREFIX, k, shards, "npy") for k in range(shards)), *heldout]
 
 
-def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
+def check_outputs(config: Any, out_dir: str | Path) -> None:
     """Before a commit: the token shards hold ``meta.json``'s ``n_sequences`` rows of ``seq_len``
     tokens of its ``dtype`` (read from the ``.npy`` headers only), ``failed_documents.json``
     lists ``documents_failed`` documents, and a held-out shard holds its meta's ``n_sequences``.
@@ -388,6 +394,7 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     Raises:
         ValueError: naming the file and both values on a mismatch.
     """
+    config = _plain(config)
     files = StepFiles.open(out_dir)
     out = files.uri
     meta = files.read_json(META_NAME)

@@ -44,7 +44,7 @@ from tidal.context import StepContext
 from tidal.data.heldout import HeldoutSplit, is_heldout
 from tidal.data.shards import iter_documents
 from tidal.data.tokenizer_config import DEFAULT_SPECIAL_TOKENS, TokenizerConfig
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 from tidal.integrity.hashing import sha256_bytes
 
 STEP_VERSION = 1
@@ -238,7 +238,7 @@ def run(ctx: StepContext) -> dict:
 
 def load(step: StepFiles | str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     """The tokenizer of a committed tokenizer step (a directory, a bucket URI or its
-    :class:`tidal.files.StepFiles`) and its meta, after checking that ``tokenizer.json`` still
+    :class:`tidal.files.step_files.StepFiles`) and its meta, after checking that ``tokenizer.json`` still
     has the recorded hash. Reads the two files in place (parsed from bytes: no local copy).
 
     The returned tokenizer has ``encode_special_tokens = True``: special-token text inside a

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_serializer
 from pydantic import Strict as StrictType
 
 from tidal.config import Strict, omit_unused
+from tidal.eval.suite import available_tasks
 
 
 class DownstreamSettings(Strict):
@@ -24,8 +25,6 @@ class DownstreamSettings(Strict):
     @field_validator("tasks")
     @classmethod
     def _known(cls, tasks: list[str]) -> list[str]:
-        from tidal.eval.suite import available_tasks
-
         known = available_tasks()
         unknown = sorted(set(tasks) - set(known))
         if unknown:

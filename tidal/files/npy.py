@@ -2,7 +2,7 @@
 
 numpy's format (magic ``\\x93NUMPY``, version, little-endian header length, a Python-literal dict,
 then the C-order data) puts row ``i`` of a 2-D array at ``offset + i * row_bytes``, so a batch of rows
-is a few byte ranges (numpy.lib.format docs). :meth:`tidal.files.StepFiles.array` hands these out for
+is a few byte ranges (numpy.lib.format docs). :meth:`tidal.files.step_files.StepFiles.array` hands these out for
 bucket roots and plain memory maps for local ones.
 """
 
@@ -67,7 +67,7 @@ class NpyRows:
         row_bytes: bytes per row (``itemsize * prod(shape[1:])``).
     """
 
-    def __init__(self, files: Any, name: str):  # a tidal.files.StepFiles (read_range, uri_of)
+    def __init__(self, files: Any, name: str):  # a tidal.files.step_files.StepFiles (read_range, uri_of)
         self.files, self.name = files, name
         where = files.uri_of(name)
         head = files.read_range(name, 0, NPY_HEAD_BYTES)

@@ -1,6 +1,6 @@
 """Where a job's workers write: a local directory, or a prefix in the bucket every machine reads.
 
-Invariant (DESIGN.md section 0): a Beam worker on another machine writes each file it makes to
+Invariant (docs/architecture.md section 0): a Beam worker on another machine writes each file it makes to
 the location it was handed, never to a disk another process must read. Each file is written whole
 or not at all: on a local root under a temporary name of this attempt, then renamed into place; in
 a bucket by one upload that the store makes visible only when complete (a PUT, or a multipart
@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tidal.files import COPY_CHUNK_BYTES, StepFiles, is_uri
-from tidal.layout import temporary_name
+from tidal.files.step_files import COPY_CHUNK_BYTES, StepFiles, is_uri
+from tidal.storage.layout import temporary_name
 
 CHECKSUM_SUFFIX = ".json"
 

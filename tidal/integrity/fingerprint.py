@@ -1,7 +1,7 @@
 """Environment fingerprint: what software and hardware a step ran on.
 
 Recorded in ``step.json`` (every step) and with every training run; never hashed into a step
-id (where and how a step runs must not change what it is, see DESIGN.md §1). Comparing two
+id (where and how a step runs must not change what it is, see docs/architecture.md §1). Comparing two
 fingerprints with :func:`fingerprint_diff` tells a resumed run or an auditor what changed.
 
 The fingerprint is cheap: package versions come from installed distribution metadata

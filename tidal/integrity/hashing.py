@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 CHUNK_BYTES = 1 << 20
-from tidal.layout import MANIFEST_JSON as MANIFEST_NAME
+from tidal.storage.layout import MANIFEST_JSON as MANIFEST_NAME
 
 
 def canonical_json(obj: Any) -> str:

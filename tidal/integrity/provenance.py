@@ -10,6 +10,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from tidal.settings import current
+
 KEY_PACKAGES = (
     "tidal", "apache-beam", "tokenizers", "jax", "flax", "optax", "orbax-checkpoint",
     "great-expectations", "mlflow", "apache-airflow", "pyarrow", "numpy",
@@ -20,8 +22,6 @@ KEY_PACKAGES = (
 def git_sha() -> str:
     """The commit of the tidal checkout (``+dirty`` if it has uncommitted changes), else
     ``$TIDAL_GIT_SHA`` (set in the images, which carry no .git), else ``unknown``."""
-    from tidal.settings import current
-
     if current().git_sha:
         return current().git_sha
     repo = Path(__file__).resolve().parent.parent

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.settings import current
+
 KEY_ENV = "TIDAL_SIGNING_KEY"
 ALGORITHM = "HMAC-SHA256"
-from tidal.layout import MANIFEST_JSON, SIGNATURE_JSON, STEP_JSON
+from tidal.storage.layout import MANIFEST_JSON, SIGNATURE_JSON, STEP_JSON
 
 SIGNED_FILES = (MANIFEST_JSON, STEP_JSON)
 # RFC 2104 §3: keys shorter than the hash output (32 bytes for SHA-256) are "strongly discouraged".
@@ -65,8 +67,6 @@ def load_key(environ: Mapping[str, str] | None = None) -> SigningKey | None:
     if environ is not None:
         value = environ.get(KEY_ENV, "").strip()
     else:
-        from tidal.settings import current
-
         secret_value = current().signing_key
         value = secret_value.get_secret_value().strip() if secret_value is not None else ""
     if not value:

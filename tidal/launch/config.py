@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from pydantic import Strict as StrictType
 
 from tidal.config import PositiveInt, Strict
+from tidal.launch.resources import gpu_type, tpu_slice
 
 
 class AcceleratorConfig(Strict):
@@ -28,8 +29,6 @@ class AcceleratorConfig(Strict):
 
     @model_validator(mode="after")
     def _known_hardware(self) -> AcceleratorConfig:
-        from tidal.launch.resources import gpu_type, tpu_slice
-
         if self.kind == "tpu":
             if self.type is None or self.topology is None:
                 raise ValueError("a tpu accelerator needs both `type` and `topology`")

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tidal.settings import current
+
 TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -80,7 +82,6 @@ def run_entrypoint(step_dir: str | Path, *, log: logging.Logger | None = None,
     """
     log = log or logging.getLogger("tidal.train")
     step_dir = Path(step_dir)
-    from tidal.settings import current
 
     # The settings this process runs under go to the child explicitly (tidal/settings.py), on top
     # of the inherited environment (JAX, AWS, PATH ...), then the caller's extra variables.

@@ -188,7 +188,7 @@ def pod_secret_env(value: str | None, source: str = POD_SECRET_ENV_VAR) -> dict[
 
 
 def storage_env(root: str, endpoint_url: str | None, region: str | None) -> dict[str, str]:
-    """The plain env a pod needs to reach the storage root (DESIGN.md §0): the root, the S3 endpoint
+    """The plain env a pod needs to reach the storage root (docs/architecture.md §0): the root, the S3 endpoint
     (``TIDAL_S3_ENDPOINT_URL``; GCS's S3-interoperable endpoint for ``gs://``) and the region. No
     credentials: those come by ``secretKeyRef`` (:func:`pod_secret_env`: ``AWS_ACCESS_KEY_ID`` /
     ``AWS_SECRET_ACCESS_KEY`` from a Secret; GCS HMAC keys the same way) or Workload Identity.

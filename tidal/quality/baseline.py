@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidal.layout import SUMMARY_JSON, atomic_write_text
+from tidal.storage.layout import SUMMARY_JSON, atomic_write_text
+from tidal.tracking import STEP_TAG_PREFIX, parent_run
 
 STATS_FILE = "stats.parquet"
 METRICS_FILE = "metrics.jsonl"
@@ -248,8 +249,6 @@ def step_dirs_of_run(pipe: Any, run_key: str | None) -> tuple[Path, Path, str]:
     ids = {"stats": pipe.graph["stats"].step_id, "train": pipe.graph["train"].step_id}
     source = "current recipe: " + ", ".join(ids.values())
     if run_key is not None:
-        from tidal.tracking import STEP_TAG_PREFIX, parent_run
-
         if "'" in run_key:
             raise BaselineError(f"no MLflow run with key {run_key!r}: a run key holds no single quote")
         run = parent_run(pipe.tracking_uri, pipe.experiment, run_key)

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from tidal.context import StepContext
-from tidal.files import StepFiles
-from tidal.layout import SPEC_JSON, SUMMARY_JSON
+from tidal.files.step_files import StepFiles
+from tidal.storage.layout import SPEC_JSON, SUMMARY_JSON
 
 STEP_VERSION = 2  # 2: plots without matplotlib's version chunk (tidal/plots.py)
 FITS_JSON = "fits.json"
@@ -214,8 +214,9 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from tidal.scaling.fits import PARAM_KEYS
     from tidal.scaling.plots import write_plots
 
-    cols, dropped_flags = read_runs(ctx.inputs, ctx.config)
-    fits, fit = fit_runs(cols, ctx.config, ctx.require_seed())
+    config = ctx.config.model_dump()  # the step's FitStepConfig; the fitting code reads plain data
+    cols, dropped_flags = read_runs(ctx.inputs, config)
+    fits, fit = fit_runs(cols, config, ctx.require_seed())
     fits["flags"] = dropped_flags + fits["flags"]
     out = ctx.out_dir
     pd.DataFrame({"name": cols["name"], "budget": cols["budget"], "d_model": cols["d_model"],
@@ -235,7 +236,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     (out / FITS_JSON).write_text(json.dumps(_jsonable(fits), indent=1, sort_keys=True) + "\n")
     write_plots(out / "plots", fits, {k: cols[k] for k in ("n", "d", "c", "loss", "budget", "resid3")})
     summary: dict[str, Any] = {"n_runs": fits["n_runs"], "n_budgets": len(np.unique(cols["budget"])),
-                               "n_flags": len(fits["flags"]), "loss": ctx.config["loss"],
+                               "n_flags": len(fits["flags"]), "loss": config["loss"],
                                "degenerate3": int(fits["approach3"]["degenerate"])}
     for key in ("alpha", "beta", "E", "a_N", "a_D", "L_inf", "alpha_C"):
         value = fit.point[key]

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tidal.scaling.fit_step import load_fit
+from tidal.scaling.fits import PARAM_KEYS, forecast_params
+from tidal.scaling.suite import FIT_STEP
+
 
 class ForecastUnavailable(RuntimeError):
     """The suite's fit step is not committed yet; the message says what to run."""
@@ -25,10 +29,6 @@ def forecast_suite(pipe: Any, flops: float) -> dict[str, Any]:
         ForecastUnavailable: not a suite, or its fit step is not committed.
         ValueError: ``flops`` not positive.
     """
-    from tidal.scaling.fit_step import load_fit
-    from tidal.scaling.fits import PARAM_KEYS, forecast_params
-    from tidal.scaling.suite import FIT_STEP
-
     if not flops > 0:
         raise ValueError(f"--flops must be positive, got {flops}")
     if getattr(pipe, "suite", None) is None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tidal.plots import pyplot, save_png
+
 
 def _finite(q: dict[str, Any] | None) -> bool:
     return bool(q) and all(isinstance(q.get(k), (int, float)) and np.isfinite(q[k])
@@ -22,8 +24,6 @@ def _finite(q: dict[str, Any] | None) -> bool:
 def _save(fig, path: Path) -> str:
     """Lay out, write as PNG (110 dpi, no version chunk: :func:`tidal.plots.save_png`) and close
     ``fig``; returns the file name."""
-    from tidal.plots import save_png
-
     return save_png(fig, path, dpi=110).name
 
 
@@ -38,8 +38,6 @@ def write_plots(out_dir: Path, fits: dict[str, Any], runs: dict[str, np.ndarray]
         fits: the ``fits.json`` mapping (see :mod:`tidal.scaling.fit_step`).
         runs: columns ``n``, ``d``, ``c``, ``loss``, ``budget``, ``resid3`` (arrays ``[n_runs]``).
     """
-    from tidal.plots import pyplot
-
     plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -147,6 +147,23 @@ class FitConfig(_Strict):
     holdout: bool = Field(default=True, description="leave-the-largest-budget-out validation")
 
 
+class FitRun(_Strict):
+    """One grid run as the fit step reads it: its nominal budget, shape and planned FLOPs and tokens."""
+
+    budget: float
+    model: dict[str, int]
+    planned_flops: float
+    planned_tokens: int
+
+
+class FitStepConfig(FitConfig):
+    """The ``scaling_fit`` step's config: the suite's ``fit`` settings, the recipe seed (bootstrap
+    draws) and the grid runs it reads (:mod:`tidal.scaling.fit_step`)."""
+
+    seed: int
+    runs: dict[str, FitRun] = Field(min_length=1)
+
+
 class Suite(_Strict):
     """A scaling suite: base recipe, grid, rules, fit settings."""
 

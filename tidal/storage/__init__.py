@@ -1,7 +1,8 @@
 """The storage root: a local directory or an object store, behind one :class:`Storage` protocol.
 
 ``base`` holds the protocol, the settings and the local directory; ``s3`` the object store
-(boto3); ``lease`` the per-step leases that keep two workers from computing one step. Open a
+(boto3); ``lease`` the per-step leases that keep two workers from computing one step; ``layout``
+the step contract's file names and the atomic write (no tidal import: the bottom layer). Open a
 root with :func:`open_storage`; everything else imports the names re-exported here.
 """
 

@@ -1,6 +1,6 @@
 """Where step outputs live, and the atomic commit of a step directory.
 
-Invariant (DESIGN.md §1): a step is committed exactly when ``{root}/{step_id}/_SUCCESS``
+Invariant (docs/architecture.md §1): a step is committed exactly when ``{root}/{step_id}/_SUCCESS``
 exists, and ``_SUCCESS`` appears only after every other file is complete. Locally a
 non-resumable step is written in a scratch directory under ``{root}/.scratch`` that holds
 ``_SUCCESS`` already and is then renamed into place: ``rename`` is atomic on one file
@@ -14,7 +14,7 @@ and the launchers do not know which one they use: readers get committed inputs a
 directories (:meth:`Storage.input_dir`), and a lease (:mod:`tidal.storage.lease`) keeps two workers
 from computing the same step at once.
 
-Shared state is objects under the root, never a local file (DESIGN.md §0): the failure catalog,
+Shared state is objects under the root, never a local file (docs/architecture.md §0): the failure catalog,
 failed-attempt evidence and buffered tracking calls go through :meth:`Storage.write_object`,
 :meth:`Storage.read_object`, :meth:`Storage.list_rel` and :meth:`Storage.delete_rel`, names
 relative to the root (``failures/<fp>/<file>.json``), so a pod that starts later, on another
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tidal.layout import SUCCESS, atomic_write_bytes
+from tidal.storage.layout import SUCCESS, atomic_write_bytes
 from tidal.storage.lease import Lease, LeaseStore, LocalLeaseStore, held_here, is_free
 
 SCRATCH = ".scratch"

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-from tidal.layout import temporary_name
+from tidal.storage.layout import temporary_name
 
 LEASES = ".leases"
 log = logging.getLogger("tidal.lease")

@@ -1,6 +1,6 @@
 """Step outputs in an S3-compatible bucket (AWS S3, GCS's XML API, MinIO) through boto3.
 
-Invariant (DESIGN.md §1, object stores): a step is committed exactly when the object
+Invariant (docs/architecture.md §1, object stores): a step is committed exactly when the object
 ``{prefix}/{step_id}/_SUCCESS`` exists, and it is written last: the commit uploads every
 data file, then ``manifest.json`` and ``step.json``, lists the prefix to check that every
 manifest entry is there with its size, and only then puts ``_SUCCESS`` (whose body is the
@@ -19,7 +19,7 @@ checksums are sent only where S3 requires them (``when_required``): the aws-chun
 checksums boto3 sends by default since 1.36 are refused by GCS's S3-interoperable endpoint
 and older MinIO releases, and every byte is verified against the manifest's sha256 anyway.
 
-What pods share lives in the bucket, never in the cache (DESIGN.md §0): failed attempts are
+What pods share lives in the bucket, never in the cache (docs/architecture.md §0): failed attempts are
 uploaded to ``{prefix}/.failed/`` by :meth:`S3Storage.keep_failed`, and the failure catalog and
 buffered tracking calls are objects written through :meth:`S3Storage.write_object` (one
 ``PutObject`` each, listed with paginated ``ListObjectsV2``). The cache only holds this
@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tidal.files import GCS_S3_ENDPOINT  # GCS's S3-interoperable XML API (HMAC keys)
+from tidal.files.step_files import GCS_S3_ENDPOINT  # GCS's S3-interoperable XML API (HMAC keys)
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
-from tidal.layout import STEP_JSON
 from tidal.settings import current as current_settings
 from tidal.storage.base import (
     FAILED,
@@ -58,6 +57,7 @@ from tidal.storage.base import (
     make_scratch,
     prune,
 )
+from tidal.storage.layout import STEP_JSON
 from tidal.storage.lease import LEASES, Lease
 from tidal.storage.s3_leases import MISSING, S3LeaseStore, error_code
 

@@ -1,6 +1,6 @@
 """The staging location: where a step computed on another machine waits for its commit.
 
-Invariant (DESIGN.md §0): a step that runs elsewhere (a training pod, a Beam job launched by
+Invariant (docs/architecture.md §0): a step that runs elsewhere (a training pod, a Beam job launched by
 the Beam provider) is handed only locations under the storage root, and the commit task never
 downloads step data. So the three halves meet in the bucket:
 
@@ -33,12 +33,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tidal.context import is_uri
-from tidal.integrity.hashing import MANIFEST_NAME, write_manifest
+from tidal.context import CHECKSUMS, is_uri
+from tidal.files.output import read_checksums
+from tidal.integrity.hashing import MANIFEST_NAME, manifest_of, manifest_text, write_manifest
 from tidal.kinds import kind_spec
-from tidal.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS
 from tidal.storage import uris
 from tidal.storage.base import Storage, StorageError
+from tidal.storage.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS
+from tidal.storage.s3 import transfer_config
 
 STAGING = ".staging"
 JOB_SUFFIX = ".job"
@@ -82,10 +84,11 @@ def job_location(staging: str) -> str:
     return staging.rstrip("/") + JOB_SUFFIX + ("/" if is_uri(staging) else "")
 
 
-def check_outputs(kind: str, config: dict[str, Any], work_dir: Path | str, *, where: str, step_id: str) -> None:
+def check_outputs(kind: str, config: Any, work_dir: Path | str, *, where: str, step_id: str) -> None:
     """The kind's output contract over a finished run: a local directory, or the staging location its
     workers wrote to (read in place: listing, small files, headers); every ``expected_outputs(config)``
-    file exists, then the kind's ``check_outputs(config, work_dir)``.
+    file exists, then the kind's ``check_outputs(config, work_dir)``. ``config``: the step's config
+    model (:attr:`tidal.steps.Step.typed_config`), handed to the kind unchanged.
 
     Raises:
         StagedIncomplete: naming the missing files; ValueError: the kind's own check failed.
@@ -104,7 +107,7 @@ def check_outputs(kind: str, config: dict[str, Any], work_dir: Path | str, *, wh
         check(config, work_dir)
 
 
-def seal(kind: str, config: dict[str, Any], work_dir: Path, *, step_id: str, where: str) -> dict[str, Any]:
+def seal(kind: str, config: Any, work_dir: Path, *, step_id: str, where: str) -> dict[str, Any]:
     """Check a finished run's outputs and write its ``manifest.json`` (by the process that has the bytes).
 
     Returns:
@@ -116,7 +119,7 @@ def seal(kind: str, config: dict[str, Any], work_dir: Path, *, step_id: str, whe
     return write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
 
 
-def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str, where: str) -> dict[str, Any]:
+def seal_staged(kind: str, config: Any, staging: str, *, step_id: str, where: str) -> dict[str, Any]:
     """Seal a run whose workers wrote its outputs straight to ``staging`` (the Beam kinds on a cluster
     runner, :class:`tidal.files.output.OutputDir`): check them in place (:func:`check_outputs`), then
     build ``manifest.json`` from the listing and the checksum records the writing workers left under
@@ -131,10 +134,6 @@ def seal_staged(kind: str, config: dict[str, Any], staging: str, *, step_id: str
             (a writer that did not finish, or a stray object), or a reserved name is staged.
         ValueError: the kind's own output check failed.
     """
-    from tidal.context import CHECKSUMS
-    from tidal.files.output import read_checksums
-    from tidal.integrity.hashing import manifest_of, manifest_text
-
     check_outputs(kind, config, staging, where=where, step_id=step_id)
     sizes = uris.list_sizes(staging)
     records = read_checksums(uris.join(job_location(staging), CHECKSUMS))
@@ -218,7 +217,6 @@ def publish(storage: Storage, staging: str, step_id: str, manifest: dict[str, An
         uris.delete_dir(staging)
         uris.delete_dir(job_location(staging))
         return False
-    from tidal.storage.s3 import transfer_config
 
     bucket, src_key = uris.split(staging)
     client = uris.client_for(staging)

@@ -1,7 +1,7 @@
 """Small objects and whole directories named by a location: a bucket URI or a local path.
 
 What one task hands another (a job's config, a training spec, a staged output, a summary) is
-named by a location under the storage root (DESIGN.md §0), never by a path on the writer's
+named by a location under the storage root (docs/architecture.md §0), never by a path on the writer's
 disk. A location is ``s3://bucket/key`` (``gs://`` is GCS through its S3-interoperable endpoint,
 :func:`tidal.storage.s3.endpoint_for`) or a local path (a local root: one machine, or a volume
 every machine mounts). These functions are the only readers and writers of such handed-over
@@ -24,7 +24,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tidal.context import is_uri
+from tidal.settings import current
 from tidal.storage.base import StorageError, StorageSettings
+from tidal.storage.layout import atomic_write_bytes
+from tidal.storage.s3 import s3_client, scheme_settings, transfer_config
 
 log = logging.getLogger("tidal.storage")
 SCHEMES = ("s3", "gs")
@@ -53,15 +56,11 @@ def join(location: str, *names: str) -> str:
 
 @cache
 def _client(scheme: str, endpoint: str | None) -> Any:
-    from tidal.storage.s3 import s3_client, scheme_settings
-
     return s3_client(scheme_settings(scheme, StorageSettings()))
 
 
 def client_for(uri: str) -> Any:
     """The process's boto3 client for ``uri``'s scheme and the current ``TIDAL_S3_ENDPOINT_URL``."""
-    from tidal.settings import current
-
     return _client(urlparse(uri).scheme, current().s3_endpoint_url)
 
 
@@ -130,8 +129,6 @@ def write_bytes(location: str, data: bytes, *, if_absent: bool = False) -> bool:
         True if written; False if ``if_absent`` and something was there first.
     """
     if not is_uri(location):
-        from tidal.layout import atomic_write_bytes
-
         path = Path(location.removeprefix("file://"))
         path.parent.mkdir(parents=True, exist_ok=True)
         if if_absent and path.exists():
@@ -183,7 +180,6 @@ def upload_dir(local_dir: Path, location: str, names: Iterable[str] | None = Non
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local_dir / rel, target / rel)
         return sum((local_dir / r).stat().st_size for r in rels)
-    from tidal.storage.s3 import transfer_config
 
     bucket, key = split(location)
     client, config = client_for(location), transfer_config(settings or StorageSettings())

@@ -2,7 +2,7 @@
 catalog (``failures``). Nothing outside this package talks to MLflow directly.
 
 The names most callers need are re-exported here: :mod:`tidal.tracking.tracker` (logging runs,
-never raising; a step's datasets and logged models: :mod:`tidal.tracking.lineage`) and
+never raising; a step's datasets and logged models: :mod:`tidal.tracking.mlflow_lineage`) and
 :mod:`tidal.tracking.runs` (finding, linking and closing runs; raises
 :class:`TrackingUnavailable` when MLflow does not answer).
 """

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tidal.settings import current
+
 log = logging.getLogger("tidal.tracking")
 T = TypeVar("T")
 RUN_KEY_TAG = "tidal.run_key"
@@ -36,8 +38,6 @@ def tracking_uri_for(storage_root: str | Path) -> str:
     ``sqlite:///{storage_root}/mlflow.db`` (absolute path; artifacts then go to
     ``{storage_root}/mlartifacts``, see :func:`artifact_location_for`).
     """
-    from tidal.settings import current
-
     env = current().tracking_uri
     if env:
         return env

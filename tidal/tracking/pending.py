@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
+from tidal.storage.layout import atomic_write_bytes
+
 
 class PendingStore(Protocol):
     """Where buffered calls live: a storage root's objects (:class:`tidal.storage.Storage` has these
@@ -34,8 +36,6 @@ class PendingDir:
 
     def write_object(self, rel: str, data: bytes) -> str:
         """Write ``{path}/{rel}`` atomically (temporary file, then rename); its path."""
-        from tidal.layout import atomic_write_bytes
-
         self.path.mkdir(parents=True, exist_ok=True)
         return str(atomic_write_bytes(self.path / rel, data))
 

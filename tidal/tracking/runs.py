@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tidal.settings import current
 from tidal.tracking.client import (
     RUN_KEY_TAG,
     UNREACHABLE_HOLD_S,
@@ -253,8 +254,6 @@ def close_run(uri: str, run_id: str, status: str = "FAILED", tags: dict[str, str
 def ui_url(uri: str) -> str | None:
     """The MLflow UI's browser URL: ``$TIDAL_MLFLOW_UI_URL``, else an http(s) tracking URI
     (without user and password), else None (a SQLite or database store has no UI)."""
-    from tidal.settings import current
-
     ui = current().mlflow_ui_url or (uri if uri.startswith(("http://", "https://")) else None)
     return safe_uri(ui).rstrip("/") if ui else None
 

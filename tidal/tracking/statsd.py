@@ -23,6 +23,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
+from tidal.settings import current
+
 STEP_RUN = "step.run"                       # counter: steps computed
 STEP_SKIPPED = "step.skipped"               # counter: steps skipped (already committed)
 STEP_FAILED = "step.failed"                 # counter: failed step attempts
@@ -59,8 +61,6 @@ class StatsdClient:
     @classmethod
     def from_env(cls) -> StatsdClient:
         """A client configured from ``TIDAL_STATSD_HOST`` / ``_PORT`` / ``_PREFIX``."""
-        from tidal.settings import current
-
         settings = current()
         return cls(settings.statsd_host, settings.statsd_port, settings.statsd_prefix)
 

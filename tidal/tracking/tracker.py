@@ -6,7 +6,7 @@ created on first use. Each step becomes a child run (tag ``mlflow.parentRunId``)
 ``tidal.step_id``, ``tidal.kind``, ``tidal.status`` and any extra tags (tokenizer hash,
 checkpoint root hash ...); the parent gets ``tidal.step_id.<step name> = <step id>``.
 
-Tracking never takes a job down (DESIGN.md §5). Every MLflow call is retried with
+Tracking never takes a job down (docs/architecture.md §5). Every MLflow call is retried with
 exponential backoff; when the retries are spent the call's payload is written as one JSON
 object ``{time_ns}-{op}-{rand}.json`` into the pending buffer, a warning is logged and the
 method returns normally. :meth:`Tracker.replay_pending` sends those payloads later (the report
@@ -15,7 +15,7 @@ task and ``tidal report`` call it first). Where the buffer is, first match wins:
 1. ``pending_dir`` given: that local directory;
 2. a SQLite tracking URI: ``{db dir}/pending`` (the store is per machine, so is its buffer);
 3. ``$TIDAL_TRACKING_PENDING_DIR``: that directory (an operator's explicit choice);
-4. a storage root given (``store``): objects ``{root}/.tracking/pending/`` (DESIGN.md §0: every
+4. a storage root given (``store``): objects ``{root}/.tracking/pending/`` (docs/architecture.md §0: every
    pod of a deployment sees them, and a pod that dies loses nothing);
 5. else ``./mlflow-pending`` in the working directory.
 When the parent run itself could not be reached, :meth:`Tracker.parent_run` returns the
@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tidal.settings import current
 from tidal.tracking.client import (  # noqa: F401 - re-exported: the Tracker's public neighbours
     HTTP_DEFAULTS,
     RUN_KEY_TAG,
@@ -67,7 +68,7 @@ from tidal.tracking.limits import (
     flatten_params,
     summary_metrics,
 )
-from tidal.tracking.lineage import Lineage, LineageRefused, log_datasets, log_models
+from tidal.tracking.mlflow_lineage import Lineage, LineageRefused, log_datasets, log_models
 from tidal.tracking.pending import PendingDir, PendingStore
 
 log = logging.getLogger("tidal.tracking")
@@ -109,8 +110,6 @@ class Tracker:
         self.experiment = experiment
         db = _sqlite_path(uri)
         if pending_dir is None:
-            from tidal.settings import current
-
             pending_dir = (db.parent / "pending") if db else current().tracking_pending_dir
             if pending_dir is None and store is None:
                 pending_dir = "mlflow-pending"
@@ -252,7 +251,7 @@ class Tracker:
             tags: extra tags, e.g. ``tidal.tokenizer_hash``, ``tidal.checkpoint_root_hash``.
             run_id: the child run opened by :meth:`open_step_run` (a training step's live
                 metrics went there); None creates the child run now.
-            lineage: the step's MLflow 3 lineage objects (:mod:`tidal.tracking.lineage`): its input
+            lineage: the step's MLflow 3 lineage objects (:mod:`tidal.tracking.mlflow_lineage`): its input
                 steps as datasets (metadata only), a train step's checkpoints as logged models, the
                 final one registered. Buffered and replayed with the rest of the call.
 

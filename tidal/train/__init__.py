@@ -12,9 +12,9 @@ from typing import Any
 
 from tidal.context import StepContext
 from tidal.launch.local import TrainingFailed, run_entrypoint
-from tidal.layout import SPEC_JSON as SPEC_NAME
-from tidal.layout import SUMMARY_JSON as SUMMARY_NAME
-from tidal.layout import atomic_write_text
+from tidal.storage.layout import SPEC_JSON as SPEC_NAME
+from tidal.storage.layout import SUMMARY_JSON as SUMMARY_NAME
+from tidal.storage.layout import atomic_write_text
 
 STEP_VERSION = 3  # 3: loss_curve.png in the step's output (tidal/train/curves.py)
 RESUMABLE = True
@@ -25,8 +25,10 @@ __all__ = ["RESUMABLE", "STEP_VERSION", "TrainingFailed", "expected_outputs", "r
 
 def spec_of(ctx: StepContext) -> dict[str, Any]:
     """``spec.json`` = ``{step_id, name, kind, config, inputs, input_ids, seed}``; ``inputs`` maps
-    input step name -> its location as a string (a bucket URI on an object-store root, read in place)."""
-    return {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": ctx.config,
+    input step name -> its location as a string (a bucket URI on an object-store root, read in place);
+    ``config`` is the step's config model as JSON data (the entrypoint parses it once)."""
+    config = ctx.config.model_dump(mode="json") if hasattr(ctx.config, "model_dump") else ctx.config
+    return {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": config,
             "inputs": {name: str(path) for name, path in sorted(ctx.inputs.items())},
             "input_ids": dict(sorted(ctx.input_ids.items())), "seed": ctx.seed}
 

@@ -42,8 +42,16 @@ import sys
 import traceback
 from pathlib import Path
 
-from tidal.layout import SPEC_JSON as SPEC_NAME
-from tidal.layout import SUMMARY_JSON as SUMMARY_NAME
+from tidal.context import is_uri
+from tidal.settings import SettingsError, current, entry_point
+from tidal.storage import StorageError, staging, uris
+from tidal.storage.layout import SPEC_JSON as SPEC_NAME
+from tidal.storage.layout import SUMMARY_JSON as SUMMARY_NAME
+from tidal.train.config import ConfigError
+from tidal.train.distributed import launch_from_env
+from tidal.train.divergence import Diverged
+from tidal.train.loader import DataContractError
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _multi_process() -> bool:
-    from tidal.train.distributed import launch_from_env
-
     try:
         return launch_from_env().mode != "single"
     except ValueError:
@@ -80,12 +86,7 @@ def _multi_process() -> bool:
 
 def _exit_code(args: argparse.Namespace) -> int:
     """Train or profile; map each known failure to its exit code and one ``error:`` line."""
-    from tidal.settings import SettingsError, entry_point
-    from tidal.storage import StorageError
     from tidal.train.checkpoints import CheckpointMismatch, CheckpointSaveFailed
-    from tidal.train.config import ConfigError
-    from tidal.train.divergence import Diverged
-    from tidal.train.loader import DataContractError
     from tidal.train.preemption import EXIT_PREEMPTED, Preempted
     from tidal.train.profile import profile
     from tidal.train.trainer import load_spec, train
@@ -121,8 +122,6 @@ def _exit_code(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
     """Train or profile ``args.step_dir`` under the entry point's settings."""
-    from tidal.context import is_uri
-
     location = args.step_dir
     step_dir = _local_work_dir(location) if is_uri(location) else Path(location)
     spec = load_spec(step_dir)
@@ -133,10 +132,7 @@ def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
         return 0
     train(step_dir, spec, stop_after=args.stop_after, mirror=location if is_uri(location) else None)
     if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
-        from tidal.storage import staging
-
         staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run")
-        from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
 
         staging.stage(step_dir, location, uploaded=(f"{CHECKPOINT_DIR}/", f"{MANIFEST_DIR}/"))
     return 0
@@ -148,10 +144,6 @@ def _local_work_dir(location: str) -> Path:
     Raises:
         ConfigError: ``spec.json`` is not there (prepare did not run, or the URI is wrong).
     """
-    from tidal.settings import current
-    from tidal.storage import uris
-    from tidal.train.config import ConfigError
-
     try:
         text = uris.read_bytes(uris.join(location, SPEC_NAME))
     except FileNotFoundError:

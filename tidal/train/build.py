@@ -19,8 +19,8 @@ import numpy as np
 import optax
 
 from tidal.data.heldout import EVAL_PREFIX, HELDOUT_PREFIX
-from tidal.files import StepFiles
-from tidal.layout import SPEC_JSON as SPEC
+from tidal.files.step_files import StepFiles
+from tidal.storage.layout import SPEC_JSON as SPEC
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train import model as modellib

@@ -69,8 +69,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from tidal.integrity.hashing import build_manifest, verify_manifest
-from tidal.layout import atomic_write_text
+from tidal.storage.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST
+from tidal.train.distributed import host_tree
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
 
@@ -200,8 +201,6 @@ class Checkpointer:
         self._trainer = trainer
         start = time.perf_counter()
         if self.gather:  # a collective: every process calls save at the same step
-            from tidal.train.distributed import host_tree
-
             state = host_tree(state)
             if not self.primary:  # process 0 writes it; here only its step is known
                 self._pending = (step, time.perf_counter() - start)

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
 from tidal.config import Fraction, PositiveInt, Strict, omit_unused, problems
-from tidal.layout import SPEC_JSON
+from tidal.storage.layout import SPEC_JSON
 from tidal.train.flops import ModelConfig
 
 if TYPE_CHECKING:

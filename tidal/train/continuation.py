@@ -34,7 +34,7 @@ from typing import Any
 
 from tidal.context import is_uri
 from tidal.integrity.hashing import verify_manifest
-from tidal.layout import atomic_write_text
+from tidal.storage.layout import atomic_write_text
 from tidal.train.config import CONTINUE_INPUT, ConfigError, ResolvedContinue
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 

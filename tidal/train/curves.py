@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tidal.plots import pyplot, save_png
+
 LOSS_CURVE = "loss_curve.png"
 EVAL_PREFIX = "eval_loss/"
 
@@ -38,8 +40,6 @@ def write_loss_curve(metrics_path: str | Path, out: str | Path) -> Path | None:
     Returns:
         ``out``, or None when ``metrics_path`` holds no loss (nothing to draw; no file written).
     """
-    from tidal.plots import pyplot, save_png
-
     path = Path(metrics_path)
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     series = loss_series(rows)

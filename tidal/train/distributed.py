@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tidal.settings import current
+
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAX_PROCESS_ID"
@@ -96,8 +98,6 @@ def initialize(env: Mapping[str, str] | None = None) -> Launch:
     if launch.mode == "tpu":
         jax.distributed.initialize()
     else:
-        from tidal.settings import current
-
         # a process gone is seen within the heartbeat timeout (jax's default: 100 s), then every other
         # process is terminated by the coordination service
         jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.num_processes,

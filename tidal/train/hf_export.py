@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.layout import atomic_write_bytes
+from tidal.storage.layout import atomic_write_bytes
 from tidal.train.config import ConfigError
 from tidal.train.model import INIT_STD, NORM_EPS, ROPE_BASE
 from tidal.train.trained import TOKENIZER_FILE, TrainedModel

@@ -11,7 +11,7 @@ A reader refuses data whose tokenizer hash differs from the model's tokenizer
 (docs/contracts.md, "Tokenized"), and token ids outside ``[0, vocab_size)``.
 This module imports numpy only (no JAX), so inputs are checked before JAX starts.
 
-Inputs are read in place (:class:`tidal.files.StepFiles`): on a local root the shards are
+Inputs are read in place (:class:`tidal.files.step_files.StepFiles`): on a local root the shards are
 read-only memory maps; from a bucket a batch is one ranged GET per run of consecutive rows (a
 ``.npy`` is a header then row-major rows), fetched one step ahead of the trainer, and nothing
 else of the shards is downloaded.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 
 TOKEN_GLOB = "tokens-*.npy"
 META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
@@ -76,11 +76,11 @@ def read_tokenizer_meta(directory: StepFiles | str | Path) -> dict[str, Any]:
 
 class TokenShards:
     """The sequences of one tokenized/mixed step, read in place: read-only memory maps on a local
-    root, range reads (:class:`tidal.files.NpyRows`) from a bucket.
+    root, range reads (:class:`tidal.files.npy.NpyRows`) from a bucket.
 
     Attributes:
         directory: the step's location (a directory path or a bucket URI), as a string.
-        files: the step's :class:`tidal.files.StepFiles`.
+        files: the step's :class:`tidal.files.step_files.StepFiles`.
         meta_path: its ``mixture.json`` or ``meta.json`` (location string).
         seq_len: S, tokens per sequence.
         n_sequences: total sequences over all shards (shards in sorted file-name order).
@@ -121,7 +121,7 @@ class TokenShards:
         if not names:
             raise DataContractError(f"{self.directory}: no {prefix}{TOKEN_GLOB} shards")
         paths = [files.uri_of(n) for n in names]
-        self.shards: list[Any] = []  # np.ndarray memory maps, or tidal.files.NpyRows
+        self.shards: list[Any] = []  # np.ndarray memory maps, or tidal.files.npy.NpyRows
         for name, path in zip(names, paths):
             try:
                 arr = files.array(name)

@@ -47,6 +47,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tidal.launch.resources import gpu_type, tpu_slice
 from tidal.train.flops import ModelShape, param_count
 
 GIB = 2**30
@@ -229,8 +230,6 @@ def device_memory(resources: Any) -> tuple[str, int, int, int] | None:
     CPU on GKE: the pod's ``memory`` limit, one device per node. None for a local CPU run (the
     machine's memory is not known when the recipe is planned).
     """
-    from tidal.launch.resources import gpu_type, tpu_slice
-
     acc = resources.accelerator
     if acc.kind == "tpu":
         tpu, topo = tpu_slice(acc.type, acc.topology)

@@ -9,7 +9,7 @@
   process resident set size (``/proc/self/statm``) and its peak (``getrusage`` ``ru_maxrss``).
 
 :class:`LiveMetrics` sends metric rows and tags to one MLflow run from a background thread,
-so training never waits on tracking (DESIGN.md §5). While MLflow is unreachable rows stay in
+so training never waits on tracking (docs/architecture.md §5). While MLflow is unreachable rows stay in
 memory (they are also in ``metrics.jsonl``) and are sent, with their original step and
 timestamp, once it answers again; what is still unsent when training ends (after
 ``close_timeout_s``) is written to the tracker's pending directory
@@ -28,7 +28,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from tidal.layout import atomic_write_text
+from tidal.settings import current
+from tidal.storage import open_storage
+from tidal.storage.layout import atomic_write_text
+from tidal.tracking import Tracker, mlflow_client, safe_uri
+from tidal.tracking.client import get_or_create_experiment
+from tidal.train import flops
 
 log = logging.getLogger("tidal.train")
 
@@ -77,8 +82,6 @@ def device_memory() -> dict[str, float]:
 
 def peak_flops(device_kind: str, n_devices: int) -> float | None:
     """Peak dense bf16 FLOP/s of ``n_devices`` devices of ``device_kind``, None when unknown (CPU)."""
-    from tidal.train import flops
-
     table = getattr(flops, "peak_flops_per_s", None)
     if table is None:
         return None
@@ -93,7 +96,6 @@ def model_flops_utilisation(tokens_per_s: float, model_cfg: Any, seq_len: int,
     """MFU as a fraction (:func:`tidal.train.flops.mfu`), None without a known peak."""
     if peak is None or tokens_per_s <= 0:
         return None
-    from tidal.train import flops
 
     if hasattr(flops, "mfu"):
         return float(flops.mfu(tokens_per_s, model_cfg, seq_len, peak))
@@ -110,7 +112,7 @@ class LiveMetrics:
         experiment: experiment name used when ``run_id`` is None.
         run_file: where the created run's id is kept so a resumed run logs into the same run.
         pending_dir: where rows still unsent at close are written (tracking.Tracker format): a local
-            directory, or an object-store root URI (objects ``.tracking/pending/``, DESIGN.md §0).
+            directory, or an object-store root URI (objects ``.tracking/pending/``, docs/architecture.md §0).
         flush_every_s: delivery interval (seconds).
         close_timeout_s: how long :meth:`close` keeps trying to deliver (seconds).
     """
@@ -147,8 +149,6 @@ class LiveMetrics:
         ``TIDAL_MLFLOW_EXPERIMENT`` (create a run there, tagged with the step id, and reuse it
         when the step resumes). ``TIDAL_TRACKING_FLUSH_TIMEOUT_S`` bounds the final flush.
         """
-        from tidal.settings import current
-
         settings = current()
         uri, run_id, experiment = settings.tracking_uri, settings.mlflow_run_id, settings.mlflow_experiment
         if not uri or not (run_id or experiment):
@@ -190,15 +190,11 @@ class LiveMetrics:
 
     def _mlflow(self):
         if self._client is None:
-            from tidal.tracking import mlflow_client
-
             self._client = mlflow_client(self.uri)
         return self._client
 
     def _ensure_run(self) -> str:
         if self.run_id is None:
-            from tidal.tracking.client import get_or_create_experiment
-
             client = self._mlflow()
             exp = get_or_create_experiment(client, self.uri, self.experiment)
             self.run_id = client.create_run(exp, tags=self.create_tags, run_name=self.run_name).info.run_id
@@ -235,8 +231,6 @@ class LiveMetrics:
             while not self._send_once():
                 pass
         except Exception as err:  # noqa: BLE001 - any MLflow/HTTP/DB error means "not now"
-            from tidal.tracking import safe_uri
-
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 self.outages += 1
@@ -286,14 +280,10 @@ class LiveMetrics:
         return left
 
     def _buffer_rest(self) -> None:
-        from tidal.tracking import Tracker
-
         with self._lock:
             rows = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in self._metrics]
             tags = dict(self._tags)
         if isinstance(self.pending_dir, str):  # the storage root: {root}/.tracking/pending/ objects, replayed by report
-            from tidal.storage import open_storage
-
             tracker = Tracker(self.uri, experiment=self.experiment or "tidal", store=open_storage(self.pending_dir))
         else:
             tracker = Tracker(self.uri, experiment=self.experiment or "tidal", pending_dir=self.pending_dir)

@@ -1,7 +1,7 @@
 """Checkpoints in the bucket: each finished orbax checkpoint uploaded under the step's resume prefix.
 
 A training step on an object-store root trains in a local work directory of its own process
-(emptied at start: nothing of an earlier process on this machine is trusted, DESIGN.md §0) and
+(emptied at start: nothing of an earlier process on this machine is trusted, docs/architecture.md §0) and
 mirrors every checkpoint to the step's staging location, which is the same for every attempt
 (:func:`tidal.storage.staging.resumable_staging`)::
 
@@ -38,8 +38,8 @@ from typing import Any
 
 from tidal.context import is_uri
 from tidal.integrity.hashing import manifest_text, verify_manifest
-from tidal.layout import atomic_write_text
 from tidal.storage import uris
+from tidal.storage.layout import atomic_write_text
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST_DIR = "checkpoint_manifests"

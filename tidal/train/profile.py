@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from tidal.integrity.fingerprint import environment_fingerprint
-from tidal.layout import SPEC_JSON as SPEC
-from tidal.layout import atomic_write_text
+from tidal.storage.layout import SPEC_JSON as SPEC
+from tidal.storage.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train.build import build

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tidal.layout import SPEC_JSON, SUMMARY_JSON
+from tidal.storage.layout import SPEC_JSON, SUMMARY_JSON
 from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
 from tidal.train.loader import read_tokenizer_meta
 from tidal.train.model import ModelShape, Transformer, init_params

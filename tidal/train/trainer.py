@@ -42,15 +42,17 @@ import jax
 import numpy as np
 
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
-from tidal.layout import SPEC_JSON as SPEC
-from tidal.layout import SUMMARY_JSON as SUMMARY
-from tidal.layout import atomic_write_text
+from tidal.settings import current
+from tidal.storage.layout import SPEC_JSON as SPEC
+from tidal.storage.layout import SUMMARY_JSON as SUMMARY
+from tidal.storage.layout import atomic_write_text
 from tidal.train import distributed
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.config import ConfigError
+from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar, host_tree
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
@@ -58,8 +60,11 @@ from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
 from tidal.train.initial_eval import evaluate_initial
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
+from tidal.train.mirror import MANIFEST_DIR, CheckpointMirror
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
+from tidal.train.trace import StepTrace, parse_steps
+from tidal.train.watchdog import Watchdog
 
 METRICS = "metrics.jsonl"
 # uploaded beside each checkpoint in the bucket, fetched by a process that resumes from it there:
@@ -145,8 +150,6 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     primary = distributed.is_primary()
     fingerprint = environment_fingerprint()
     if mirror is not None and primary:
-        from tidal.train.mirror import CheckpointMirror
-
         CheckpointMirror(mirror, log).fetch_sidecars(step_dir, SIDECARS)
     live = LiveMetrics.from_env(step_dir, spec) if primary else None
     if live is not None:
@@ -197,9 +200,6 @@ def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
     """The first start of a continued run: the parent's checkpoint, adopted into this step's own
     (:mod:`tidal.train.continuation`) and restored; with ``schedule: rewarm`` a fresh optimizer state.
     The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
-    from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
-    from tidal.train.mirror import MANIFEST_DIR
-
     run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
     parent = parent_location(session.spec)
     if session.primary or ckpt.gather:  # a shared disk gets one copy; without one, every process its own
@@ -308,9 +308,6 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         Preempted: SIGTERM arrived; the current step was checkpointed (exit code 75).
         CheckpointSaveFailed: a checkpoint could not be written (seen at the next step).
     """
-    from tidal.settings import current
-    from tidal.train.trace import StepTrace, parse_steps
-
     step_dir = Path(step_dir)
     log = log or logging.getLogger("tidal.train")
     try:
@@ -333,7 +330,6 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     if session.start == 0:
         evaluate_initial(session, meters, metrics_file)
     status, state = "FAILED", session.state
-    from tidal.train.watchdog import Watchdog
 
     try:
         with term, Watchdog(current().train_watchdog_s) as watchdog:

@@ -1,7 +1,8 @@
 """The clean step's config: one model per part, used by the recipe and by the step alike.
 
-Invariant: the recipe validates these models and the planner hashes their ``model_dump``; the
-step reads the same dict back with :meth:`CleanConfig.model_validate`, so a rule or a default
+Invariant: the recipe validates these models and the planner hashes their ``model_dump``, parsed
+once into :class:`CleanConfig` at plan time (:func:`tidal.core.plans.plan_clean`); the step runs with
+that model, handed over unchanged (a job command reads its JSON once), so a rule or a default
 lives in exactly one place and the dict a step id hashes is what the step runs with.
 
 * :class:`CleanSettings`: the recipe's ``clean`` section (every source): basic thresholds

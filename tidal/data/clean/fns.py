@@ -42,8 +42,8 @@ from tidal.data.spill import (
     write_bands,
     write_spill,
 )
-from tidal.files import StepFiles
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles
 
 if TYPE_CHECKING:
     from tidal.data.clean.config import CleanConfig
@@ -104,7 +104,7 @@ def shard_of(doc_id: str, shards: int) -> int:
 @contextmanager
 def open_raw(raw_location: str | Path) -> Iterator[pq.ParquetFile]:
     """``raw.parquet`` at ``raw_location`` read in place: a local path, or its URI in the bucket
-    (``s3://bucket/root/{step_id}/raw.parquet``), opened with :meth:`tidal.files.StepFiles.open_input`
+    (``s3://bucket/root/{step_id}/raw.parquet``), opened with :meth:`tidal.files.step_files.StepFiles.open_input`
     (a plain local file on a local root; from a bucket the footer, then only the byte ranges
     decoded, streamed through :data:`READ_BUFFER_BYTES` buffers). Nothing is downloaded whole.
 

@@ -119,8 +119,8 @@ from tidal.data.clean.fns import (
 )
 from tidal.data.fetch import RAW_FILE
 from tidal.data.neardup import NearDuplicates
-from tidal.files import StepFiles
 from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles
 
 STEP_VERSION = 6  # 6: the `fields` column (a record's own id and keep_fields); 5: near-dup shingles of folded text
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
@@ -290,19 +290,22 @@ def run(ctx: StepContext) -> dict:
     Returns:
         :func:`summarize`'s flat summary (logged to MLflow as the step's metrics).
 
+    ``ctx.config`` is the step's :class:`CleanConfig`, parsed once (at plan time, or by the job
+    command from its JSON) and handed over unchanged.
+
     Raises:
-        ValueError: for a bad config or counts that do not reconcile.
+        ValueError: for counts that do not reconcile.
         KeyError: if the config's ``input`` is not an input of this step.
     """
-    cfg = CleanConfig.model_validate(ctx.config)
+    cfg: CleanConfig = ctx.config
     out = ctx.output()
     clean(ctx.input_files(cfg.input).uri_of(RAW_FILE), out, cfg, log=ctx.log, spill=ctx.spill())
-    summary = summarize(ctx.config, out.location)
+    summary = summarize(cfg, out.location)
     ctx.log.info("clean %s: %s", cfg.source, summary)
     return summary
 
 
-def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+def summarize(cfg: CleanConfig, out_dir: str | Path) -> dict:
     """The summary :func:`run` returns, from a finished job's ``counts.json`` (checked again):
     ``in``, ``kept``, ``filtered``, ``duplicates``, ``quarantined``, ``shards`` and every
     count of :func:`flat_counts` (``filtered_<rule>``, ``quarantined_<reason>``,
@@ -310,24 +313,22 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
 
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
-    cfg = CleanConfig.model_validate(config)
     counts = StepFiles.open(out_dir).read_json(COUNTS_FILE)
     check_counts(counts)
     return {**flat_counts(counts), "shards": cfg.shards}
 
 
-def expected_outputs(config: dict[str, Any]) -> list[str]:
+def expected_outputs(cfg: CleanConfig) -> list[str]:
     """The files a finished clean run writes (docs/contracts.md): ``counts.json``,
     ``quarantine.parquet``, ``removed.parquet`` and ``shards`` document shards.
 
     Part of the kind's commit contract (:func:`tidal.core.commit.check_outputs`), checked on
     every path that commits a clean step (in-process, Beam-provider job).
     """
-    shards = int(config.get("shards", 1))
-    return [COUNTS_FILE, QUARANTINE_FILE, REMOVED_FILE, *(shard_name(k, shards) for k in range(shards))]
+    return [COUNTS_FILE, QUARANTINE_FILE, REMOVED_FILE, *(shard_name(k, cfg.shards) for k in range(cfg.shards))]
 
 
-def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
+def check_outputs(cfg: CleanConfig, out_dir: str | Path) -> None:
     """Before a commit: ``counts.json`` reconciles (``in = kept + filtered + duplicates +
     quarantined``) and the files hold the rows it counts (:func:`check_files`).
 
@@ -336,4 +337,4 @@ def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
     """
     counts = StepFiles.open(out_dir).read_json(COUNTS_FILE)
     check_counts(counts)
-    check_files(out_dir, counts, int(config.get("shards", 1)))
+    check_files(out_dir, counts, cfg.shards)

@@ -1,5 +1,5 @@
 """The MLflow 3 lineage objects of one recorded step, built from the storage root
-(:class:`tidal.tracking.lineage.Lineage`; :meth:`tidal.core.pipeline.Pipeline.record` hands them to the
+(:class:`tidal.tracking.mlflow_lineage.Lineage`; :meth:`tidal.core.pipeline.Pipeline.record` hands them to the
 tracker with the step's run).
 
 Invariant: only metadata is read: each input step's ``step.json`` and ``manifest.json`` (root hash,
@@ -22,10 +22,11 @@ import json
 import logging
 from typing import Any
 
-from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
+from tidal.quality.licences import licence_decisions
 from tidal.steps import Step
 from tidal.storage import Storage, StorageError
-from tidal.tracking.lineage import CONTEXT_OF_KIND, CheckpointModel, Lineage, Registration, StepDataset
+from tidal.storage.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
+from tidal.tracking.mlflow_lineage import CONTEXT_OF_KIND, CheckpointModel, Lineage, Registration, StepDataset
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
 
 log = logging.getLogger("tidal.tracking")
@@ -102,8 +103,6 @@ def registration(recipe: Any, model_name: str) -> Registration:
     ``licence`` (the training sources' normalized SPDX expressions, each in parentheses when it holds an
     ``OR``, joined with ``AND``: every one applies to the weights), ``intended_use`` (comma-separated)
     and ``tidal.licence.<source>`` per training source."""
-    from tidal.quality.licences import licence_decisions
-
     sources = {name: recipe.sources[name] for name in recipe.train_sources}
     decisions = licence_decisions(sources, recipe.licences)
     licences = sorted({d["licence"] for d in decisions.values()})

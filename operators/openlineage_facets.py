@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from operators.assets import emit_step_asset, read_step_record
+from tidal.quality.licences import licence_decisions
 
 __all__ = ["FACET_NAME", "FACET_SCHEMA_URL", "StepLineageMixin", "dataset_name", "step_facet"]
 
@@ -55,8 +56,6 @@ def step_facet(pipe: Any, step_name: str, status: str, record: dict[str, Any] | 
     each upstream source to its licence and, when the recipe
     widens it, the override's reason (:func:`tidal.quality.licences.licence_decisions`).
     """
-    from tidal.quality.licences import licence_decisions
-
     step = pipe.graph[step_name]
     record = record or {}
     decisions = licence_decisions(pipe.recipe.sources, pipe.recipe.licences)

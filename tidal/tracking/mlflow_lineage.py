@@ -15,7 +15,7 @@ replayed after part of it was delivered: a checkpoint's logged model is found ag
 the run's dataset inputs and model outputs are logged again (MLflow keeps one row per pair).
 
 The descriptions are plain frozen dataclasses with a JSON form (:meth:`Lineage.to_json`), so they ride
-in the tracker's pending buffer; the caller (tidal/core/lineage_record.py) builds them from the
+in the tracker's pending buffer; the caller (tidal/core/mlflow_lineage.py) builds them from the
 storage root, which tracking never imports.
 """
 

@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.layout import MANIFEST_JSON, STEP_JSON, SUCCESS
+from tidal.audit.catalog import run_plan, tag_overrides
+from tidal.core.load import load_pipeline
+from tidal.quality.licences import licence_decisions
 from tidal.settings import current as current_settings
 from tidal.storage import LocalStorage, open_storage
-from tidal.tracking import STEP_TAG_PREFIX
+from tidal.storage.layout import MANIFEST_JSON, STEP_JSON, SUCCESS
+from tidal.tracking import STEP_TAG_PREFIX, parent_run_in_any_experiment, safe_uri, tracking_uri_for
 from tidal.train import CHECKPOINT_MANIFEST
 
 #: Files the commit protocol writes; a directory holding none of them is not a step directory.
@@ -68,8 +71,6 @@ def _storage_from(storage_root: str | None, recipe: str | None, target: str) -> 
     """(storage, pipeline or None) from --storage-root, $TIDAL_STORAGE_ROOT or --recipe."""
     pipe = None
     if recipe:
-        from tidal.core.load import load_pipeline
-
         pipe = load_pipeline(recipe, storage_root=storage_root)
         return pipe.storage, pipe
     root = storage_root or current_settings().storage_root
@@ -108,8 +109,6 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
     as_path = "/" in target or os.sep in target or path.suffix in (".yaml", ".yml")
     if path.is_file():
         if path.suffix in (".yaml", ".yml"):
-            from tidal.core.load import load_pipeline
-
             pipe = load_pipeline(path, storage_root=storage_root)
             steps = {s.name: s.step_id for s in pipe.graph}
             return Target("recipe", pipe.storage, steps, [_final_step(pipe.graph).step_id], pipe, label=target)
@@ -136,15 +135,12 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
         raise TargetError(f"{target}: not a recipe file, a step directory, a step id under {_where(storage)} "
                           "or an MLflow run key in its tracking store")
     steps = {k[len(STEP_TAG_PREFIX):]: v for k, v in run["tags"].items() if k.startswith(STEP_TAG_PREFIX)}
-    from tidal.audit.catalog import run_plan, tag_overrides
 
     plan = run_plan(storage, run["tags"].get("tidal.recipe", ""), target)  # every step the run planned
     if plan is not None:
         steps = {**plan["steps"], **steps}
     recipe_path = run["tags"].get("tidal.recipe_path") or (str(pipe.recipe_path) if pipe is not None else None)
     if recipe_path and Path(recipe_path).is_file():
-        from tidal.core.load import load_pipeline
-
         try:  # the recipe with the run's own overrides (its trigger form), so its graph has the run's ids
             overrides = tag_overrides(run["tags"]) or (plan or {}).get("overrides")
             pipe = load_pipeline(recipe_path, overrides or None, storage_root=_where(storage))
@@ -197,7 +193,6 @@ def _find_run(run_key: str, pipe: Any, storage: Any) -> dict[str, Any] | None:
     """
     if "'" in run_key:
         return None
-    from tidal.tracking import parent_run_in_any_experiment, safe_uri, tracking_uri_for
 
     uri = pipe.tracking_uri if pipe is not None else tracking_uri_for(getattr(storage, "local_dir", storage.root))
     run = parent_run_in_any_experiment(uri, run_key)
@@ -327,8 +322,6 @@ def build_lineage(target: Target) -> dict[str, Any]:
 
 def _sources(nodes: dict[str, dict[str, Any]], target: Target) -> list[dict[str, Any]]:
     """One entry per fetch step in the chain: archive from step.json, licence from recipe / run tags."""
-    from tidal.quality.licences import licence_decisions
-
     recipe = target.pipe.recipe if target.pipe is not None else None
     decisions = licence_decisions(recipe.sources, recipe.licences) if recipe is not None else {}
     tags = target.run.get("tags", {})

@@ -5,7 +5,8 @@ Every step directory ``{storage_root}/{step_id}/`` holds the kind's own outputs 
 (what was hashed, input ids, summary, provenance), ``signature.json`` (with a signing key) and
 ``_SUCCESS``, written last; a training step also ``spec.json`` (what the entrypoint runs) and
 ``summary.json`` (what it returned). The names live here once so that a reader, a writer and a
-check cannot disagree.
+check cannot disagree. This module imports nothing of tidal's: it is the bottom of the import layers
+(pyproject.toml), below tidal.files and tidal.integrity, which name a step's files through it.
 
 Invariant of :func:`atomic_write_bytes`: a reader sees the old file or the whole new one, never
 part of one, and two writers of the same path never share a temporary file (each attempt gets

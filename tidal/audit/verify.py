@@ -18,10 +18,10 @@ check independently, and it runs at ~1-2 GB/s per core with the SHA extensions t
 OpenSSL uses (``bench/verify_throughput.py`` measures it against ``sha256sum``); switching to
 BLAKE3 would change every recorded hash for a speed-up that only matters past tens of GB.
 
-Files are read in place through :class:`tidal.files.StepFiles`, the one reader of committed
+Files are read in place through :class:`tidal.files.step_files.StepFiles`, the one reader of committed
 steps: on an object store (``s3://``) the objects themselves, never a local copy (verification
 runs on machines that share only the bucket); locally the step directory. Every file is
-streamed through sha256 in chunks (:meth:`~tidal.files.StepFiles.sha256`), so a checkpoint is
+streamed through sha256 in chunks (:meth:`~tidal.files.step_files.StepFiles.sha256`), so a checkpoint is
 never held in memory, and ``bytes`` counts what was hashed. The listing is taken afresh and the
 small commit files are read unchecked (``read_bytes(checked=False)``): a damaged manifest is
 reported, not trusted.
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.files import StepFiles
+from tidal.files.step_files import StepFiles
 from tidal.integrity.hashing import MANIFEST_NAME, canonical_json, sha256_bytes
 from tidal.integrity.signing import SIGNATURE_JSON, SIGNED_FILES, SigningKey, check_signature
-from tidal.layout import COMMIT_FILES as LAYOUT_COMMIT_FILES
-from tidal.layout import STEP_JSON, SUCCESS
 from tidal.steps import ID_HASH_CHARS
+from tidal.storage.layout import COMMIT_FILES as LAYOUT_COMMIT_FILES
+from tidal.storage.layout import STEP_JSON, SUCCESS
 
 #: Files the commit protocol writes next to the outputs; everything else must be in the manifest.
 COMMIT_FILES = frozenset(LAYOUT_COMMIT_FILES)
@@ -148,7 +148,7 @@ def verify_step(files: StepFiles | str | Path, step_id: str, key: SigningKey | N
 
     Args:
         files: the step's files (:func:`step_files`), or its location (a directory, or
-            ``s3://bucket/prefix/{step_id}/``) for :meth:`tidal.files.StepFiles.open`.
+            ``s3://bucket/prefix/{step_id}/``) for :meth:`tidal.files.step_files.StepFiles.open`.
         step_id: the id the step is stored under (its directory name).
         key: the signing key, if configured (:func:`tidal.integrity.signing.load_key`).
         require_signature: count an unsigned step, or one whose signature cannot be

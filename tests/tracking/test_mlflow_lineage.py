@@ -21,10 +21,10 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import TINY
 from tidal.core.commit import StepResult
 from tidal.core.load import load_pipeline
-from tidal.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
+from tidal.storage.layout import MANIFEST_JSON, STEP_JSON, SUMMARY_JSON
 from tidal.tracking import Tracker
 from tidal.tracking import client as tracking_client
-from tidal.tracking.lineage import DIGEST_CHARS, MODEL_TYPE
+from tidal.tracking.mlflow_lineage import DIGEST_CHARS, MODEL_TYPE
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 GIB = 1 << 30
@@ -183,7 +183,7 @@ def test_an_mlflow_outage_buffers_the_lineage_and_a_replay_delivers_it(committed
 def test_a_lineage_call_mlflow_refuses_keeps_the_step_run_and_holds_nothing(tmp_path, monkeypatch, caplog):
     """A refusal (here a dataset name over MLflow's 500 characters) is not an outage: the step's run is
     logged without the dataset, nothing is buffered and the store is not held as unreachable."""
-    from tidal.tracking.lineage import Lineage, StepDataset
+    from tidal.tracking.mlflow_lineage import Lineage, StepDataset
 
     monkeypatch.setattr(tracking_client, "_unreachable_until", {})
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -1,0 +1,87 @@
+"""Test tiers, by folder: every test gets exactly one of the markers ``unit``, ``integration``,
+``cluster`` or ``e2e`` from where its file lives, and an ``xdist_group`` that keeps together the
+tests that share an expensive session fixture.
+
+Why by folder: a newcomer knows a test's tier from its path, and a new test file needs no marker
+to land in the right tier. The tiers:
+
+* ``unit``: in one process (Beam's in-process runner, JAX on CPU, temporary folders); no server.
+  ``make test-fast`` runs this tier for the edit loop (minutes).
+* ``integration``: one real server or tool per test module or session (an S3 server, MLflow,
+  Helm, Airflow's ``dags test``, a trainer subprocess).
+* ``cluster``: the share-nothing test cluster (tests/cluster) and the Kubernetes API server.
+* ``e2e``: whole DAGs through Airflow (``airflow dags test``, ``airflow standalone``).
+
+Why the groups: under pytest-xdist (``--dist loadgroup``) each worker is its own pytest session, so
+a session fixture used on both workers starts twice. The test cluster and the API server (minutes
+to start, and one set of node addresses per machine) run on one worker; the operations tests share
+one ``airflow standalone``; every other file is a group of its own, so its module fixtures are
+built once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "cluster", "e2e")
+
+# tests/<folder>/ -> tier; a file in FILE_TIERS overrides its folder's tier. Top-level files are unit.
+FOLDER_TIERS: dict[str, str] = {
+    "unit": "unit",
+    "audit": "unit",
+    "core": "unit",
+    "data": "unit",
+    "eval": "unit",
+    "files": "unit",
+    "integrity": "unit",
+    "launch": "unit",
+    "quality": "unit",
+    "recipe": "unit",
+    "scaling": "unit",
+    "train": "unit",
+    "deploy": "integration",
+    "operators": "integration",
+    "storage": "integration",
+    "tracking": "integration",
+    "ops": "e2e",
+    "cluster": "cluster",
+    "e2e": "e2e",
+}
+FILE_TIERS: dict[str, str] = {
+    # the Kubernetes API server (tests/cluster/kube.py) and the chart installed on it
+    "deploy/test_kube_server.py": "cluster",
+    "deploy/test_node_pools.py": "cluster",
+}
+# tiers whose files share one worker: the fixture they share starts once per session
+SHARED_GROUPS: dict[str, str] = {"cluster": "cluster"}
+FOLDER_GROUPS: dict[str, str] = {"ops": "ops"}  # one `airflow standalone` (tests/ops/conftest.py)
+
+
+def tier_of(path: Path) -> str:
+    """The tier of the test file at ``path`` (under tests/).
+
+    Raises:
+        ValueError: the file's folder has no tier (add it to ``FOLDER_TIERS``).
+    """
+    rel = path.resolve().relative_to(TESTS).as_posix()
+    if rel in FILE_TIERS:
+        return FILE_TIERS[rel]
+    folder, _, rest = rel.partition("/")
+    if not rest:
+        return "unit"
+    try:
+        return FOLDER_TIERS[folder]
+    except KeyError:
+        raise ValueError(f"tests/{folder}/ has no test tier: add it to FOLDER_TIERS in tests/tiers.py "
+                         f"(one of {', '.join(TIERS)})") from None
+
+
+def group_of(path: Path) -> str:
+    """The ``xdist_group`` of the test file at ``path``: its tier's or folder's shared group, else the file."""
+    rel = path.resolve().relative_to(TESTS).as_posix()
+    tier = tier_of(path)
+    if tier in SHARED_GROUPS:
+        return SHARED_GROUPS[tier]
+    folder = rel.partition("/")[0]
+    return FOLDER_GROUPS.get(folder, rel)

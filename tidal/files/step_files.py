@@ -1,0 +1,500 @@
+"""A committed step's files, read in place: listing, whole small files, byte ranges, parquet columns.
+
+Invariant (docs/architecture.md section 0): a step reads its committed inputs where they live (a local
+directory or a prefix in the bucket) and fetches only the bytes it uses: a parquet reader gets a
+random-access file, so it fetches the footer and the column chunks of the columns and row groups
+it reads; a ``.npy`` of token rows is a header then row-major data, so rows are byte ranges
+(:class:`NpyRows`). Nothing is downloaded whole unless a library needs a path
+(:meth:`StepFiles.local_copy`). On a local root every read is a plain file read and
+:meth:`StepFiles.array` is ``np.load(mmap_mode="r")``, as fast as reading the directory.
+
+A committed step never changes (its id names its bytes), so a listing is taken once per
+:class:`StepFiles` object and reused. Whole-file reads from a bucket (:meth:`StepFiles.read_bytes`,
+:meth:`StepFiles.local_copy`) are checked against the step's ``manifest.json`` (size and sha256)
+when it lists the file, as :meth:`tidal.storage.Storage.input_dir` checks a downloaded copy;
+range reads and parquet reads are not hashed (that would mean reading the whole file).
+:meth:`StepFiles.sha256` streams a file through sha256 in chunks and checks nothing: it is what
+``tidal verify`` compares with the manifest (after a fresh :meth:`StepFiles.list_files`).
+
+Filesystems are ``pyarrow.fs``: :class:`pyarrow.fs.LocalFileSystem` for a path (or ``file://``),
+:class:`pyarrow.fs.S3FileSystem` for ``s3://`` (endpoint from ``TIDAL_S3_ENDPOINT_URL``,
+:func:`tidal.settings.current`; region and credentials from the AWS chain that boto3 also reads:
+``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` ..., default region ``us-east-1``), one per
+(endpoint, region) per process; any other scheme (``gs://``) through
+:func:`pyarrow.fs.FileSystem.from_uri`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from tidal.files.npy import NpyRows
+from tidal.settings import current as current_settings
+from tidal.storage.layout import MANIFEST_JSON
+
+DEFAULT_REGION = "us-east-1"
+COPY_CHUNK_BYTES = 8 << 20  # local_copy streams in chunks of this size (and sha256 from a bucket: one GET each)
+LOCAL_HASH_CHUNK_BYTES = 1 << 20  # sha256 of a local file reads chunks of this size (as integrity.hashing)
+TAIL_CACHE_BYTES = 1 << 20  # a parquet file's tail read (footer) kept for reads inside it
+S3_MAX_ATTEMPTS = 8  # AWS standard retry strategy (exponential backoff with jitter) on 5xx / throttling
+S3_CONNECT_TIMEOUT_S = 10.0
+S3_REQUEST_TIMEOUT_S = 60.0  # honoured by the AWS SDK on some platforms only (pyarrow.fs.S3FileSystem docs)
+
+_lock = threading.Lock()
+_fetched = [0]
+_filesystems: dict[tuple[str | None, str], pafs.FileSystem] = {}
+
+
+def bytes_fetched() -> int:
+    """Bytes read from a bucket through :class:`StepFiles` in this process so far (every byte a
+    read returned: whole files, ranges, parquet footers and column chunks); local reads count 0.
+    Take a difference around the work to measure it."""
+    return _fetched[0]
+
+
+def _count(n: int) -> None:
+    with _lock:
+        _fetched[0] += n
+
+
+def is_uri(location: str | Path) -> bool:
+    """True for ``s3://…`` / ``gs://…`` locations (a bucket), False for a local path (``file://`` is local)."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def _region() -> str:
+    import botocore.session
+
+    return botocore.session.get_session().get_config_variable("region") or DEFAULT_REGION
+
+
+GCS_S3_ENDPOINT = "https://storage.googleapis.com"  # gs:// roots: GCS's S3-interoperable XML API (HMAC keys)
+
+
+def s3_filesystem(scheme: str = "s3") -> pafs.S3FileSystem:
+    """This process's :class:`pyarrow.fs.S3FileSystem` for the current endpoint and region (made once
+    per (endpoint, region)); credentials come from pyarrow's default AWS chain (environment, files).
+    A ``gs://`` root goes to GCS's S3-interoperable endpoint unless ``TIDAL_S3_ENDPOINT_URL`` is set,
+    as the storage layer does (tidal/storage/s3.py ``scheme_settings``)."""
+    endpoint = current_settings().s3_endpoint_url or (GCS_S3_ENDPOINT if scheme == "gs" else None)
+    region = "auto" if scheme == "gs" and not current_settings().s3_endpoint_url else _region()
+    key = (endpoint, region)
+    with _lock:
+        if key not in _filesystems:
+            kwargs: dict[str, Any] = {"region": region, "connect_timeout": S3_CONNECT_TIMEOUT_S,
+                                      "request_timeout": S3_REQUEST_TIMEOUT_S,
+                                      "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS)}
+            if endpoint:
+                parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+                kwargs |= {"endpoint_override": parsed.netloc, "scheme": parsed.scheme or "https"}
+            _filesystems[key] = pafs.S3FileSystem(**kwargs)
+        return _filesystems[key]
+
+
+class _CountingReader:
+    """A file-like view of a pyarrow file from a bucket that counts the bytes it fetches.
+
+    Parquet readers first read the file's last 64 KiB (the footer, speculatively) and then the
+    column chunks; for a file that small the chunks lie inside that tail, so the tail read is kept
+    (up to :data:`TAIL_CACHE_BYTES`) and later reads inside it are served from memory, not fetched
+    again.
+    """
+
+    def __init__(self, raw: pa.NativeFile):
+        self._raw = raw
+        self._size = raw.size()
+        self._tail: tuple[int, bytes] | None = None
+        self.closed = False
+
+    def _cached(self, nbytes: int | None) -> bytes | None:
+        if self._tail is None:
+            return None
+        position = self._raw.tell()
+        end = self._size if nbytes is None or nbytes < 0 else min(position + nbytes, self._size)
+        start, data = self._tail
+        if start <= position and end <= start + len(data):
+            self._raw.seek(end)
+            return data[position - start:end - start]
+        return None
+
+    def _fetch(self, nbytes: int | None) -> bytes:
+        position = self._raw.tell()
+        data = self._raw.read(None if nbytes is None or nbytes < 0 else nbytes)
+        _count(len(data))
+        if position + len(data) == self._size and len(data) <= TAIL_CACHE_BYTES:
+            self._tail = (position, data)
+        return data
+
+    def read(self, nbytes: int | None = -1) -> bytes:
+        cached = self._cached(nbytes)
+        return cached if cached is not None else self._fetch(nbytes)
+
+    def read_buffer(self, nbytes: int | None = None) -> pa.Buffer:
+        return pa.py_buffer(self.read(nbytes))
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        return self._raw.seek(position, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def size(self) -> int:
+        return self._raw.size()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._raw.close()
+
+
+class StepFiles:
+    """The files of one committed step, read in place. Build it with :meth:`open`.
+
+    Attributes:
+        uri: the step's location as given, without a trailing ``/``: a local directory path or a
+            bucket URI (``s3://bucket/root/{step_id}``); messages name files as ``{uri}/{name}``.
+        remote: True for a bucket (reads are counted by :func:`bytes_fetched`).
+    """
+
+    def __init__(self, uri: str, filesystem: pafs.FileSystem, base: str, remote: bool):
+        self.uri, self.remote = uri, remote
+        self._fs, self._base = filesystem, base
+        self._listing: dict[str, int] | None = None
+        self._manifest: dict[str, dict[str, Any]] | None = None
+        self._handles: dict[str, pa.NativeFile] = {}
+        self._handle_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, location: str | Path | StepFiles) -> StepFiles:
+        """The files under ``location``: a local directory (``Path``, path string or ``file://``) or a
+        bucket prefix (``s3://bucket/root/{step_id}/``). A :class:`StepFiles` is returned as is.
+        Opening reads nothing.
+
+        Raises:
+            ValueError: a bucket URI without a bucket; pyarrow's error for an unsupported scheme.
+        """
+        if isinstance(location, StepFiles):
+            return location
+        text = str(location)
+        if not is_uri(text):
+            path = os.path.abspath(text.removeprefix("file://"))
+            return cls(str(location).removeprefix("file://").rstrip("/") or "/", pafs.LocalFileSystem(), path, False)
+        uri = text.rstrip("/")
+        parsed = urlparse(uri)
+        if not parsed.netloc:
+            raise ValueError(f"{text!r}: a bucket URI needs a bucket (s3://bucket/prefix)")
+        if parsed.scheme in ("s3", "gs"):
+            return cls(uri, s3_filesystem(parsed.scheme), f"{parsed.netloc}{parsed.path}".rstrip("/"), True)
+        filesystem, base = pafs.FileSystem.from_uri(uri)
+        return cls(uri, filesystem, base.rstrip("/"), True)
+
+    @classmethod
+    def of_file(cls, location: str | Path) -> tuple[StepFiles, str]:
+        """``(StepFiles of the directory holding it, its name)`` for one file's location (a path or
+        a URI such as ``s3://bucket/root/step/documents-00000-of-00002.parquet``)."""
+        text = str(location)
+        if not is_uri(text):
+            path = Path(text.removeprefix("file://"))
+            return cls.open(path.parent), path.name
+        parent, _, name = text.rstrip("/").rpartition("/")
+        return cls.open(parent), name
+
+    def __repr__(self) -> str:
+        return f"StepFiles({self.uri!r})"
+
+    # -- names -------------------------------------------------------------------------------
+    def uri_of(self, name: str) -> str:
+        """Where file ``name`` lives: ``{uri}/{name}`` (a local path on a local root)."""
+        return f"{self.uri.rstrip('/')}/{name}"
+
+    def _path(self, name: str) -> str:
+        return f"{self._base}/{name}"
+
+    def _list(self) -> dict[str, int]:
+        selector = pafs.FileSelector(self._base, recursive=True, allow_not_found=True)
+        start = len(self._base) + 1
+        return {info.path[start:]: info.size for info in self._fs.get_file_info(selector)
+                if info.type == pafs.FileType.File}
+
+    def _listed(self) -> dict[str, int]:
+        if self._listing is None:
+            self._listing = self._list()
+        return self._listing
+
+    def list_files(self) -> dict[str, int]:
+        """Every file under the step as stored now: name (as :meth:`names`) -> size in bytes.
+
+        Unlike :meth:`names` this lists afresh (one paginated listing on a bucket) rather than
+        reuse a kept listing, for ``tidal verify``, which checks that the step did not change;
+        the fresh listing is then the one kept. An absent step lists as ``{}``."""
+        self._listing = self._list()
+        return dict(self._listing)
+
+    def names(self, pattern: str = "*") -> list[str]:
+        """Sorted names (relative to the step, ``/``-separated) of every file matching ``pattern``
+        (:func:`fnmatch.fnmatchcase`; ``*`` also matches ``/``). The step is listed once (one
+        paginated listing on a bucket) and the listing is kept: a committed step never changes."""
+        return sorted(n for n in self._listed() if fnmatch.fnmatchcase(n, pattern))
+
+    def _info_size(self, name: str) -> int | None:
+        if self._listing is not None:
+            return self._listing.get(name)
+        info = self._fs.get_file_info(self._path(name))
+        return info.size if info.type == pafs.FileType.File else None
+
+    def exists(self, name: str) -> bool:
+        """True if file ``name`` exists (a directory does not count)."""
+        return self._info_size(name) is not None
+
+    def size(self, name: str) -> int:
+        """Size of file ``name`` in bytes.
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+        """
+        size = self._info_size(name)
+        if size is None:
+            raise self._missing(name)
+        return int(size)
+
+    def _missing(self, name: str) -> FileNotFoundError:
+        return FileNotFoundError(f"{self.uri_of(name)} does not exist")
+
+    def local_path(self, name: str) -> Path | None:
+        """The file itself on a local root (for ``np.load(mmap_mode="r")`` and the like); None for a
+        bucket. The file need not exist."""
+        return None if self.remote else Path(self._base) / name
+
+    # -- whole files -------------------------------------------------------------------------
+    def read_bytes(self, name: str, *, checked: bool = True) -> bytes:
+        """The whole file ``name`` (from a bucket: one GET, checked against ``manifest.json``
+        unless ``checked=False``: ``tidal verify`` reads the bytes as stored and reports any
+        difference itself, even with a damaged manifest).
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+            OSError: the bytes differ from the manifest's size or sha256 (names the file).
+        """
+        local = self.local_path(name)
+        if local is not None:
+            try:
+                return local.read_bytes()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                raise self._missing(name) from None
+        try:
+            with self._fs.open_input_stream(self._path(name)) as stream:
+                data = stream.read()
+        except OSError:
+            if not self.exists(name):
+                raise self._missing(name) from None
+            raise
+        _count(len(data))
+        if checked:
+            self._verify(name, len(data), hashlib.sha256(data).hexdigest())
+        return data
+
+    def sha256(self, name: str) -> tuple[str, int]:
+        """``(hex sha256, bytes hashed)`` of file ``name`` as stored now, streamed: a local file in
+        :data:`LOCAL_HASH_CHUNK_BYTES` reads, a bucket object in :data:`COPY_CHUNK_BYTES` ranged GETs,
+        never held whole in memory. Not checked against ``manifest.json`` (this is the check).
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+        """
+        digest, size = hashlib.sha256(), 0
+        chunk_bytes = COPY_CHUNK_BYTES if self.remote else LOCAL_HASH_CHUNK_BYTES
+        with self.open_stream(name) as stream:
+            while chunk := stream.read(chunk_bytes):
+                if self.remote:
+                    _count(len(chunk))
+                digest.update(chunk)
+                size += len(chunk)
+        return digest.hexdigest(), size
+
+    def open_stream(self, name: str) -> Any:
+        """A sequential reader of ``name`` (a plain file on a local root, a buffered stream from a
+        bucket: reads are not counted); FileNotFoundError names it."""
+        local = self.local_path(name)
+        if local is not None:
+            try:
+                return open(local, "rb")
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                raise self._missing(name) from None
+        try:
+            return self._fs.open_input_stream(self._path(name), buffer_size=COPY_CHUNK_BYTES)
+        except OSError:
+            if not self.exists(name):
+                raise self._missing(name) from None
+            raise
+
+    def read_text(self, name: str) -> str:
+        """File ``name`` decoded as UTF-8 (see :meth:`read_bytes` for errors)."""
+        return self.read_bytes(name).decode("utf-8")
+
+    def read_json(self, name: str) -> Any:
+        """File ``name`` parsed as JSON.
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+            ValueError: not valid JSON, naming ``{uri}/{name}`` and the position.
+        """
+        try:
+            return json.loads(self.read_bytes(name))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{self.uri_of(name)}: not valid JSON: {err}") from None
+
+    def _manifest_entries(self) -> dict[str, dict[str, Any]]:
+        if self._manifest is None:
+            self._manifest = {}
+            if name_size := self._info_size(MANIFEST_JSON):
+                with self._fs.open_input_stream(self._path(MANIFEST_JSON)) as stream:
+                    data = stream.read()
+                _count(len(data))
+                try:
+                    self._manifest = {e["path"]: e for e in json.loads(data)["files"]}
+                except (ValueError, KeyError, TypeError):
+                    raise OSError(f"{self.uri_of(MANIFEST_JSON)}: not a manifest ({name_size} bytes)") from None
+        return self._manifest
+
+    def _verify(self, name: str, size: int, sha256: str) -> None:
+        if name == MANIFEST_JSON:
+            return
+        entry = self._manifest_entries().get(name)
+        if entry is not None and (entry["bytes"] != size or entry["sha256"] != sha256):
+            raise OSError(f"{self.uri_of(name)}: {size} bytes with sha256 {sha256[:12]}, but {MANIFEST_JSON} "
+                          f"says {entry['bytes']} bytes with sha256 {entry['sha256'][:12]}; the bucket object "
+                          "is damaged or was overwritten (a committed step never changes)")
+
+    def local_copy(self, name: str, dest_dir: str | Path) -> Path:
+        """A local file with the bytes of ``name``, for a library that needs a path.
+
+        On a local root this is the file itself (nothing is copied). From a bucket the file is
+        streamed into ``dest_dir/name`` (parents made; written to a temporary sibling and renamed,
+        so a reader never sees part of it) and checked against ``manifest.json``.
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+            OSError: the bytes differ from the manifest (the partial copy is removed).
+        """
+        local = self.local_path(name)
+        if local is not None:
+            if not local.is_file():
+                raise self._missing(name)
+            return local
+        target = Path(dest_dir) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        digest, size = hashlib.sha256(), 0
+        try:
+            try:
+                stream = self._fs.open_input_stream(self._path(name))
+            except OSError:
+                if not self.exists(name):
+                    raise self._missing(name) from None
+                raise
+            with stream, open(tmp, "wb") as out:
+                while chunk := stream.read(COPY_CHUNK_BYTES):
+                    _count(len(chunk))
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            self._verify(name, size, digest.hexdigest())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    # -- in place ----------------------------------------------------------------------------
+    def open_input(self, name: str) -> Any:
+        """A random-access file of ``name`` for ``pq.ParquetFile(...)`` / ``pq.read_table(...)``
+        (a :class:`pyarrow.NativeFile` on a local root; from a bucket a :class:`pyarrow.PythonFile`
+        that counts the bytes it fetches). Close it (``with files.open_input(name) as f:``).
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+        """
+        try:
+            raw = self._fs.open_input_file(self._path(name))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise self._missing(name) from None
+        except OSError:
+            if not self.exists(name):
+                raise self._missing(name) from None
+            raise
+        return pa.PythonFile(_CountingReader(raw), mode="r") if self.remote else raw
+
+    def _handle(self, name: str) -> pa.NativeFile:
+        with self._handle_lock:
+            if name not in self._handles:
+                try:
+                    self._handles[name] = self._fs.open_input_file(self._path(name))
+                except OSError:
+                    if not self.exists(name):
+                        raise self._missing(name) from None
+                    raise
+            return self._handles[name]
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``name`` from byte ``offset`` (fewer at the end of the file; one
+        ranged GET on a bucket). The file stays open on this object for further ranges;
+        thread-safe.
+
+        Raises:
+            ValueError: a negative offset or length.
+            FileNotFoundError: naming ``{uri}/{name}``.
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"{self.uri_of(name)}: range offset {offset} length {length} must be >= 0")
+        if length == 0:
+            return b""
+        data = self._handle(name).read_at(length, offset)
+        if self.remote:
+            _count(len(data))
+        return data
+
+    def array(self, name: str) -> np.ndarray | NpyRows:
+        """The ``.npy`` file ``name`` without reading its data: on a local root
+        ``np.load(path, mmap_mode="r")`` (a read-only memory map); from a bucket an
+        :class:`NpyRows` whose rows are fetched by range reads when indexed.
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+            ValueError: not a ``.npy`` file, or an object / Fortran-order array (names the file).
+        """
+        local = self.local_path(name)
+        if local is not None:
+            if not local.is_file():
+                raise self._missing(name)
+            return np.load(local, mmap_mode="r", allow_pickle=False)
+        return NpyRows(self, name)
+
+    def close(self) -> None:
+        """Close the files :meth:`read_range` kept open (the object stays usable)."""
+        with self._handle_lock:
+            handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            handle.close()
+
+
+__all__ = ["NpyRows", "StepFiles", "bytes_fetched", "s3_filesystem"]
