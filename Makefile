@@ -16,14 +16,17 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test lint clean-demo
+.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
-	@echo "make test   run the test suite (what CI runs)"
+	@echo "make test   run the test suite (what CI runs: every tier but slow benchmarks)"
+	@echo "make test-fast   the unit tier only, for the edit loop (minutes)"
+	@echo "make test-tier TIER=integration   one tier: unit, integration, cluster or e2e"
 	@echo "make airflow  Airflow's UI on this machine (airflow standalone, tidal's DAGs and on-call page); prints URL and password"
 	@echo "make cluster-demo   the tiny recipe through Airflow in production shape (Celery workers on nodes; root)"
 	@echo "make lint   ruff and the import-linter layer contracts"
+	@echo "make docs   the docs site into site/ (mkdocs build --strict; reference pages generated from the code)"
 	@echo "make services / services-stop   PostgreSQL + Redis on loopback for running tests by hand"
 	@echo "make tools  Flink and the Beam Flink job server for the test cluster (make test runs it)"
 
@@ -74,10 +77,24 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 cluster-demo: corpora tools
 	bash .ci/services.sh run -- $(VENV)/bin/python -m tests.cluster.demo $(CLUSTER_DEMO_ARGS)
 
+# The tests by tier (marked by folder, tests/tiers.py): unit, integration, cluster, e2e. Two xdist
+# workers; --dist loadgroup keeps the test cluster and the API server on one worker and every other
+# file's fixtures on one worker each; the cluster group is scheduled first (tests/conftest.py).
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
+PYTEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
 test: corpora tools
-	bash .ci/services.sh run -- $(VENV)/bin/pytest -q --durations=30
+	bash .ci/services.sh run -- $(PYTEST)
+
+# The unit tier alone (no server, no cluster): the edit loop, a few minutes.
+test-fast: corpora
+	$(PYTEST) -m unit
+
+# One tier: make test-tier TIER=integration (unit, integration, cluster, e2e).
+TIER ?= unit
+test-tier: corpora tools
+	bash .ci/services.sh run -- $(PYTEST) -m $(TIER)
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
 # for the Flink cluster of the test cluster, and the Kubernetes tools (Helm, kube-apiserver, kubectl,
@@ -97,6 +114,13 @@ services-stop:
 lint: venv
 	$(VENV)/bin/ruff check tidal operators dags tests plugins bench
 	$(VENV)/bin/lint-imports
+
+# The docs site (mkdocs.yml, docs/): the hook tools/docs/reference.py generates the reference pages
+# (recipe fields, CLI help, bench RESULT keys, environment) from the code; --strict fails on any
+# broken link or anchor and on a page missing from the nav.
+.PHONY: docs
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean-demo:
 	rm -rf .tidal $(AIRFLOW_HOME)

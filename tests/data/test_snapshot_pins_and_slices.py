@@ -36,7 +36,8 @@ def near_copy(i: int, variant: int = 0) -> str:
 
 
 def sha256sum_snapshot(root, names: list[str]) -> str:
-    """README's definition: sha256sum of the files in read order, piped into sha256sum."""
+    """The definition (docs/explanation/data-steps.md, "Reading"): sha256sum of the files in read order,
+    piped into sha256sum."""
     lines = subprocess.run(["sha256sum", *names], cwd=root, capture_output=True, check=True).stdout
     return hashlib.sha256(lines).hexdigest()
 
@@ -122,7 +123,7 @@ def reconciles(counts: dict) -> bool:
 
 def test_exact_copy_of_a_near_duplicate_names_the_survivor_as_cluster(tmp_path):
     """d:1 survives; n:1 is its near duplicate; n:2 is an exact copy of n:1. Every duplicate
-    row's cluster should be a kept document's id (README: "the survivor's id as cluster")."""
+    row's cluster should be a kept document's id (docs/explanation/data-steps.md: "the survivor's id as cluster")."""
     records = [("d:1", document(1).encode()), ("n:1", near_copy(1).encode()), ("n:2", near_copy(1).encode())]
     config = {"source": "toy", "input": "fetch-toy", "near_dedup": {"enabled": True, "jaccard_threshold": 0.6}}
     counts, _ = clean_files(tmp_path, "out", records, config, ONE_WORKER)

@@ -40,7 +40,7 @@ def assert_complete(storage: S3Storage, step_id: str) -> None:
 def test_open_storage_picks_backend(bucket, tmp_path):
     assert isinstance(open_storage(f"s3://{bucket}/runs/a"), S3Storage)
     assert open_storage("rel", base=tmp_path).root == tmp_path / "rel"
-    gcs = open_storage("gs://bucket/x")  # GCS through its S3-interoperable endpoint (README "Object storage")
+    gcs = open_storage("gs://bucket/x")  # GCS through its S3-interoperable endpoint (docs/how-to/object-storage.md)
     assert isinstance(gcs, S3Storage) and gcs.uri == "gs://bucket/x" and gcs.step_uri("s").startswith("gs://")
     with pytest.raises(Exception, match="scheme not supported"):
         open_storage("ftp://bucket/x")
