@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")
     schema = sub.add_parser("recipe-schema", help="print the JSON schema of a recipe (every field, its type and help)")
     schema.add_argument("--markdown", action="store_true",
-                        help="print the short field reference (two levels) the README holds, as Markdown")
+                        help="print the short field reference (two levels) the docs site shows, as Markdown")
     schema.set_defaults(func=_cmd_recipe_schema)
     return parser
 

@@ -1,7 +1,7 @@
 """A short recipe field reference in Markdown, generated from the recipe's JSON Schema.
 
-``tidal recipe-schema --markdown`` prints it; the README's "Recipe field reference" is this text
-(a test keeps them equal), so the reference never drifts from :class:`tidal.recipe.Recipe`.
+``tidal recipe-schema --markdown`` prints it; the docs site's recipe reference page is generated from
+it at build time (tools/docs/reference.py), so the reference never drifts from :class:`tidal.recipe.Recipe`.
 Two levels: each top-level field, and the fields of each section (``train.steps``,
 ``sources.<name>.path``); deeper structures are named by type, see ``tidal recipe-schema``.
 """

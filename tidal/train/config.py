@@ -83,7 +83,7 @@ class DivergenceConfig(Strict):
 
 class ContinueFrom(Strict):
     """``train.continue_from``: start from a checkpoint of a committed train step instead of from the
-    initial parameters (docs: README "Continue training").
+    initial parameters (docs/how-to/continue-training.md).
 
     ``steps`` of the continued run counts every update the model has had, the parent's included: a
     400-step run continued with ``steps: 800`` runs 400 more. The batches are the parent's order

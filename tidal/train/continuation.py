@@ -12,7 +12,7 @@ never written. A continued run that was interrupted resumes from its own newest 
 ``metrics.jsonl`` starts with the parent's lines up to the checkpoint's step, so the curve of a
 continued run is the whole curve of the model (the parent's lines as the parent measured them).
 
-What continues (decided here, documented in the README, "Continue training"):
+What continues (decided here, documented in docs/how-to/continue-training.md):
 
 * ``schedule: continue`` restores parameters and optimizer state (Adam moments and the update
   count the optax schedule reads), and the schedule is this step's optimizer over all ``steps``.
