@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,7 +72,8 @@ def test_a_file_uri_with_a_host_is_refused(tmp_path, root):
 
 def test_a_job_never_writes_a_committed_prefix(tmp_path):
     """A bucket --out must be a staging location (only the commit task writes {root}/{step_id}/)."""
-    proc = subprocess.run([sys.executable, "-m", "tidal.data.clean", "--config", "{}", "--input", "fetch-brown=s3://b/r/f/",
+    config = json.dumps({"source": "brown", "input": "fetch-brown"})  # valid: the --out rule is what is refused
+    proc = subprocess.run([sys.executable, "-m", "tidal.data.clean", "--config", config, "--input", "fetch-brown=s3://b/r/f/",
                            "--out", "s3://b/r/fetch-brown-7aa5e54f3d11/"], check=False, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "staging location" in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
