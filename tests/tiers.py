@@ -49,6 +49,18 @@ FOLDER_TIERS: dict[str, str] = {
     "e2e": "e2e",
 }
 FILE_TIERS: dict[str, str] = {
+    # files of unit folders that start trainers, jobs or whole `tidal run`s in subprocesses, or an S3 server
+    "audit/test_run_ids.py": "integration",
+    "data/test_neardup_memory.py": "integration",
+    "data/test_own_data.py": "integration",
+    "data/test_workers_write_to_bucket.py": "integration",
+    "eval/test_checkpoint_evals.py": "integration",
+    "train/test_continue.py": "integration",
+    "train/test_distributed.py": "integration",
+    "train/test_divergence.py": "integration",
+    "train/test_export_sample.py": "integration",
+    "train/test_preemption.py": "integration",
+    "train/test_train_e2e.py": "integration",
     # the Kubernetes API server (tests/cluster/kube.py) and the chart installed on it
     "deploy/test_kube_server.py": "cluster",
     "deploy/test_node_pools.py": "cluster",

@@ -4,11 +4,16 @@ Data steps are compared by manifest root hash (every output file's sha256). The 
 compared by its result (its GX Data Docs carry render timestamps), and training by its
 loss curve and the content hash of the final parameters (orbax file names and metadata
 timestamps differ between identical runs; the arrays do not).
+
+Slow (not in CI): tests/cluster/test_share_nothing.py proves the same more strongly in CI, every step of
+the slice on its own node against a run in one local process, by the same comparison.
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from tests.e2e.slices import write_slice_recipe
 
@@ -23,6 +28,7 @@ def run_all(tmp_path, name: str):
     return pipe
 
 
+@pytest.mark.slow
 def test_two_runs_give_identical_outputs(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("TIDAL_STORAGE_ROOT", raising=False)
