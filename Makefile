@@ -89,12 +89,12 @@ test: setup
 
 # The unit tier alone (no server, no cluster): the edit loop, a few minutes.
 test-fast: corpora
-	$(PYTEST) -m unit
+	$(PYTEST) -m "unit and not slow"
 
 # One tier: make test-tier TIER=integration (unit, integration, cluster, e2e).
 TIER ?= unit
 test-tier: setup
-	bash .ci/services.sh run -- $(PYTEST) -m $(TIER)
+	bash .ci/services.sh run -- $(PYTEST) -m "$(TIER) and not slow"
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)
 # for the Flink cluster of the test cluster, and the Kubernetes tools (Helm, kube-apiserver, kubectl,
