@@ -132,3 +132,16 @@ def test_cross_field_error_has_no_pydantic_prefix(tiny_data):
     with pytest.raises(RecipeError) as err:
         parse_recipe(tiny_data, "t.yaml")
     assert "Value error" not in str(err.value)
+
+
+@pytest.mark.parametrize("scheme", ["gs", "https", "hdfs"])
+def test_a_source_uri_the_fetch_step_cannot_read_is_one_error_at_load(tiny_data, tmp_path, scheme):
+    """Not a traceback from the fetch step's planning: the loader names the file, the field and the scheme."""
+    import yaml
+
+    tiny_data["sources"]["notes"] = {"format": "jsonl", "path": f"{scheme}://bucket/notes/", "licence": "MIT"}
+    path = tmp_path / "uri.yaml"
+    path.write_text(yaml.safe_dump(tiny_data))
+    want = rf"uri.yaml: sources.notes.path: {scheme}://bucket/notes/: {scheme}:// source paths are not supported"
+    with pytest.raises(RecipeError, match=want + r" \(local paths and s3:// only"):
+        load_recipe(path)

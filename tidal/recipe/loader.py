@@ -8,6 +8,8 @@ and ``sources.<name>.path``. URIs (``s3://...``) are left as they are."""
 
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +74,19 @@ def _resolve_source_paths(data: dict, base: Path) -> dict:
 
 
 def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
-    """Every local source path must exist.
+    """Every local source path must exist, and a URI must be one the fetch step reads (``s3://``).
 
     Raises:
-        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path.
+        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path or the scheme.
     """
-    import os
-
+    schemes = [(name, source.path) for name, source in sorted(recipe.sources.items())
+               if source.path is not None and "://" in source.path and not source.path.startswith("s3://")]
+    if schemes:
+        raise RecipeError("\n".join(
+            f"{path}: sources.{name}.path: {where}: {where.split('://', 1)[0]}:// source paths are not supported "
+            "(local paths and s3:// only; for a GCS bucket use its S3-compatible XML API through s3:// with "
+            "TIDAL_S3_ENDPOINT_URL=https://storage.googleapis.com, or copy the files to a local or mounted path)"
+            for name, where in schemes))
     missing = [(name, source.path) for name, source in sorted(recipe.sources.items())
                if source.path is not None and "://" not in source.path and not os.path.lexists(source.path)]
     if missing:
@@ -88,8 +96,6 @@ def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
 
 
 def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:
-    import copy
-
     data = copy.deepcopy(data)
     for dotted, value in overrides.items():
         node = data
