@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                        capacity_bytes=capacity or 1, device=device.device_kind)
     print(f"memory plan: {plan.describe()}", flush=True)
 
-    # the trainer's optimizer (tidal.train.config.make_optimizer): clip 1.0, AdamW, no decay on norms
+    # the trainer's optimizer (tidal.train.optimizer.make_optimizer): clip 1.0, AdamW, no decay on norms
     schedule = optax.warmup_cosine_decay_schedule(0.0, 3e-4, 10, 10_000, 3e-5)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     tx = optax.chain(optax.clip_by_global_norm(1.0),

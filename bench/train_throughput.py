@@ -79,9 +79,10 @@ def hand_loop(spec: dict) -> tuple[float, float]:
     import jax
     import optax
 
-    from tidal.train.config import OptimizerConfig, make_optimizer
+    from tidal.train.config import OptimizerConfig
     from tidal.train.loader import BatchLoader, TokenShards
     from tidal.train.model import ModelConfig, init_params, next_token_loss
+    from tidal.train.optimizer import make_optimizer
 
     cfg = spec["config"]
     model_cfg = ModelConfig.model_validate(cfg["model"]).shape(VOCAB)
@@ -107,10 +108,11 @@ def hand_loop(spec: dict) -> tuple[float, float]:
 
 
 def tidal_run(spec: dict, step_dir: Path) -> dict:
+    from tidal.train.config import parse_step_config
     from tidal.train.trainer import train
 
     step_dir.mkdir(parents=True)
-    return train(step_dir, spec)
+    return train(step_dir, {**spec, "config": parse_step_config(spec["config"])})
 
 
 def large_state(mib: int) -> dict:

@@ -19,18 +19,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tidal.files.step_files import is_uri
+from tidal.files.output import OutputDir
+from tidal.files.step_files import StepFiles, is_uri
 from tidal.kinds import KINDS
 
 SPILL_DIR = "_spill"  # a local step's intermediate files, inside its scratch dir (removed before it commits)
 SPILL_PREFIX = "spill"  # under a staged job's work prefix: the workers' intermediate files
 CHECKSUMS = "checksums"  # under a staged job's work prefix: one {"bytes", "sha256"} record per output file
-
-if TYPE_CHECKING:
-    from tidal.files.output import OutputDir
-    from tidal.files.step_files import StepFiles
 
 __all__ = ["MissingInput", "StepContext", "is_uri"]
 
@@ -92,8 +89,6 @@ class StepContext:
     def output(self) -> OutputDir:
         """Where the step's workers write its outputs: ``out_uri`` (with checksum records under
         ``{work_uri}/checksums``) or ``out_dir`` (:class:`tidal.files.output.OutputDir`)."""
-        from tidal.files.output import OutputDir
-
         if self.out_uri:
             return OutputDir(self.out_uri, checksums=f"{self.work_uri.rstrip('/')}/{CHECKSUMS}")
         return OutputDir(self.out_dir)
@@ -101,8 +96,6 @@ class StepContext:
     def spill(self) -> OutputDir:
         """Where the step's workers put intermediate files every worker must read: ``{work_uri}/spill``
         in the bucket, else ``out_dir/_spill`` (removed before the step commits)."""
-        from tidal.files.output import OutputDir
-
         if self.out_uri:
             return OutputDir(f"{self.work_uri.rstrip('/')}/{SPILL_PREFIX}")
         return OutputDir(Path(self.out_dir) / SPILL_DIR)
@@ -153,6 +146,4 @@ class StepContext:
         Raises:
             MissingInput: naming the missing input and the inputs this step has.
         """
-        from tidal.files.step_files import StepFiles
-
         return StepFiles.open(self.input_uri(name))

@@ -16,6 +16,7 @@ only. Bump a version whenever the meaning of a kind's output changes: every step
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -83,8 +84,6 @@ class KindSpec:
         """
         model = self.config_model()
         if model is None:
-            import json
-
             return json.loads(data) if isinstance(data, str | bytes) else data
         if isinstance(data, model):
             return data
@@ -95,8 +94,6 @@ class KindSpec:
     def config_json(self, config: Any) -> str:
         """The one serialized form of a step's config (its model's JSON, or the plain JSON data), as
         a job command's ``config.json`` holds it; :meth:`parse_config` reads it back."""
-        import json
-
         data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
@@ -116,8 +113,9 @@ KINDS: dict[str, KindSpec] = {  # in planning order (tidal.core.planner.build_gr
                          plan=f"{PLANS}.plan_tokenize"),
     "mix": KindSpec("tidal.data.mix", 1, seeded=True, config="tidal.data.mix_config.MixConfig",
                     plan=f"{PLANS}.plan_mix"),
-    "stats": KindSpec("tidal.data.stats", 4, config="tidal.data.stats.StatsConfig", plan=f"{PLANS}.plan_stats"),
-    "gate": KindSpec("tidal.quality.gates", 2, config="tidal.quality.gates.GateConfig", plan=f"{PLANS}.plan_gate"),
+    "stats": KindSpec("tidal.data.stats", 4, config="tidal.data.stats_config.StatsConfig", plan=f"{PLANS}.plan_stats"),
+    "gate": KindSpec("tidal.quality.gates", 2, config="tidal.quality.gate_config.GateConfig",
+                     plan=f"{PLANS}.plan_gate"),
     "train": KindSpec("tidal.train", 3, resumable=True, seeded=True, config="tidal.train.config.TrainStepConfig",
                       plan=f"{PLANS}.plan_train"),
     "eval": KindSpec("tidal.eval.step", 1, config="tidal.eval.config.EvalStepConfig", plan=f"{PLANS}.plan_eval"),

@@ -76,8 +76,9 @@ def test_tokenize_outputs_are_checked_against_meta(tmp_path):
     import numpy as np
 
     from tidal.data import tokenize
+    from tidal.data.tokenize_config import TokenizeConfig
 
-    config = {"shards": 2}
+    config = TokenizeConfig(source="s", input="clean-s", seq_len=8, shards=2)
     names = tokenize.expected_outputs(config)
     meta = {"seq_len": 8, "dtype": "uint16", "n_sequences": 5, "documents_failed": 1}
     (tmp_path / names[0]).write_text(json.dumps(meta))

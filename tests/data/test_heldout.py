@@ -49,10 +49,10 @@ def run_tokenize(clean: Path, tok: Path, out: Path, shards: int = 3, heldout: di
     out.mkdir(parents=True)
     config = {"source": "syn", "input": "clean-syn", "tokenizer": "tokenizer", "seq_len": SEQ_LEN,
               "shards": shards, **({"heldout": heldout} if heldout else {})}
-    summary = tokenize_step.run(StepContext("tokenize-syn-t", "tokenize-syn", "tokenize", config, out,
-                                            {"clean-syn": clean, "tokenizer": tok}))
-    tokenize_step.check_outputs(config, out)
-    assert sorted(tokenize_step.expected_outputs(config)) == sorted(p.name for p in out.iterdir())
+    ctx = StepContext("tokenize-syn-t", "tokenize-syn", "tokenize", config, out, {"clean-syn": clean, "tokenizer": tok})
+    summary = tokenize_step.run(ctx)
+    tokenize_step.check_outputs(ctx.config, out)  # the step's TokenizeConfig, as the commit hands it over
+    assert sorted(tokenize_step.expected_outputs(ctx.config)) == sorted(p.name for p in out.iterdir())
     return summary
 
 

@@ -13,11 +13,11 @@ from tidal.data.fetch_config import FetchConfig
 from tidal.data.filters import QualityFilters
 from tidal.data.mix_config import MixConfig
 from tidal.data.snapshot import file_sha256, snapshot_sha256
-from tidal.data.stats import StatsConfig
+from tidal.data.stats_config import StatsConfig
 from tidal.data.tokenize_config import TokenizeConfig
 from tidal.data.tokenizer_config import TokenizerConfig
 from tidal.eval.config import EvalStepConfig
-from tidal.quality.gates import GateConfig, GateSettings
+from tidal.quality.gate_config import GateConfig, GateSettings
 from tidal.recipe import RecipeError, parse_recipe
 
 

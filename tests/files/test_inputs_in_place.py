@@ -20,6 +20,7 @@ from tidal.data import tokenizer as tokenizer_step
 from tidal.files.step_files import StepFiles, bytes_fetched
 from tidal.quality import gates
 from tidal.scaling.fit_step import read_runs
+from tidal.scaling.suite import FitRun, FitStepConfig
 from tidal.train.loader import TokenShards, read_tokenizer_meta, token_byte_lengths
 
 
@@ -122,8 +123,8 @@ def test_the_scaling_fit_reads_train_summaries_in_place(local_chain, upload, tmp
                                                     "flops_per_token": 6000.0, "final_train_loss": 3.0}))
     (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (train / "spec.json").write_text(json.dumps({"inputs": {"mix": mix}}))
-    config = {"loss": "train_loss_tail", "tail_fraction": 0.5,
-              "runs": {"train": {"budget": 1e9, "model": {"d_model": 8, "n_layers": 1, "d_ff": 32}}}}
+    config = FitStepConfig(loss="train_loss_tail", tail_fraction=0.5, seed=0, runs={"train": FitRun(
+        budget=1e9, model={"d_model": 8, "n_layers": 1, "d_ff": 32}, planned_flops=1e9, planned_tokens=20_000)})
     from_bucket, _ = read_runs({"train": upload(train, "train-f")}, config)
     from_dir, _ = read_runs({"train": train}, config)
     assert {k: v.tolist() for k, v in from_bucket.items()} == {k: v.tolist() for k, v in from_dir.items()}

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from tidal.context import StepContext
 from tidal.quality import gates
+from tidal.quality.gate_config import GateConfig, GateSettings
 
 WEIGHTS = {"brown": 0.7, "udhr": 0.3}
 CONFIG = {
@@ -122,10 +123,10 @@ def test_config_without_threshold_is_refused(tmp_path):
 
 
 def test_recipe_defaults_are_the_gate_config_defaults():
-    config = gates.GateConfig.model_validate({"min_total_tokens": 10, "weights": {"a": 3.0, "b": 1.0}})
+    config = GateConfig.model_validate({"min_total_tokens": 10, "weights": {"a": 3.0, "b": 1.0}})
     assert (config.stats, config.mixture_tolerance, config.max_quarantine_rate) == ("stats", 0.02, 0.05)
     assert config.requested == {"a": 0.75, "b": 0.25}
-    assert set(gates.GateSettings.model_fields) < set(gates.GateConfig.model_fields)
+    assert set(GateSettings.model_fields) < set(GateConfig.model_fields)
 
 
 def test_unused_token_bound_fails_with_the_share_and_the_fix(tmp_path):
@@ -151,7 +152,7 @@ def test_unused_token_bound_passes_and_is_off_by_default(tmp_path):
     ctx = make_ctx(tmp_path, stats_rows(all__mixture_unused_token_fraction=0.2))
     assert gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_unused_token_fraction": 0.25}})) == {
         "gate_success": 1, "expectations": 9, "failed": 0}
-    assert gates.GateSettings(min_total_tokens=1).max_unused_token_fraction is None
+    assert GateSettings(min_total_tokens=1).max_unused_token_fraction is None
     other = tmp_path / "default"
     other.mkdir()
     assert gates.run(make_ctx(other, stats_rows()))["expectations"] == 8  # no row needed without the bound
@@ -179,4 +180,4 @@ def test_contaminated_fraction_bound_checks_each_decontaminated_source_and_all(t
     ctx = make_ctx(passing, rows)
     assert gates.run(StepContext(**{**ctx.__dict__, "config": {**CONFIG, "max_contaminated_fraction": 0.05}}))[
         "expectations"] == 10
-    assert "max_contaminated_fraction" not in gates.GateSettings(min_total_tokens=1).model_dump()  # ids unchanged
+    assert "max_contaminated_fraction" not in GateSettings(min_total_tokens=1).model_dump()  # ids unchanged

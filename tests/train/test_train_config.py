@@ -7,7 +7,8 @@ import copy
 import numpy as np
 import pytest
 
-from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
+from tidal.train.config import ConfigError, TrainStepConfig, parse_step_config
+from tidal.train.optimizer import make_optimizer
 
 BASE = {
     "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64},
@@ -71,7 +72,7 @@ def test_a_spec_without_a_seed_is_refused_naming_the_file_and_field():
 
     assert step_seed({"seed": 2**62 + 1}) == 2**62 + 1
     with pytest.raises(ConfigError, match=r"^run/spec.json: missing field 'seed' .*does not default it"):
-        build({"config": BASE, "inputs": {}}, where="run/spec.json")
+        build({"config": parse_step_config(BASE), "inputs": {}}, where="run/spec.json")
     for bad in (-1, True, "7", 1.0):
         with pytest.raises(ConfigError, match=rf"x.json: field 'seed' must be a non-negative int, got {bad!r}"):
             step_seed({"seed": bad}, "x.json")

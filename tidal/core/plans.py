@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from tidal.config import RecipeError, problems
 from tidal.data.eval_tasks import task_hash
 from tidal.data.heldout import split_config
-from tidal.eval.config import DownstreamSettings
+from tidal.eval.config import DownstreamSettings, lm_eval_version
 from tidal.kinds import kind_spec
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, GridPoint, Suite, plan_grid
@@ -228,8 +228,6 @@ def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_le
     """The ``eval`` step of ``evaluation.downstream``: the tasks' definition hashes and lm-eval's version are
     hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py). ``seq_len``: the
     packed sequence length the model was trained on (its context is one token less)."""
-    from tidal.eval.step import lm_eval_version
-
     config = {**settings.model_dump(), "task_hashes": {t: task_hash(t) for t in settings.tasks},
               "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version(),
               "seq_len": seq_len}

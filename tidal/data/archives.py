@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 
 from tidal.config import Sha256, Strict
 from tidal.integrity.hashing import sha256_file
+from tidal.settings import current
 
 CACHE_ENV = "TIDAL_ARCHIVE_CACHE"
 DEFAULT_CACHE = Path("~/.cache/tidal/archives")
@@ -66,8 +67,6 @@ class ArchiveError(RuntimeError):
 
 def cache_dir() -> Path:
     """The archive cache directory: ``$TIDAL_ARCHIVE_CACHE`` or ``~/.cache/tidal/archives``."""
-    from tidal.settings import current
-
     return Path(current().archive_cache or DEFAULT_CACHE).expanduser()
 
 

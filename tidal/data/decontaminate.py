@@ -322,18 +322,18 @@ def run(ctx: StepContext) -> dict:
         :func:`summarize`'s flat summary (logged to MLflow as the step's metrics).
 
     Raises:
-        pydantic.ValidationError: a bad config; KeyError: an input step that is not an input.
+        KeyError: an input step that is not an input.
     """
-    cfg = DecontaminateConfig.model_validate(ctx.config)
+    cfg: DecontaminateConfig = ctx.config  # parsed once, at plan time (or by the job command)
     index = eval_index({src: ctx.input_files(step) for src, step in cfg.eval.items()}, cfg.n, cfg.eval_tasks)
     out = ctx.output()
     decontaminate(ctx.input_files(cfg.input), index, cfg, out)
-    summary = summarize(ctx.config, out.location)
+    summary = summarize(cfg, out.location)
     ctx.log.info("decontaminate %s against %s: %s", cfg.source, sorted(index.by_source), summary)
     return summary
 
 
-def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+def summarize(config: DecontaminateConfig, out_dir: str | Path) -> dict:
     """The flat summary of a finished run's ``counts.json``: every count, ``contaminated_<eval source>``
     and ``index_ngrams_<eval source>``."""
     counts = StepFiles.open(out_dir).read_json(COUNTS_FILE)
@@ -343,13 +343,13 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     return flat
 
 
-def expected_outputs(config: dict[str, Any]) -> list[str]:
+def expected_outputs(config: DecontaminateConfig) -> list[str]:
     """The files a finished run writes besides the document shards (whose count is the input's):
     ``counts.json`` and ``removed.parquet``."""
     return [COUNTS_FILE, REMOVED_FILE]
 
 
-def check_outputs(config: dict[str, Any], out_dir: str | Path) -> None:
+def check_outputs(config: DecontaminateConfig, out_dir: str | Path) -> None:
     """Before a commit: ``in = kept + documents_removed``, the shards hold ``kept`` rows and
     ``removed.parquet`` ``paragraphs_removed`` paragraph rows and ``documents_removed`` document rows.
 

@@ -106,13 +106,12 @@ def run(ctx: StepContext) -> dict:
         ``00-database-*`` metadata entries).
 
     Raises:
-        pydantic.ValidationError: for a bad config (:class:`tidal.data.fetch_config.FetchConfig`).
         ValueError: for malformed archive content, or a reader yielding refs out of order or twice.
         SourceError: a file source's ``path`` is gone, or a file lacks a field the source names.
         tidal.data.archives.ArchiveError: if the archive cannot be fetched or its sha256
             does not match the pin.
     """
-    cfg = FetchConfig.model_validate(ctx.config)
+    cfg: FetchConfig = ctx.config  # parsed once, at plan time (or by the job command)
     skipped: Counter = Counter()
     digests: list[tuple[str, str, int]] = []
     reader = None

@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 from tidal.config import PositiveInt, Sha256, Strict
 from tidal.data.archives import Archive
 from tidal.data.readers import PATH_FORMATS
+from tidal.data.snapshot import planned_snapshot
 
 
 class FetchSettings(Strict):
@@ -90,8 +91,6 @@ class FetchSettings(Strict):
                   "max_documents": self.max_documents}
         snapshot = self.snapshot_sha256
         if snapshot is None and not str(self.path).startswith("s3://"):
-            from tidal.data.snapshot import planned_snapshot
-
             snapshot = planned_snapshot(self.path)
         if snapshot is not None:  # an unpinned s3:// source: addressed by its path
             config["snapshot_sha256"] = snapshot

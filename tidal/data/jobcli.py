@@ -39,10 +39,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from tidal.config import problems
-from tidal.context import MissingInput, StepContext, is_uri
-from tidal.kinds import kind_spec
-from tidal.settings import entry_point
+from tidal.context import SPILL_PREFIX, MissingInput, StepContext, is_uri
+from tidal.kinds import BEAM_KINDS, kind_spec
+from tidal.settings import current, entry_point
 from tidal.storage import StorageError, StorageSettings, open_storage, staging, uris
+from tidal.storage.uris import storage_hint
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,12 +86,9 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
         parser.error(f"--seed is required: a {kind} step draws random numbers and never defaults its seed")
     if not seeded and args.seed is not None:
         parser.error(f"--seed: a {kind} step draws no random numbers and takes no seed")
-    if pipeline_args:
-        from tidal.kinds import BEAM_KINDS
-
-        if kind not in BEAM_KINDS or any(not a.startswith("--") for a in pipeline_args):
-            parser.error(f"unrecognized arguments: {' '.join(pipeline_args)} (only the Beam jobs "
-                         f"{', '.join(sorted(BEAM_KINDS))} take --pipeline_options)")
+    if pipeline_args and (kind not in BEAM_KINDS or any(not a.startswith("--") for a in pipeline_args)):
+        parser.error(f"unrecognized arguments: {' '.join(pipeline_args)} (only the Beam jobs "
+                     f"{', '.join(sorted(BEAM_KINDS))} take --pipeline_options)")
     if is_uri(args.config):
         try:
             text = uris.read_bytes(args.config).decode()
@@ -128,8 +126,6 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
     for name, location in inputs.items():
         if not name:
             parser.error(f"--input ={location}: the input needs a name (NAME=DIR or NAME=URI)")
-    from tidal.kinds import BEAM_KINDS
-
     in_place = staged and kind in BEAM_KINDS  # the job's workers, on any machine, write to the bucket
     out_dir = Path(tempfile.mkdtemp(prefix=f"{args.name}.")) if staged else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,8 +156,6 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
             parser.error(str(err))
         except Exception as err:
             if type(err).__module__.startswith(("botocore", "boto3")):
-                from tidal.storage.uris import storage_hint
-
                 parser.error(f"{type(err).__name__}: {err}; {storage_hint(err)}")
             raise
         finally:
@@ -174,8 +168,6 @@ def main(module: ModuleType, kind: str, argv: list[str] | None = None) -> dict:
 def materialize(uri: str) -> Path:
     """A committed step's URI -> a verified local copy in this process's storage cache
     (:meth:`tidal.storage.Storage.input_dir`), for kinds that need a local directory."""
-    from tidal.settings import current
-
     root, _, step_id = uri.rstrip("/").rpartition("/")
     storage = open_storage(root, settings=StorageSettings(cache_dir=current().storage_cache))
     return storage.input_dir(step_id)
@@ -190,8 +182,6 @@ def _stage(kind: str, config: Any, out_dir: Path, location: str, summary: dict, 
     try:
         staging.seal(kind, config, out_dir, step_id=name, where=f"the {kind} job")
     except ValueError as err:
-        from tidal.settings import current
-
         root, step_id = staging.parse_location(location)
         storage = open_storage(root, settings=StorageSettings(cache_dir=current().storage_cache))
         raise SystemExit(f"error: {err}; the refused outputs were kept at "
@@ -205,8 +195,6 @@ def _seal_in_place(kind: str, config: Any, location: str, summary: dict, name: s
     """Seal outputs the workers wrote straight to ``location`` (:func:`tidal.storage.staging.seal_staged`)
     and write the summary beside it. Outputs the kind's checks refuse stay where they are, never
     counted as committed, and the job exits with one ``error:`` line naming them."""
-    from tidal.context import SPILL_PREFIX
-
     uris.delete_dir(uris.join(staging.job_location(location), SPILL_PREFIX))  # the workers' intermediate files
     try:
         staging.seal_staged(kind, config, location, step_id=name, where=f"the {kind} job")

@@ -113,13 +113,12 @@ def run(ctx: StepContext) -> dict:
         "tokens_unused/<src>"}`` (tokens unused: a source's tokens never taken).
 
     Raises:
-        pydantic.ValidationError: bad config (:class:`tidal.data.mix_config.MixConfig`).
         MixtureError: weights without input (or the reverse), inputs with different
             tokenizer hash / seq_len / dtype, more than 256 sources, an empty mixture, or counts a
             source cannot give (``n_sequences`` beyond its sequences, or a ``token_budget`` share
             beyond ``max_epochs`` passes; the message names ``mixture.size`` and the source).
     """
-    cfg = MixConfig.model_validate(ctx.config)
+    cfg: MixConfig = ctx.config  # parsed once, at plan time (or by the job command)
     inputs = cfg.inputs
     metas = _check_inputs(ctx, cfg.weights, inputs)
     weights = normalize_weights(cfg.weights)

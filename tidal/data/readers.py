@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.data.file_list import list_files
+from tidal.data.readers_s3 import read_s3
 from tidal.data.record_fields import FieldSpec, JsonlFieldCheck
 from tidal.data.snapshot import READ_CHUNK_BYTES, file_sha256
 
@@ -341,8 +342,6 @@ def read_path(fmt: str, path: str | Path, text_field: str | FieldSpec = "text", 
     skipped = skipped if skipped is not None else Counter()
     spec = text_field if isinstance(text_field, FieldSpec) else FieldSpec(text_field)
     if str(path).startswith("s3://"):
-        from tidal.data.readers_s3 import read_s3
-
         yield from read_s3(fmt, str(path), spec, skipped, digests, read_file)
         return
     for rel, full in list_files(path):

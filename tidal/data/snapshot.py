@@ -5,7 +5,10 @@ into ``sha256sum``, so a user can compute a pin with shell tools."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
+
+from tidal.data.file_list import list_files
 
 READ_CHUNK_BYTES = 1 << 20  # bytes per read when hashing or decompressing a file
 
@@ -57,10 +60,6 @@ def planned_snapshot(path: str | Path) -> str:
         FileNotFoundError: ``path`` does not exist or holds no (visible) file.
         ValueError: a symlink cycle under it (:func:`tidal.data.readers.list_files`).
     """
-    import os
-
-    from tidal.data.file_list import list_files
-
     digests = []
     for rel, full in list_files(path):
         info = os.stat(full)

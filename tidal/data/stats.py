@@ -38,7 +38,7 @@ place (:class:`tidal.files.step_files.StepFiles`): from a bucket it fetches each
 other column, no ``removed.parquet`` / ``quarantine.parquet``, no token shard). Character lengths
 need every kept text, so the ``text`` column is read once per shard.
 
-Config (:class:`StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
+Config (:class:`tidal.data.stats_config.StatsConfig`): clean {src: clean step}, tokenize {src: tokenize step}, mix (mix
 step name or null).
 Outputs: ``stats.parquet`` (columns source: string, metric: string, value: float64),
 ``stats.json`` (``[{"source", "metric", "value"}]``, same rows, same order) and ``stats.png``
@@ -50,19 +50,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field, model_serializer
 
 import tidal.data.jobcli
-from tidal.config import Strict, omit_unused
 from tidal.context import StepContext
 from tidal.data.mix_sizing import MixtureTable
 from tidal.data.shards import DOCUMENTS_PREFIX, shard_names
+from tidal.data.stats_config import StatsConfig
+from tidal.data.stats_plots import STATS_PNG, write_stats_plot
 from tidal.files.step_files import StepFiles
 
 STEP_VERSION = 4  # 3: mixture sizing rows (mixture_epochs, mixture_tokens_unused, ...); 4: stats.png
@@ -72,21 +71,6 @@ ALL = "all"
 SCHEMA = pa.schema([("source", pa.string()), ("metric", pa.string()), ("value", pa.float64())])
 
 Row = tuple[str, str, float]
-
-
-class StatsConfig(Strict):
-    """The stats step: which committed steps to read (the planner names every source's)."""
-
-    clean: dict[str, str] = Field(default_factory=dict, description="source name -> its clean step")
-    tokenize: dict[str, str] = Field(default_factory=dict, description="source name -> its tokenize step")
-    mix: str | None = Field(default=None, description="the mix step (null: no mixture rows)")
-    decontaminate: dict[str, str] = Field(default_factory=dict,
-                                          description="training source -> its decontaminate step (none: no rows)")
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: Any) -> dict[str, Any]:
-        # no decontaminate step: the key stays out of the config, as the planner leaves it (ids unchanged)
-        return omit_unused(handler(self), {"decontaminate": {}})
 
 
 def _rate(part: float, whole: float) -> float:
@@ -281,10 +265,9 @@ def collect_rows(ctx: StepContext) -> list[Row]:
     """Every stats row of the configured inputs, sorted by (source, metric), values float.
 
     Raises:
-        pydantic.ValidationError: bad config (:class:`StatsConfig`).
         ValueError: if two rows share (source, metric), e.g. a source named ``all``.
     """
-    cfg = StatsConfig.model_validate(ctx.config)
+    cfg: StatsConfig = ctx.config  # parsed once, at plan time (or by the job command)
     rows: list[Row] = []
     per_source: dict[str, list[Row]] = {}
     clean_steps = {src: ctx.input_files(step) for src, step in sorted(cfg.clean.items())}
@@ -339,8 +322,6 @@ def run(ctx: StepContext) -> dict:
     pq.write_table(table, ctx.out_dir / STATS_PARQUET)
     as_json = [{"source": s, "metric": m, "value": v} for s, m, v in rows]
     (ctx.out_dir / STATS_JSON).write_text(json.dumps(as_json, indent=1, allow_nan=False) + "\n")
-    from tidal.data.stats_plots import STATS_PNG, write_stats_plot
-
     write_stats_plot(rows, ctx.out_dir / STATS_PNG, all_name=ALL)
     return {"rows": len(rows), **{f"{ALL}/{m}": v for s, m, v in rows if s == ALL}}
 

@@ -256,7 +256,7 @@ def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dic
         held_meta = _merge_part(held, out, [HELDOUT_TOKENS], settings)
         ids = sorted(doc_id for s in held for doc_id in _spill_ids(s))
         out.write_text(HELDOUT_DOCUMENTS, json.dumps(ids, indent=0) + "\n")
-        out.write_text(HELDOUT_META, json.dumps({**held_meta, "heldout": settings["heldout"]},
+        out.write_text(HELDOUT_META, json.dumps({**held_meta, "heldout": settings["heldout"].model_dump()},
                                                 indent=1, sort_keys=True) + "\n")
         meta |= {"heldout_documents": held_meta["n_documents"], "heldout_sequences": held_meta["n_sequences"]}
     out.write_text(META_NAME, json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -295,10 +295,6 @@ def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out: OutputDir
     _merge_and_write(list(element[1]), out, settings, spill)
 
 
-def _split(settings: dict[str, Any]) -> HeldoutSplit | None:
-    return None if settings.get("heldout") is None else HeldoutSplit.model_validate(settings["heldout"])
-
-
 def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str, eos_id: int,
                    special: tuple[list[int], int | None], settings: dict[str, Any], out: OutputDir,
                    spill: OutputDir) -> None:
@@ -306,14 +302,14 @@ def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str
     place) with the tokenizer at ``tokenizer_dir`` into token spills under ``spill``, then one worker
     merges them into ``out`` (a local directory or the attempt's staging prefix in the bucket).
     ``special`` is :func:`special_token_ids`' ``(byte-fallback ids, unknown id)``; ``settings`` holds
-    ``seq_len``, ``shards``, ``vocab_size``, ``tokenizer_hash`` and ``heldout`` (the split's dict
-    or None). Few transforms: each is a fixed
+    ``seq_len``, ``shards``, ``vocab_size``, ``tokenizer_hash`` and ``heldout`` (the step config's
+    :class:`HeldoutSplit`, handed to the workers as it is, or None). Few transforms: each is a fixed
     cost of every run."""
     fallback_ids, unk_id = special
     (
         create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
         | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id,
-                                                     _split(settings)))
+                                                     settings.get("heldout")))
         | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
         | "MergeAndWrite" >> beam.Map(_merge_grouped, out=out, settings=settings, spill=spill)
     )
@@ -323,10 +319,10 @@ def run(ctx: StepContext) -> dict:
     """Encode, pack and write the shards of the config's ``input`` (see the module docstring).
 
     Raises:
-        pydantic.ValidationError: bad config (:class:`TokenizeConfig`); KeyError: missing input
-            step; ValueError: an unsorted document shard; TokenizerFileError: tokenizer file hash mismatch.
+        KeyError: missing input step; ValueError: an unsorted document shard; TokenizerFileError:
+            tokenizer file hash mismatch.
     """
-    cfg = TokenizeConfig.model_validate(ctx.config)
+    cfg: TokenizeConfig = ctx.config  # parsed once, at plan time (or by the job command)
     seq_len, shards = cfg.seq_len, cfg.shards
     tokenizer_dir = ctx.input_uri(cfg.tokenizer)  # a location every worker can read: no local copy
     tokenizer, tok_meta = tokenizer_step.load(ctx.input_files(cfg.tokenizer))
@@ -335,7 +331,7 @@ def run(ctx: StepContext) -> dict:
     paths = [documents.uri_of(name) for name in shard_names(documents, DOCUMENTS_PREFIX, "parquet")]
     settings = {"seq_len": seq_len, "shards": shards, "vocab_size": tok_meta["vocab_size"],
                 "tokenizer_hash": tok_meta["tokenizer_hash"],
-                "heldout": None if cfg.heldout is None else cfg.heldout.model_dump()}
+                "heldout": cfg.heldout}
     out, spill = ctx.output(), ctx.spill()  # workers write there directly (a directory or the bucket)
     try:
         with beam.Pipeline(options=beam_options()) as pipeline:
@@ -355,15 +351,14 @@ def run(ctx: StepContext) -> dict:
             meta["documents_failed"],
             FAILED_FILE,
         )
-    return summarize(ctx.config, out.location)
+    return summarize(cfg, out.location)
 
 
-def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
+def summarize(cfg: TokenizeConfig, out_dir: str | Path) -> dict:
     """The summary :func:`run` returns, from a finished job's ``meta.json``.
 
     Also what commits a job that ran elsewhere (:mod:`tidal.core.beam_job`).
     """
-    cfg = TokenizeConfig.model_validate(config)
     meta = StepFiles.open(out_dir).read_json(META_NAME)
     return {
         "source": cfg.source,
@@ -371,22 +366,16 @@ def summarize(config: dict[str, Any], out_dir: str | Path) -> dict:
     }
 
 
-def _plain(config: Any) -> dict[str, Any]:
-    """The step's config model (what the runner hands over) or a plain mapping, as a mapping."""
-    return config.model_dump() if isinstance(config, TokenizeConfig) else dict(config)
-
-
-def expected_outputs(config: Any) -> list[str]:
+def expected_outputs(cfg: TokenizeConfig) -> list[str]:
     """The files a finished tokenize run writes (docs/contracts.md): ``meta.json``,
     ``failed_documents.json`` and ``shards`` token shards (part of the kind's commit contract,
     :func:`tidal.core.commit.check_outputs`)."""
-    config = _plain(config)
-    shards = int(config.get("shards", 1))
-    heldout = [HELDOUT_META, HELDOUT_DOCUMENTS, HELDOUT_TOKENS] if config.get("heldout") else []
+    shards = cfg.shards
+    heldout = [HELDOUT_META, HELDOUT_DOCUMENTS, HELDOUT_TOKENS] if cfg.heldout is not None else []
     return [META_NAME, FAILED_FILE, *(shard_name(TOKENS_PREFIX, k, shards, "npy") for k in range(shards)), *heldout]
 
 
-def check_outputs(config: Any, out_dir: str | Path) -> None:
+def check_outputs(cfg: TokenizeConfig, out_dir: str | Path) -> None:
     """Before a commit: the token shards hold ``meta.json``'s ``n_sequences`` rows of ``seq_len``
     tokens of its ``dtype`` (read from the ``.npy`` headers only), ``failed_documents.json``
     lists ``documents_failed`` documents, and a held-out shard holds its meta's ``n_sequences``.
@@ -394,13 +383,12 @@ def check_outputs(config: Any, out_dir: str | Path) -> None:
     Raises:
         ValueError: naming the file and both values on a mismatch.
     """
-    config = _plain(config)
     files = StepFiles.open(out_dir)
     out = files.uri
     meta = files.read_json(META_NAME)
-    shards = int(config.get("shards", 1))
-    if "seq_len" in config and meta["seq_len"] != config["seq_len"]:
-        raise ValueError(f"{out}/{META_NAME}: seq_len {meta['seq_len']} but the step's config says {config['seq_len']}")
+    shards = cfg.shards
+    if meta["seq_len"] != cfg.seq_len:
+        raise ValueError(f"{out}/{META_NAME}: seq_len {meta['seq_len']} but the step's config says {cfg.seq_len}")
     rows = 0
     for k in range(shards):
         name = shard_name(TOKENS_PREFIX, k, shards, "npy")
@@ -414,7 +402,7 @@ def check_outputs(config: Any, out_dir: str | Path) -> None:
         rows += shape[0]
     if rows != meta["n_sequences"]:
         raise ValueError(f"{out}: token shards hold {rows} sequences but {META_NAME} says {meta['n_sequences']}")
-    if config.get("heldout"):
+    if cfg.heldout is not None:
         held, held_meta = files.array(HELDOUT_TOKENS), files.read_json(HELDOUT_META)
         if held.shape[0] != held_meta["n_sequences"] or held_meta["n_sequences"] != meta["heldout_sequences"]:
             raise ValueError(f"{out}/{HELDOUT_TOKENS}: {held.shape[0]} sequences but {HELDOUT_META} says "

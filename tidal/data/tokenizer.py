@@ -219,10 +219,9 @@ def run(ctx: StepContext) -> dict:
     (minus the special token list) as the summary.
 
     Raises:
-        pydantic.ValidationError: for a bad config (:class:`TokenizerConfig`).
         TokenizerFileError: bad pinned file.
     """
-    cfg = TokenizerConfig.model_validate(ctx.config)
+    cfg: TokenizerConfig = ctx.config  # parsed once, at plan time (or by the job command)
     data = build(ctx, cfg)
     meta = tokenizer_meta(data, cfg.special_tokens)
     (ctx.out_dir / TOKENIZER_FILE).write_bytes(data)

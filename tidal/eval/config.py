@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_serializer
@@ -10,6 +11,12 @@ from pydantic import Strict as StrictType
 
 from tidal.config import Strict, omit_unused
 from tidal.eval.suite import available_tasks
+
+
+def lm_eval_version() -> str:
+    """The installed lm-eval's version string (e.g. ``0.4.13``), read from its package metadata
+    (importing no lm-eval): hashed into the eval step's config at plan time."""
+    return importlib.metadata.version("lm-eval")
 
 
 class DownstreamSettings(Strict):

@@ -14,7 +14,6 @@ without bootstrap standard errors (``bootstrap_iters=0``) and with lm-eval's fix
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import os
@@ -23,16 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tidal.eval.config import EvalStepConfig
+from tidal.context import StepContext
+from tidal.eval.config import EvalStepConfig, lm_eval_version
 from tidal.eval.suite import task_hash, task_specs
 
 STEP_VERSION = 1
 RESULTS_JSON = "results.json"
-
-
-def lm_eval_version() -> str:
-    """The installed lm-eval's version string (e.g. ``0.4.13``)."""
-    return importlib.metadata.version("lm-eval")
 
 
 def _metrics(task_result: dict[str, Any]) -> dict[str, float | None]:
@@ -95,7 +90,7 @@ def evaluate(model: Any, cfg: EvalStepConfig, cache_dir: Path) -> tuple[dict[str
     return results, seconds
 
 
-def run(ctx: Any) -> dict[str, Any]:
+def run(ctx: StepContext) -> dict[str, Any]:
     """Step entry point: evaluate a checkpoint of input ``train`` (``cfg.checkpoint_step``, None: its final
     one), write ``results.json``.
 
@@ -104,7 +99,7 @@ def run(ctx: Any) -> dict[str, Any]:
     """
     from tidal.train.trained import load_trained
 
-    cfg = EvalStepConfig.model_validate(ctx.config)
+    cfg: EvalStepConfig = ctx.config  # parsed once, at plan time
     # the tokenizer from this step's own input: on an object-store root the train step's recorded path is a URI
     model = load_trained(ctx.input_dir(cfg.train), cfg.checkpoint_step, tokenizer_dir=ctx.input_dir(cfg.tokenizer))
     with tempfile.TemporaryDirectory(prefix="tidal-eval-datasets-") as cache:

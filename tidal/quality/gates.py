@@ -34,8 +34,8 @@ A *clean source* is any source other than ``all`` with a ``documents_in`` row. R
 weights are the config's ``weights`` normalized to sum to 1 (the mixture's proportions);
 the tolerance is absolute (0.02 means ±2 percentage points). A source with weight 0 is
 checked only if the mixture wrote a row for it. All thresholds come from the recipe's
-``gate`` section (:class:`GateSettings`, whose defaults are the only ones); the step config is
-:class:`GateConfig`.
+``gate`` section (:class:`tidal.quality.gate_config.GateSettings`, whose defaults are the only ones); the
+step config is :class:`tidal.quality.gate_config.GateConfig`.
 
 Before GX runs, every (source, metric) cell the suite reads must be present and finite;
 otherwise :class:`StatsIncomplete` is raised, since a between-expectation silently ignores
@@ -56,16 +56,14 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_serializer, model_validator
-
-from tidal.config import Fraction, PositiveInt, Strict, omit_unused
 from tidal.context import StepContext
+from tidal.quality.gate_config import GateConfig
 from tidal.quality.gate_html import write_summary_html
 
 if TYPE_CHECKING:
-    import pandas as pd  # imported where a table is read: the recipe imports this module's config
+    import pandas as pd  # imported where a table is read (the step runs; planning imports only gate_config)
 
 STEP_VERSION = 2  # 2: gate_summary.html, Data Docs at the real run time
 STATS_FILE = "stats.parquet"
@@ -89,51 +87,6 @@ class GateFailed(RuntimeError):
 
 class StatsIncomplete(ValueError):
     """The stats table lacks a row (or has a NaN value) that the gate needs; names file and rows."""
-
-
-class GateSettings(Strict):
-    """Great Expectations thresholds over the stats that must hold before training: the recipe's
-    ``gate`` section (its defaults are the only ones; the planner writes every field)."""
-
-    min_total_tokens: PositiveInt = Field(description="fewest tokens in the mixture")
-    mixture_tolerance: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
-        default=0.02, description="allowed |realized - requested| mixture weight"
-    )
-    max_quarantine_rate: Fraction = Field(default=0.05, description="over all cleaned sources")
-    max_duplicate_rate: Fraction | None = Field(default=None, description="per source, if set")
-    max_unused_token_fraction: Fraction | None = Field(
-        default=None, description="most of the training sources' tokens the mixture may leave unused, if set "
-        "(stats row all/mixture_unused_token_fraction; `tidal plan` shows the mixture table)")
-    max_contaminated_fraction: Fraction | None = Field(
-        default=None, description="most of a training source's documents (and of all) that may hold a paragraph "
-        "contaminated by an eval source, if set (stats rows contaminated_rate; needs decontamination)")
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: Any) -> dict[str, Any]:
-        # an unset bound stays out of the step config (and the recipe hash), like train's options
-        return omit_unused(handler(self), {"max_unused_token_fraction": None, "max_contaminated_fraction": None})
-
-
-class GateConfig(GateSettings):
-    """The gate step: the recipe's thresholds, the stats step to read and the mixture weights."""
-
-    stats: str = Field(default="stats", min_length=1, description="the stats step whose stats.parquet to read")
-    weights: dict[str, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] = Field(
-        min_length=1, description="source -> requested mixture weight (normalized here to sum 1)"
-    )
-
-    @model_validator(mode="after")
-    def _weights_sum(self) -> GateConfig:
-        total = sum(self.weights.values())
-        if total <= 0:
-            raise ValueError(f"weights sum to {total}; need > 0")
-        return self
-
-    @property
-    def requested(self) -> dict[str, float]:
-        """The weights normalized to sum 1, in sorted source order."""
-        total = sum(self.weights.values())
-        return {src: w / total for src, w in sorted(self.weights.items())}
 
 
 def plan_checks(stats: pd.DataFrame, cfg: GateConfig) -> list[dict[str, Any]]:
@@ -309,11 +262,10 @@ def run(ctx: StepContext) -> dict[str, Any]:
     Raises:
         GateFailed: some expectation failed (files are still written; ``err.result`` holds them).
         StatsIncomplete: a stats row the suite needs is missing or not finite (``gate_result.json`` says so).
-        pydantic.ValidationError: the config lacks a threshold or has malformed weights (:class:`GateConfig`).
     """
     import pandas as pd
 
-    cfg = GateConfig.model_validate(ctx.config)
+    cfg: GateConfig = ctx.config  # parsed once, at plan time
     files = ctx.input_files(cfg.stats)  # read in place: one small parquet file
     path = files.uri_of(STATS_FILE)
     try:

@@ -30,7 +30,7 @@ from tidal.data.mix_config import MixtureSettings
 from tidal.data.neardup_config import NearDupConfig
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
-from tidal.quality.gates import GateSettings
+from tidal.quality.gate_config import GateSettings
 from tidal.recipe.data import EvaluationConfig, LicenceDeclaration, LicenceOverride, Source
 from tidal.recipe.loader import load_recipe, parse_recipe
 from tidal.recipe.operations import (

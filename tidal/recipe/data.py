@@ -19,11 +19,13 @@ a source's licence fields and the ``licences`` section.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from tidal.config import Strict
+from tidal.config import RecipeError, Strict
 from tidal.data.fetch_config import FetchSettings
 from tidal.data.filters import QualityFilters
 from tidal.data.heldout import HeldoutSettings
@@ -31,6 +33,7 @@ from tidal.data.langid import LanguageFilter
 from tidal.eval.config import DownstreamSettings
 from tidal.quality.licences import Use
 from tidal.quality.spdx import LicenceSyntaxError, licence_id, parse
+from tidal.recipe.yaml_file import read_yaml
 
 
 def _expression(text: str) -> str:
@@ -132,14 +135,6 @@ def licences_section(value: Any, handler: Any, info: Any) -> dict[str, LicenceDe
         ValueError: the file cannot be read, is no YAML mapping, or a relative name has no recipe file;
         ValidationError: a declaration is invalid (in a file: the message names the file).
     """
-    from pathlib import Path
-
-    from pydantic import ValidationError
-    from pydantic_core import InitErrorDetails, PydanticCustomError
-
-    from tidal.config import RecipeError
-    from tidal.recipe.yaml_file import read_yaml
-
     if not isinstance(value, str):
         return handler(_declared_once(value))
     base = (info.context or {}).get("recipe_dir")

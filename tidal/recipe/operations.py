@@ -5,6 +5,7 @@ how fast or whether a run passes, never what a step computes; the planner leaves
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -12,6 +13,7 @@ from pydantic import Strict as StrictType
 
 from tidal.config import EndpointUrl, PositiveInt, Strict
 from tidal.launch.config import AcceleratorConfig, ResourceConfig
+from tidal.storage import StorageSettings
 
 __all__ = ["AcceleratorConfig", "BeamConfig", "ResourceConfig"]
 
@@ -51,8 +53,6 @@ class BeamConfig(Strict):
     @field_validator("pipeline_options")
     @classmethod
     def _option_names(cls, options: dict) -> dict:
-        import re
-
         for key in options:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key):
                 raise ValueError(f"pipeline option {key!r}: write the bare name (temp_location), no dashes or '='")
@@ -116,8 +116,6 @@ class StorageConfig(Strict):
 
     def settings(self) -> Any:
         """The :class:`tidal.storage.StorageSettings` these fields describe."""
-        from tidal.storage import StorageSettings
-
         return StorageSettings(
             endpoint_url=self.endpoint_url, region=self.region, max_attempts=self.max_attempts,
             multipart_threshold_bytes=self.multipart_threshold_mb * 2**20,

@@ -3,22 +3,33 @@ named by the mixture and evaluation exist, training fits the accelerator, the li
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic import Strict as StrictType
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tidal.config import PositiveInt, Strict, field_error
 from tidal.data.clean.config import CleanSettings
 from tidal.data.decontaminate_config import DecontaminationSettings
 from tidal.data.mix_config import MixtureSettings
+from tidal.data.mix_sizing import requested_total
 from tidal.data.tokenize_config import TokenizeSettings
 from tidal.data.tokenizer_config import TokenizerSettings
-from tidal.quality.gates import GateSettings
-from tidal.quality.licences import Use
+from tidal.quality.gate_config import GateSettings
+from tidal.quality.licences import Use, gate_problems
 from tidal.recipe.data import EvaluationConfig, LicenceTable, Source, licences_section
 from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
 from tidal.recipe.training import TrainSection
+from tidal.train.memory import check_recipe
 
 # A source's name becomes step names (``fetch-<name>``), task ids, path components, metric keys
 # (``eval_loss/<name>``) and MLflow run names: letters, digits, '_' and '-', starting with a letter
@@ -90,8 +101,6 @@ class Recipe(Strict):
     @field_validator("schedule")
     @classmethod
     def _schedule_form(cls, schedule: str | None) -> str | None:
-        import re
-
         if schedule is None or schedule in SCHEDULE_PRESETS:
             return schedule
         fields = schedule.split()
@@ -131,8 +140,6 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _budget_passes_gate(self) -> Recipe:
-        from tidal.data.mix_sizing import requested_total
-
         total = requested_total(self.mixture.size, None, self.tokenize.seq_len)
         if total is not None and total * self.tokenize.seq_len < self.gate.min_total_tokens:
             raise field_error("Recipe", ("mixture", "size", "tokens"), (
@@ -143,20 +150,13 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _training_fits(self) -> Recipe:
-        from tidal.train.memory import check_recipe
-
         check_recipe(self)  # MemoryPlanError (a ValueError) names every term in GiB and the capacity
         return self
 
     @model_validator(mode="after")
     def _licence_gate(self) -> Recipe:
-        from tidal.quality.licences import gate_problems
-
         problems = gate_problems(self.sources, self.intended_use, self.licences)
         if problems:  # one error per problem, each at its field (sources.<name>.licence ...)
-            from pydantic import ValidationError
-            from pydantic_core import InitErrorDetails, PydanticCustomError
-
             raise ValidationError.from_exception_data("Recipe", [
                 InitErrorDetails(type=PydanticCustomError("licence_gate", "{msg}", {"msg": p.message}),
                                  loc=p.loc, input=p.value)

@@ -40,13 +40,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tidal.context import StepContext
 from tidal.files.step_files import StepFiles
 from tidal.storage.layout import SPEC_JSON, SUMMARY_JSON
+
+if TYPE_CHECKING:
+    from tidal.scaling.suite import FitStepConfig
 
 STEP_VERSION = 2  # 2: plots without matplotlib's version chunk (tidal/plots.py)
 FITS_JSON = "fits.json"
@@ -96,7 +99,7 @@ def non_embedding_params(model: dict[str, int]) -> int:
     return layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d
 
 
-def read_runs(ctx_inputs: dict[str, Path | str], config: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[str]]:
+def read_runs(ctx_inputs: dict[str, Path | str], config: FitStepConfig) -> tuple[dict[str, np.ndarray], list[str]]:
     """Columns over runs from the train summaries (and, for ``train_loss_tail``, their
     ``metrics.jsonl``), and flags for dropped runs and runs that saw repeated data. Inputs are
     train step locations (directories or bucket URIs); only those small files are read, in place,
@@ -105,13 +108,13 @@ def read_runs(ctx_inputs: dict[str, Path | str], config: dict[str, Any]) -> tupl
     Raises:
         KeyError: a planned run is not among the inputs.
     """
-    loss_key = config["loss"]
-    fraction = float(config.get("tail_fraction", 0.2))
-    convention = config.get("n_params", "total")
+    loss_key = config.loss
+    fraction = config.tail_fraction
+    convention = config.n_params
     cols: dict[str, list] = {k: [] for k in ("name", "budget", "d_model", "n_layers", "n", "d", "c", "loss",
                                              "loss_se", "epochs")}
     dropped, repeated, few = [], [], []
-    for name, meta in sorted(config["runs"].items(), key=lambda kv: (kv[1]["budget"], kv[0])):
+    for name, meta in sorted(config.runs.items(), key=lambda kv: (kv[1].budget, kv[0])):
         step_dir = StepFiles.open(ctx_inputs[name])
         summary = step_dir.read_json(SUMMARY_JSON)
         se = math.nan
@@ -129,10 +132,10 @@ def read_runs(ctx_inputs: dict[str, Path | str], config: dict[str, Any]) -> tupl
         if loss_key != "eval_loss" and epochs > 1.0:
             repeated.append(f"{name} ({epochs:.2f} epochs)")
         cols["name"].append(name)
-        cols["budget"].append(float(meta["budget"]))
-        cols["d_model"].append(int(meta["model"]["d_model"]))
-        cols["n_layers"].append(int(meta["model"]["n_layers"]))
-        n = non_embedding_params(meta["model"]) if convention == "non_embedding" else summary["param_count"]
+        cols["budget"].append(float(meta.budget))
+        cols["d_model"].append(int(meta.model["d_model"]))
+        cols["n_layers"].append(int(meta.model["n_layers"]))
+        n = non_embedding_params(meta.model) if convention == "non_embedding" else summary["param_count"]
         cols["n"].append(float(n))
         cols["d"].append(float(summary["tokens_seen"]))
         cols["c"].append(float(summary["tokens_seen"]) * float(summary["flops_per_token"]))
@@ -160,7 +163,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def fit_runs(cols: dict[str, np.ndarray], config: dict[str, Any], seed: int) -> tuple[dict[str, Any], Any]:
+def fit_runs(cols: dict[str, np.ndarray], config: FitStepConfig, seed: int) -> tuple[dict[str, Any], Any]:
     """Fit, hold out and forecast; returns ``(fits mapping, SuiteFit)``."""
     from tidal.scaling.fits import (
         Runs,
@@ -172,9 +175,9 @@ def fit_runs(cols: dict[str, np.ndarray], config: dict[str, Any], seed: int) -> 
     )
 
     runs = Runs.make(cols["n"], cols["d"], cols["c"], cols["loss"], cols["budget"], cols["name"])
-    fit = fit_suite(runs, n_boot=int(config["n_boot"]), seed=seed % 2**32)
+    fit = fit_suite(runs, n_boot=config.n_boot, seed=seed % 2**32)
     a2 = fit.approach2
-    fits: dict[str, Any] = {"loss": config["loss"], "n_params": config.get("n_params", "total"),
+    fits: dict[str, Any] = {"loss": config.loss, "n_params": config.n_params,
                             "n_runs": len(runs.n), "c_per_nd": fit.c_per_nd,
                             "flags": list(fit.flags), "point": fit.point, "params": fit.params_table(),
                             "approach3": {k: fit.approach3[k] for k in ("E", "A", "B", "alpha", "beta", "objective",
@@ -187,10 +190,10 @@ def fit_runs(cols: dict[str, np.ndarray], config: dict[str, Any], seed: int) -> 
                         for pn, pd in zip(a2.iso_n, a2.iso_d, strict=True)],
             "n_law": {"k": a2.n_law[0], "a": a2.n_law[1]}, "d_law": {"k": a2.d_law[0], "a": a2.d_law[1]},
             "frontier": a2.frontier, "used_budgets": a2.used_budgets}
-    fits["forecasts"] = [{"flops": c, **forecast(fit, c)} for c in config.get("forecast_flops", [])]
-    if config.get("holdout", True):
+    fits["forecasts"] = [{"flops": c, **forecast(fit, c)} for c in config.forecast_flops]
+    if config.holdout:
         try:
-            fits["holdout"] = holdout_largest(runs, n_boot=int(config["n_boot"]), seed=seed % 2**32)
+            fits["holdout"] = holdout_largest(runs, n_boot=config.n_boot, seed=seed % 2**32)
             if fits["holdout"]["degenerate"]:
                 fits["flags"].append("hold-out validation: the fit without the largest budget is degenerate, so "
                                      "its error is no validation: " + "; ".join(
@@ -214,7 +217,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from tidal.scaling.fits import PARAM_KEYS
     from tidal.scaling.plots import write_plots
 
-    config = ctx.config.model_dump()  # the step's FitStepConfig; the fitting code reads plain data
+    config: FitStepConfig = ctx.config  # parsed once, at plan time
     cols, dropped_flags = read_runs(ctx.inputs, config)
     fits, fit = fit_runs(cols, config, ctx.require_seed())
     fits["flags"] = dropped_flags + fits["flags"]
@@ -236,7 +239,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     (out / FITS_JSON).write_text(json.dumps(_jsonable(fits), indent=1, sort_keys=True) + "\n")
     write_plots(out / "plots", fits, {k: cols[k] for k in ("n", "d", "c", "loss", "budget", "resid3")})
     summary: dict[str, Any] = {"n_runs": fits["n_runs"], "n_budgets": len(np.unique(cols["budget"])),
-                               "n_flags": len(fits["flags"]), "loss": config["loss"],
+                               "n_flags": len(fits["flags"]), "loss": config.loss,
                                "degenerate3": int(fits["approach3"]["degenerate"])}
     for key in ("alpha", "beta", "E", "a_N", "a_D", "L_inf", "alpha_C"):
         value = fit.point[key]

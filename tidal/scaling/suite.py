@@ -66,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tidal.config import problems
 from tidal.recipe import Recipe, RecipeError, load_recipe
+from tidal.recipe.loader import read_yaml
 from tidal.train.flops import ModelShape, flops_per_token, param_count
 
 SUITE_KIND = "scaling_suite"
@@ -223,8 +224,6 @@ def budget_tag(flops: float) -> str:
 
 def is_suite_file(path: str | Path) -> bool:
     """True when ``path`` is YAML whose top level has ``kind: scaling_suite`` (cheap check)."""
-    from tidal.recipe.loader import read_yaml
-
     try:
         data = read_yaml(path)
     except RecipeError:
@@ -240,8 +239,6 @@ def load_suite(path: str | Path) -> tuple[Suite, Recipe]:
             or a grid point that cannot be planned (too few steps, bad shape).
     """
     path = Path(path)
-    from tidal.recipe.loader import read_yaml
-
     try:
         data = read_yaml(path, "suite")
     except RecipeError as err:

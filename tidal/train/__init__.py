@@ -15,6 +15,7 @@ from tidal.launch.local import TrainingFailed, run_entrypoint
 from tidal.storage.layout import SPEC_JSON as SPEC_NAME
 from tidal.storage.layout import SUMMARY_JSON as SUMMARY_NAME
 from tidal.storage.layout import atomic_write_text
+from tidal.train.config import TrainStepConfig
 
 STEP_VERSION = 3  # 3: loss_curve.png in the step's output (tidal/train/curves.py)
 RESUMABLE = True
@@ -24,18 +25,19 @@ __all__ = ["RESUMABLE", "STEP_VERSION", "TrainingFailed", "expected_outputs", "r
 
 
 def spec_of(ctx: StepContext) -> dict[str, Any]:
-    """``spec.json`` = ``{step_id, name, kind, config, inputs, input_ids, seed}``; ``inputs`` maps
+    """The step spec ``{step_id, name, kind, config, inputs, input_ids, seed}``; ``inputs`` maps
     input step name -> its location as a string (a bucket URI on an object-store root, read in place);
-    ``config`` is the step's config model as JSON data (the entrypoint parses it once)."""
-    config = ctx.config.model_dump(mode="json") if hasattr(ctx.config, "model_dump") else ctx.config
-    return {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": config,
+    ``config`` is the step's :class:`tidal.train.config.TrainStepConfig` as planned, unchanged
+    (:func:`spec_text` serializes it once, :func:`tidal.train.trainer.load_spec` parses it once)."""
+    return {"step_id": ctx.step_id, "name": ctx.name, "kind": ctx.kind, "config": ctx.config,
             "inputs": {name: str(path) for name, path in sorted(ctx.inputs.items())},
             "input_ids": dict(sorted(ctx.input_ids.items())), "seed": ctx.seed}
 
 
 def spec_text(spec: dict[str, Any]) -> str:
-    """The exact text of ``spec.json`` (sorted keys: the same spec gives the same bytes)."""
-    return json.dumps(spec, indent=1, sort_keys=True) + "\n"
+    """The exact text of ``spec.json`` (sorted keys: the same spec gives the same bytes): the config
+    model's one serialized form, its JSON data, under ``config``."""
+    return json.dumps({**spec, "config": spec["config"].model_dump(mode="json")}, indent=1, sort_keys=True) + "\n"
 
 
 def write_spec(ctx: StepContext) -> dict[str, Any]:
@@ -46,7 +48,7 @@ def write_spec(ctx: StepContext) -> dict[str, Any]:
     return spec
 
 
-def expected_outputs(config: dict[str, Any]) -> list[str]:
+def expected_outputs(config: TrainStepConfig) -> list[str]:
     """The files every finished training run writes, whichever launcher ran it (part of the kind's
     commit contract, :func:`tidal.core.commit.check_outputs`): ``spec.json`` (what ran) and
     ``summary.json`` (what it returned; written after the last checkpoint is final)."""

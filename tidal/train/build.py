@@ -24,7 +24,7 @@ from tidal.storage.layout import SPEC_JSON as SPEC
 from tidal.train import distributed
 from tidal.train import mesh as meshlib
 from tidal.train import model as modellib
-from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
+from tidal.train.config import ConfigError, TrainStepConfig
 from tidal.train.distributed import host_scalar
 from tidal.train.loader import (
     BatchLoader,
@@ -35,6 +35,7 @@ from tidal.train.loader import (
 )
 from tidal.train.metrics import model_flops_utilisation, peak_flops
 from tidal.train.model import ModelShape, init_params
+from tidal.train.optimizer import make_optimizer
 
 
 @dataclass
@@ -147,18 +148,23 @@ def step_seed(spec: dict[str, Any], where: str | Path = SPEC) -> int:
 
 
 def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
-    """Parse the spec, open the inputs, make the mesh and jit the step functions.
+    """Open the spec's inputs, make the mesh and jit the step functions.
 
     Args:
-        spec: the step spec (``spec.json``): ``config``, ``inputs``, ``seed``.
+        spec: the step spec (``spec.json``): ``config`` (its :class:`TrainStepConfig`, parsed once by
+            :func:`tidal.train.trainer.load_spec`), ``inputs``, ``seed``.
         where: the spec's file, named by error messages.
 
     Raises:
         ConfigError, DataContractError: bad config or inputs, before any training.
+        TypeError: ``config`` is not the parsed model (a caller bug).
     """
     distributed.start_once()
     seed = step_seed(spec, where)  # split once below: parameter init (_seed32 purpose 0), batch order
-    cfg = parse_step_config(spec["config"], where)
+    cfg = spec["config"]  # parsed once, by load_spec (or handed over by the in-process caller)
+    if not isinstance(cfg, TrainStepConfig):
+        raise TypeError(f"{where}: spec['config'] must be the parsed TrainStepConfig (tidal.train.trainer.load_spec), "
+                        f"got {type(cfg).__name__}")
     data = open_inputs(cfg, spec.get("inputs", {}))
     vocab = int(data.tokenizer_meta["vocab_size"])
     try:

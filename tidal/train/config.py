@@ -1,23 +1,23 @@
-"""Train step configuration: the one schema of a training run, and the AdamW schedule.
+"""Train step configuration: the one schema of a training run.
 
 Invariant: a training config is typed once. :class:`TrainConfig` (with :class:`OptimizerConfig`,
 :class:`MeshConfig` and :class:`tidal.train.flops.ModelConfig`) is what a recipe's ``train``
 section says (``tidal.recipe.training`` composes it, adding only ``resources``); the planner
 hashes its ``model_dump``, so that dump must stay byte-identical for existing recipes (unset
 optional fields are left out). :class:`TrainStepConfig` is the step config the planner writes,
-the same fields plus the input step names, and the trainer reads it back with
-``TrainStepConfig.model_validate`` (:func:`parse_step_config` turns a refusal into a
-:class:`ConfigError` naming the dotted field). :func:`make_optimizer` builds the optimizer the
-trainer (:mod:`tidal.train.trainer`) and the throughput bench's hand-written loop both use.
+the same fields plus the input step names; it crosses to a training process as its JSON data in
+``spec.json`` and is parsed there once (:func:`parse_step_config`, called by
+:func:`tidal.train.trainer.load_spec`, turns a refusal into a :class:`ConfigError` naming the dotted
+field). The AdamW schedule it describes is built by :func:`tidal.train.optimizer.make_optimizer`.
 
-Light on purpose: no JAX or optax at import (recipe validation and DAG parsing import this).
+Light on purpose: no JAX or optax, not even through a lazy import (recipe validation, planning and
+DAG parsing import this).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_serializer, model_validator
 from pydantic import Strict as StrictType
@@ -25,9 +25,6 @@ from pydantic import Strict as StrictType
 from tidal.config import Fraction, PositiveInt, Strict, omit_unused, problems
 from tidal.storage.layout import SPEC_JSON
 from tidal.train.flops import ModelConfig
-
-if TYPE_CHECKING:
-    import optax
 
 NonNegativeInt = Annotated[int, StrictType(), Field(ge=0)]
 InputStep = Annotated[str, StrictType(), Field(min_length=1)]
@@ -170,6 +167,13 @@ class TrainStepConfig(TrainConfig):
     continue_from: ResolvedContinue | None = Field(
         default=None, description=f"the parent checkpoint, read from the input step {CONTINUE_INPUT!r}")
 
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # as TrainConfig, and what the planner leaves out (no recipe seed, no held-out split): the model's
+        # dump is the planned config, so spec.json holds what was hashed
+        return omit_unused(handler(self), {**dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
+                                                            "continue_from", "seed")), "heldout_data": {}})
+
     @model_validator(mode="after")
     def _continues_forward(self) -> TrainStepConfig:
         ref = self.continue_from
@@ -210,25 +214,3 @@ def parse_step_config(config: Any, where: str | Path = SPEC_JSON) -> TrainStepCo
         return TrainStepConfig.model_validate(config)
     except ValidationError as err:
         raise ConfigError(f"{where}: train config: {describe_errors(err)}") from None
-
-
-def make_optimizer(cfg: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-    """Clip-by-global-norm then AdamW on ``optax.warmup_cosine_decay_schedule``.
-
-    The schedule rises linearly from 0 to ``lr`` over ``warmup_steps`` and decays by a cosine to
-    ``lr * min_lr_ratio`` at ``total_steps`` (optax's ``decay_steps`` includes the warmup). The
-    schedule reads the update count kept in the optimizer state, so a restored state continues it.
-
-    Returns:
-        ``(transformation, schedule)``; ``schedule(i)`` is the learning rate of 0-based update i.
-    """
-    import jax
-    import optax
-
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=total_steps,
-        end_value=cfg.lr * cfg.min_lr_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
-    parts = ([optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []) + [adamw]
-    return optax.chain(*parts), schedule

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from tidal.storage.layout import SPEC_JSON, SUMMARY_JSON
-from tidal.train.config import ConfigError, TrainStepConfig, make_optimizer, parse_step_config
+from tidal.train.config import ConfigError, TrainStepConfig, parse_step_config
 from tidal.train.loader import read_tokenizer_meta
 from tidal.train.model import ModelShape, Transformer, init_params
+from tidal.train.optimizer import make_optimizer
 
 TOKENIZER_FILE = "tokenizer.json"
 

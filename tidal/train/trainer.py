@@ -1,6 +1,6 @@
 """The training loop: sharded jitted step, then hooks for eval, metrics, checkpoints, preemption.
 
-Config: :mod:`tidal.train.config` (read once, with ``TrainStepConfig.model_validate``); hooks:
+Config: :mod:`tidal.train.config` (parsed once, by :func:`load_spec`, into ``TrainStepConfig``); hooks:
 :mod:`tidal.train.hooks`. :func:`train` is "fetch batch, step, run the hooks"; what a step
 logs, evaluates, saves or stops on is a hook registered with an interval by :func:`training_hooks`.
 
@@ -51,7 +51,7 @@ from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer, tree_sha256
-from tidal.train.config import ConfigError
+from tidal.train.config import ConfigError, parse_step_config
 from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar, host_tree
@@ -293,7 +293,8 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
 
     Args:
         step_dir: output directory (holds ``spec.json``, checkpoints, metrics, summary).
-        spec: ``{"config", "inputs": {name: dir}, "seed", ...}`` as written by ``tidal.train.run``.
+        spec: ``{"config", "inputs": {name: dir}, "seed", ...}`` as written by ``tidal.train.run``, its
+            config the parsed :class:`tidal.train.config.TrainStepConfig` (:func:`load_spec`).
         stop_after: testing aid that simulates preemption: return None right after completing
             this step (after its checkpoint, if one is due), without writing a summary.
         mirror: the step's staging location in the bucket: checkpoints are written there and
@@ -470,10 +471,13 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
 
 
 def load_spec(step_dir: str | Path) -> dict[str, Any]:
-    """Read ``STEP_DIR/spec.json``.
+    """Read ``STEP_DIR/spec.json``, its ``config`` parsed into the step's
+    :class:`tidal.train.config.TrainStepConfig`: the config's one parse in this process (every part of
+    the run reads that model).
 
     Raises:
-        ConfigError: missing or not a JSON object with a ``config`` mapping.
+        ConfigError: missing or not a JSON object with a ``config`` mapping, or a config the model
+            refuses (naming the file and each dotted field).
     """
     path = Path(step_dir) / SPEC
     try:
@@ -482,5 +486,5 @@ def load_spec(step_dir: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the step spec ({err})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("config"), dict):
         raise ConfigError(f"{path}: expected an object with a 'config' mapping")
-    return spec
+    return {**spec, "config": parse_step_config(spec["config"], path)}
 
