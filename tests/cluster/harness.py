@@ -2,13 +2,18 @@
 PostgreSQL and the MLflow server.
 
 Invariant: a node can hand another node (or the test process) nothing except through the shared
-services. Each :meth:`Node.run` is a fresh process tree in its own mount, UTS and PID namespaces
-(``unshare``): its own hostname, a private tmpfs over every place a program writes scratch
+services. Each :meth:`Node.run` is a fresh process tree in its own mount, UTS, IPC and PID namespaces
+(``unshare``): its own hostname, its own SysV IPC objects, a private tmpfs over every place a program writes scratch
 (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/var/cache`` with the storage cache, ``~/.cache``,
 ``~/.config``), and the rest of the disk read-only, the repository checkout included. When the
 command ends the namespace's init exits, so every process the node started dies and its tmpfs
 mounts go with it. The network namespace is shared: loopback is how nodes reach the services,
 as pods reach a bucket, a database and a tracking server by address.
+
+Each boot runs under kernel-enforced limits (:class:`~tests.cluster.limits.NodeLimits`, set per node by
+:meth:`Cluster.node`): a cgroup v1 memory limit (past it the OOM killer kills: exit 137), a CFS CPU
+quota, and a size on each private tmpfs (past it: ENOSPC). Every boot's peak memory and OOM kills are
+recorded (:class:`~tests.cluster.limits.NodeUsage`: ``Node.run(...).usage``, :attr:`Cluster.usage`).
 
 What stands in for the internet: the offline corpora archive cache (``$TIDAL_ARCHIVE_CACHE``,
 default ``~/.cache/tidal/archives``), bind-mounted read-only into every node.
@@ -41,11 +46,13 @@ import threading
 import time
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
 from tests.cluster.addresses import node_address
+from tests.cluster.limits import Cgroups, NodeCgroup, NodeLimits, NodeUsage
 from tests.storage.servers import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +62,8 @@ MLFLOW_ARTIFACTS = f"s3://{BUCKET}/mlflow-artifacts"
 STORAGE_CACHE = "/var/cache/tidal-node"  # inside the node's private /var/cache tmpfs
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
-UNSHARE = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
+UNSHARE = ["unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc",
+           "--propagation", "private"]
 NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 TAIL_CHARS = 4000
 
@@ -65,17 +73,31 @@ class ClusterUnavailable(RuntimeError):
 
 
 class NodeError(subprocess.CalledProcessError):
-    """A node's command exited non-zero (``run(check=True)``); the message carries its output's tail."""
+    """A node's command exited non-zero (``run(check=True)``); the message carries its output's tail and,
+    when the OOM killer struck, the node's memory limit and peak (``usage``: its :class:`NodeUsage`)."""
+
+    usage: NodeUsage | None = None
 
     def __str__(self) -> str:
-        return f"{super().__str__()}\n{_tail(self.stdout, self.stderr)}"
+        oom = f" ({self.usage.describe()})" if self.usage is not None and self.usage.oom_killed else ""
+        return f"{super().__str__()}{oom}\n{_tail(self.stdout, self.stderr)}"
 
 
 class NodeTimeout(subprocess.TimeoutExpired):
     """A node's command ran past its timeout and the node was killed; the message carries its output's tail."""
 
+    usage: NodeUsage | None = None
+
     def __str__(self) -> str:
         return f"{super().__str__()} (the node was killed)\n{_tail(self.stdout, self.stderr)}"
+
+
+class NodeResult(subprocess.CompletedProcess):
+    """A finished :meth:`Node.run`: a CompletedProcess with ``usage``, the boot's :class:`NodeUsage`."""
+
+    def __init__(self, args, returncode, stdout, stderr, usage: NodeUsage):
+        super().__init__(args, returncode, stdout, stderr)
+        self.usage = usage
 
 
 def _tail(stdout: str | None, stderr: str | None) -> str:
@@ -86,7 +108,7 @@ def _tail(stdout: str | None, stderr: str | None) -> str:
 def namespaces_unavailable() -> str | None:
     """Why this machine cannot create a node's namespaces, or None when it can (tries ``unshare`` once)."""
     if os.geteuid() != 0:
-        return "the test cluster needs root (mount, UTS and PID namespaces, tmpfs mounts)"
+        return "the test cluster needs root (mount, UTS, IPC and PID namespaces, tmpfs mounts, cgroups)"
     if shutil.which("unshare") is None:
         return "the test cluster needs util-linux's unshare, which is not on PATH"
     try:
@@ -94,7 +116,7 @@ def namespaces_unavailable() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"unshare failed: {err}"
     if probe.returncode != 0:
-        return f"unshare --mount --uts --pid --fork failed ({probe.returncode}): {probe.stderr.strip()}"
+        return f"unshare --mount --uts --ipc --pid --fork failed ({probe.returncode}): {probe.stderr.strip()}"
     return None
 
 
@@ -144,31 +166,55 @@ class Node:
         self.name = name
         self.address = cluster._addresses[name]
 
-    def _boot(self, command: Sequence[str], env: Mapping[str, str] | None) -> tuple[dict[str, str], list[str]]:
-        """The node's environment (:attr:`Cluster.env` updated with ``env``) and the argv that boots it
-        around ``command`` (new namespaces, the bootstrap script as PID 1)."""
+    @property
+    def limits(self) -> NodeLimits:
+        """The limits this node boots with (set by :meth:`Cluster.node`)."""
+        return self.cluster.limits_of(self.name)
+
+    def _boot(self, command: Sequence[str],
+              env: Mapping[str, str] | None) -> tuple[dict[str, str], list[str], NodeCgroup | None]:
+        """The node's environment (:attr:`Cluster.env` updated with ``env``), the argv that boots it around
+        ``command`` (its cgroup joined, new namespaces, the bootstrap script as PID 1) and its new cgroup."""
         node_env = {**self.cluster.env, **(env or {})}
-        return node_env, [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env), f"node:{self.name}",
-                          *command]
+        limits = self.limits
+        argv = [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env, limits), f"node:{self.name}",
+                *command]
+        cgroup = self.cluster._cgroups.node(self.name, limits) if self.cluster._cgroups else None
+        return node_env, _die_with_parent(cgroup.join(argv) if cgroup else argv), cgroup
 
     def start(self, command: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
         """Boot the node and run ``command`` in the background (a long-running service: a Flink
         TaskManager, a worker pool), stdout and stderr to ``log``. Stop it by its process group
         (:func:`stop_node`): the node's namespace init dies and takes every process of the node along,
-        as losing the machine would.
+        as losing the machine would. Once its processes are gone, a watcher thread records the boot's
+        :class:`NodeUsage` as the returned Popen's ``node_usage`` (None until then) and in
+        :attr:`Cluster.usage`, and removes its cgroup.
         """
-        node_env, argv = self._boot(command, env)
-        with open(log, "ab") as out:
-            return subprocess.Popen(_die_with_parent(argv), env=node_env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        node_env, argv, cgroup = self._boot(command, env)
+        try:
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(argv, env=node_env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.finish(grace_s=0)
+            raise
+        proc.node_usage = None
+        if cgroup is not None:
+            def watch() -> None:
+                proc.node_usage = cgroup.wait_until_done(proc.pid)
+
+            threading.Thread(target=watch, name=f"cgroup-{cgroup.name}", daemon=True).start()
+        return proc
 
     def run(self, command: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 600,
-            check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+            check: bool = True, input: str | None = None) -> NodeResult:
         """Boot the node, run ``command`` in a fresh directory under its /tmp, and tear the node down.
 
         The command gets :attr:`Cluster.env` updated with ``env``, nothing else of the test process's
         environment. Output is captured as text. Safe to call from several threads at once (nodes run
-        concurrently).
+        concurrently). The result's ``usage`` (:class:`NodeUsage`) has the boot's peak memory and OOM
+        kills; so do the exceptions'. A command the OOM killer killed exits 137.
 
         Args:
             command: argv; the first word is looked up on the node's PATH.
@@ -181,24 +227,33 @@ class Node:
             NodeTimeout: the command ran longer than ``timeout`` seconds (the node was killed).
             NodeError: ``check`` and the command exited non-zero (125: the node's bootstrap failed).
         """
-        node_env, argv = self._boot(command, env)
-        proc = subprocess.Popen(_die_with_parent(argv), env=node_env, text=True, errors="replace",
-                                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        node_env, argv, cgroup = self._boot(command, env)
         try:
-            stdout, stderr = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            raise NodeTimeout(list(command), timeout, stdout, stderr) from None
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+            proc = subprocess.Popen(argv, env=node_env, text=True, errors="replace",
+                                    stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+            try:
+                stdout, stderr = proc.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+                timed_out = NodeTimeout(list(command), timeout, stdout, stderr)
+                timed_out.usage = cgroup.finish() if cgroup else None
+                raise timed_out from None
+            except BaseException:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+        finally:
+            usage = cgroup.finish() if cgroup else None  # the cgroup goes with the node, however it ended
+        if usage is None:
+            usage = NodeUsage(node=self.name, cgroup="", limits=self.limits, enforced=())
         if check and proc.returncode != 0:
-            raise NodeError(proc.returncode, list(command), stdout, stderr)
-        return subprocess.CompletedProcess(list(command), proc.returncode, stdout, stderr)
+            failed = NodeError(proc.returncode, list(command), stdout, stderr)
+            failed.usage = usage
+            raise failed
+        return NodeResult(list(command), proc.returncode, stdout, stderr, usage)
 
     def __repr__(self) -> str:
         return f"Node({self.name!r})"
@@ -215,12 +270,16 @@ class Cluster:
         mlflow_uri: the MLflow server's URL (http://127.0.0.1:port), also reachable from the test process.
         database: the PostgreSQL database of this cluster (MLflow's backend store).
         read_only: whether a node's disk is read-only outside its private tmpfs dirs.
+        id: the cluster's own id (its database's and its parent cgroup's name, ``tidal-<id>``).
+        limits_skipped: controller ('memory', 'cpu') -> why that limit is not enforced on this machine
+            (empty where every limit is; never set under ``CI=true``: the cluster does not start).
     """
 
     def __init__(self, workdir: Path, *, read_only: bool = True):
         self.workdir = Path(workdir)
         self.read_only = read_only
-        self.database = f"tidal_cluster_{uuid.uuid4().hex[:10]}"
+        self.id = uuid.uuid4().hex[:10]
+        self.database = f"tidal_cluster_{self.id}"
         self.hosts_file = self.workdir / "hosts"
         self.s3_endpoint = ""
         self.mlflow_uri = ""
@@ -229,7 +288,9 @@ class Cluster:
         self._addresses: dict[str, str] = {}
         self._aliases: dict[str, list[str]] = {}
         self._dns_names: list[str] = []  # cluster-wide names that are not nodes (add_dns_name)
-        self._disk_mb: dict[str, int] = {}  # node -> size of each of its private tmpfs mounts (MiB)
+        self._limits: dict[str, NodeLimits] = {}  # node -> its limits, where not the defaults
+        self._cgroups: Cgroups | None = None
+        self.limits_skipped: dict[str, str] = {}
         self._lock = threading.Lock()
         self._moto: MotoServer | None = None
         self._mlflow: subprocess.Popen | None = None
@@ -251,7 +312,8 @@ class Cluster:
 
         Raises:
             ClusterUnavailable: PostgreSQL is unreachable on 127.0.0.1:5432 even after
-                ``.ci/services.sh start``.
+                ``.ci/services.sh start``; or, under ``CI=true``, a node limit's cgroup controller is
+                unavailable (elsewhere that limit is skipped with a warning: :attr:`limits_skipped`).
             RuntimeError: a service did not come up in time (the message has its log's tail).
         """
         cluster = cls(workdir, read_only=read_only)
@@ -260,6 +322,7 @@ class Cluster:
         try:
             for name in nodes:
                 cluster._add_name(name)
+            cluster._start_cgroups()
             cluster._start_bucket(timeout_s)
             cluster._create_database()
             cluster._start_mlflow(timeout_s)
@@ -275,26 +338,47 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def node(self, name: str, *, aliases: Sequence[str] = (), disk_mb: int | None = None) -> Node:
+    def node(self, name: str, *, aliases: Sequence[str] = (), memory_mb: int | None = None,
+             cpus: float | None = None, tmpfs_mb: int | None = None, disk_mb: int | None = None) -> Node:
         """The node called ``name`` (a hostname: lowercase letters, digits, '-'); it joins the hosts file.
         ``aliases`` are hostnames that resolve to the node's own :attr:`Node.address` on that node alone
-        (``beam-worker-pool``: the SDK worker pool beside a TaskManager). ``disk_mb``: the size of each
-        of its private disks (/tmp, /var/cache, ~/.cache ...; default: half the memory, tmpfs's), for a
-        node whose disk is smaller than its data.
+        (``beam-worker-pool``: the SDK worker pool beside a TaskManager).
+
+        Its limits (:class:`~tests.cluster.limits.NodeLimits`; each left out or None is the default there,
+        the training pod's own limits), for every boot from now on, until the next call for ``name``:
+        ``memory_mb``, its memory cgroup's limit (the OOM killer kills past it, exit 137; its tmpfs pages
+        count); ``cpus``, its CPU quota in cores; ``tmpfs_mb``, the size of each of its private disks
+        (/tmp, /var/cache, ~/.cache ...), for a node whose disk is smaller than its data. ``disk_mb`` is
+        ``tmpfs_mb``'s older name.
 
         Raises:
-            ValueError: ``name`` or an alias is not a valid hostname.
+            ValueError: ``name`` or an alias is not a valid hostname; a limit is out of range; ``disk_mb``
+                and ``tmpfs_mb`` disagree.
         """
         for alias in aliases:
             if not NODE_NAME.match(alias):
                 raise ValueError(f"alias {alias!r} is not a hostname")
+        if disk_mb is not None and tmpfs_mb is not None and int(disk_mb) != int(tmpfs_mb):
+            raise ValueError(f"disk_mb={disk_mb} and tmpfs_mb={tmpfs_mb}: disk_mb is tmpfs_mb's older name, give one")
+        tmpfs_mb = tmpfs_mb if tmpfs_mb is not None else disk_mb
+        given = {k: v for k, v in (("memory_mb", memory_mb), ("cpus", cpus),
+                                   ("tmpfs_mb", None if tmpfs_mb is None else int(tmpfs_mb))) if v is not None}
+        limits = NodeLimits(**given)
         self._add_name(name, aliases)
         with self._lock:
-            if disk_mb is None:
-                self._disk_mb.pop(name, None)
-            else:
-                self._disk_mb[name] = int(disk_mb)
+            self._limits[name] = limits
         return Node(self, name)
+
+    def limits_of(self, name: str) -> NodeLimits:
+        """The limits node ``name`` boots with (the defaults for a name :meth:`node` has not set)."""
+        with self._lock:
+            return self._limits.get(name) or NodeLimits()
+
+    @property
+    def usage(self) -> list[NodeUsage]:
+        """Every finished node boot's :class:`~tests.cluster.limits.NodeUsage` (peak memory, OOM kills), in
+        the order they finished (empty where no cgroup controller is available)."""
+        return list(self._cgroups.usage) if self._cgroups else []
 
     def share_read_only(self, folder: Path) -> None:
         """Let every node booted from now on see ``folder`` read-only at the same path, also where it lies
@@ -317,7 +401,10 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop MLflow and moto (SIGTERM to each process group, SIGKILL after 10 s), drop the database,
-        stop PostgreSQL if this cluster started it, remove ``workdir``. Safe to call twice."""
+        stop PostgreSQL if this cluster started it, kill what is left of any node and remove the nodes'
+        cgroups and their parent, remove ``workdir``. Safe to call twice."""
+        if self._cgroups is not None:
+            self._cgroups.remove()
         if self._mlflow is not None:
             _stop_group(self._mlflow)
             self._mlflow = None
@@ -339,6 +426,18 @@ class Cluster:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # --- nodes -------------------------------------------------------------------------------
+
+    def _start_cgroups(self) -> None:
+        """Create the cluster's parent cgroups; a controller that is unavailable is skipped with a warning,
+        or, under ``CI=true``, is ClusterUnavailable."""
+        self._cgroups = Cgroups(self.id)
+        self.limits_skipped = dict(self._cgroups.skipped)
+        if not self.limits_skipped:
+            return
+        reasons = "; ".join(f"{c} limit: {why}" for c, why in self.limits_skipped.items())
+        if os.environ.get("CI") == "true":
+            raise ClusterUnavailable(f"node limits cannot be enforced ({reasons})")
+        warnings.warn(f"test cluster: node limits skipped ({reasons})", stacklevel=3)
 
     def add_dns_name(self, name: str) -> None:
         """Let ``name`` (e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve to 127.0.0.1 (shared loopback)
@@ -377,9 +476,11 @@ class Cluster:
         """The hosts file node ``name`` sees: its own when it has aliases, else the cluster's."""
         return self.workdir / f"hosts.{name}" if self._aliases.get(name) else self.hosts_file
 
-    def bootstrap(self, name: str, env: Mapping[str, str]) -> str:
-        """The bash script node ``name`` runs as its PID 1 around ``"$@"`` (its command) in environment ``env``:
-        it exits with the command's status, or 125 if the node's own set-up failed."""
+    def bootstrap(self, name: str, env: Mapping[str, str], limits: NodeLimits | None = None) -> str:
+        """The bash script node ``name`` runs as its PID 1 around ``"$@"`` (its command) in environment ``env``
+        with ``limits`` (default: the node's, :meth:`limits_of`): it exits with the command's status, or 125
+        if the node's own set-up failed."""
+        limits = limits or self.limits_of(name)
         home = Path(env.get("HOME") or Path.home())
         archives = Path(env.get("TIDAL_ARCHIVE_CACHE") or home / ".cache" / "tidal" / "archives")
         private = ["/tmp", "/var/tmp", "/dev/shm", "/var/cache", str(home / ".cache"), str(home / ".config")]
@@ -403,7 +504,7 @@ class Cluster:
             lines.append(f"exec {fd}< {q(str(path))}")
         if self.read_only:
             lines.append("mount -o remount,bind,ro /")
-        size = f",size={self._disk_mb[name]}m" if name in self._disk_mb else ""
+        size = f",size={limits.tmpfs_mb}m"
         mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}  # re-mkdir: HOME=/tmp
         lines += [f"mkdir -p {q(d)} && mount -t tmpfs -o mode={mode[d]}{size} tmpfs {q(d)}" for d in private]
         for fd, path in enumerate(keep, start=3):
@@ -510,5 +611,5 @@ class Cluster:
             time.sleep(0.3)
 
 
-__all__ = ["BUCKET", "Cluster", "ClusterUnavailable", "Node", "NodeError", "NodeTimeout", "namespaces_unavailable",
-           "stop_node"]
+__all__ = ["BUCKET", "Cluster", "ClusterUnavailable", "Node", "NodeError", "NodeLimits", "NodeResult", "NodeTimeout",
+           "NodeUsage", "namespaces_unavailable", "stop_node"]

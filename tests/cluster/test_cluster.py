@@ -1,5 +1,6 @@
 """The test cluster keeps its promise: nodes share the bucket, PostgreSQL (through MLflow) and the
-MLflow server, and nothing else: not a hostname, a scratch file, a cache, a process or the disk."""
+MLflow server, and nothing else: not a hostname, a scratch file, a cache, a process, SysV IPC or the
+disk; and each node's limits bite: memory (OOM kill), CPU quota, tmpfs size."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from textwrap import dedent
 
 import pytest
 
-from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout, node_address
+from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout, node_address, stop_node
 
 
 def python(node, code: str, **kwargs) -> str:
@@ -172,3 +173,123 @@ def test_nodes_share_mlflow_and_its_artifacts_land_in_the_bucket(cluster):
     keys = [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(f"/{run_id}/artifacts/report.txt")]
     assert len(keys) == 1, [o["Key"] for o in listed.get("Contents", [])]
     assert cluster.s3().get_object(Bucket=BUCKET, Key=keys[0])["Body"].read() == b"logged on node-a"
+
+
+# --- node limits (tests/cluster/limits.py) ---------------------------------------------------------
+# Node names used by no other test: each test gets nodes of its own limits.
+
+
+def need_cgroup(cluster, controller: str) -> None:
+    """Skip where ``controller``'s limit is not enforced here (under CI=true the cluster refuses to start)."""
+    if controller in cluster.limits_skipped:
+        pytest.skip(f"{controller} limit not enforced on this machine: {cluster.limits_skipped[controller]}")
+
+
+def cgroups_left(cluster, name: str) -> list[Path]:
+    return [path for parent in cluster._cgroups.parents.values() for path in parent.glob(f"{name}-*")]
+
+
+def test_a_node_over_its_memory_limit_is_oom_killed_and_reported(cluster):
+    need_cgroup(cluster, "memory")
+    node = cluster.node("limit-oom", memory_mb=256)
+    allocate = """
+        import sys
+        chunks = []
+        for i in range(int(sys.argv[1]) // 64):
+            chunks.append(b"x" * (64 << 20))  # touched: charged to the node's memory cgroup
+            print("allocated", (i + 1) * 64, "MiB", flush=True)
+    """
+    fits = node.run([sys.executable, "-c", dedent(allocate), "128"], timeout=60)
+    assert "allocated 128 MiB" in fits.stdout and not fits.usage.oom_killed
+    assert 128 < fits.usage.peak_mb < 256
+
+    with pytest.raises(NodeError) as caught:
+        node.run([sys.executable, "-c", dedent(allocate), "1024"], timeout=60)
+    failed = caught.value
+    assert failed.returncode == 137  # SIGKILL by the OOM killer, as kubelet reports OOMKilled
+    assert "allocated 128 MiB" in failed.stdout and "allocated 1024 MiB" not in failed.stdout
+    usage = failed.usage
+    assert usage.oom_killed and usage.limits.memory_mb == 256
+    assert 200 < usage.peak_mb <= 256
+    assert f"OOM-killed at limit 256 MiB, peak {usage.peak_mb:.1f} MiB" in str(failed)
+    assert cluster.usage[-1] == usage
+    assert cgroups_left(cluster, "limit-oom") == []  # each boot's cgroup goes with it
+
+
+def test_a_node_writing_past_its_tmpfs_limit_gets_enospc(cluster):
+    write = """
+        import errno, os, sys
+        dirs = ["/tmp", "/var/tmp", "/dev/shm", os.path.expanduser("~/.cache")]
+        print(*(os.statvfs(d).f_blocks * os.statvfs(d).f_frsize >> 20 for d in dirs))
+        mib = int(sys.argv[1])
+        try:
+            with open("/tmp/big", "wb") as out:
+                for _ in range(mib):
+                    out.write(b"x" * (1 << 20))
+            print("wrote", mib, "MiB")
+        except OSError as err:
+            print("failed", errno.errorcode[err.errno], err.strerror)
+    """
+    small = cluster.node("limit-disk", tmpfs_mb=64)
+    over = small.run([sys.executable, "-c", dedent(write), "96"], timeout=60).stdout.splitlines()
+    assert over == ["64 64 64 64", "failed ENOSPC No space left on device"]
+    under = small.run([sys.executable, "-c", dedent(write), "32"], timeout=60).stdout.splitlines()
+    assert under == ["64 64 64 64", "wrote 32 MiB"]
+    roomy = cluster.node("limit-disk-roomy", tmpfs_mb=256)
+    assert roomy.run([sys.executable, "-c", dedent(write), "96"], timeout=60).stdout.splitlines() == [
+        "256 256 256 256", "wrote 96 MiB"]
+
+
+def test_a_nodes_cpu_quota_holds_it_to_half_a_core(cluster):
+    need_cgroup(cluster, "cpu")
+    need_cgroup(cluster, "memory")
+    code = """
+        import resource, time
+        from pathlib import Path
+        own = {}
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(","):
+                own[controller] = Path("/sys/fs/cgroup", controller, path.lstrip("/"))
+        read = lambda controller, file: (own[controller] / file).read_text().strip()
+        print(read("cpu", "cpu.cfs_quota_us"), read("cpu", "cpu.cfs_period_us"),
+              int(read("memory", "memory.limit_in_bytes")) >> 20)
+        def used():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+        start, cpu0 = time.monotonic(), used()
+        while time.monotonic() - start < 2:
+            pass
+        print(round((used() - cpu0) / (time.monotonic() - start), 3))
+    """
+    result = cluster.node("limit-cpu", cpus=0.5).run([sys.executable, "-c", dedent(code)], timeout=60)
+    quota, cores = result.stdout.splitlines()
+    assert quota == "50000 100000 8192"  # half a core; the memory limit is the default, as for every node
+    assert 0 < float(cores) < 0.8, f"a busy loop got {cores} cores under a 0.5-core quota"
+    assert result.usage.limits.cpus == 0.5
+
+
+def test_sysv_ipc_is_private_to_a_node(cluster, tmp_path):
+    log = tmp_path / "ipc-a.log"
+    proc = cluster.node("ipc-a").start(["bash", "-c", "ipcmk -M 4096 && ipcs -m && echo ready && exec sleep 60"],
+                                       log=log)
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        on_a = log.read_text()
+        assert "ready" in on_a, on_a
+        keys_a = [line.split()[0] for line in on_a.splitlines() if line.startswith("0x")]
+        assert len(keys_a) == 1, on_a  # only its own segment: not the host's (PostgreSQL's) nor another node's
+        on_b = cluster.node("ipc-b").run(["ipcs", "-m"]).stdout
+        assert [line for line in on_b.splitlines() if line.startswith("0x")] == [], on_b
+        on_host = subprocess.run(["ipcs", "-m"], check=True, capture_output=True, text=True).stdout
+        assert keys_a[0] not in on_host
+    finally:
+        stop_node(proc)
+    deadline = time.monotonic() + 30
+    while proc.node_usage is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if "memory" not in cluster.limits_skipped:
+        assert proc.node_usage is not None and proc.node_usage.node == "ipc-a" and not proc.node_usage.oom_killed
+        assert cgroups_left(cluster, "ipc-a") == []
