@@ -31,8 +31,9 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "kind", "step_id", "status"}], "failing_gates": [{"step_id", "attempt" (URI), "data_docs" (URI of
         the attempt's Data Docs index, or None), "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
-        "age_s", "root_hash"} | None, "downstream": {task: {metric: value, "n_examples"}} | None (the committed
-        eval step's results.json, :func:`tidal.core.report.downstream`), "mlflow": {"uri", "link"}}``
+        "age_s", "root_hash"} | {"error"} | None, "downstream": {task: {metric: value, "n_examples"}} | None (the
+        committed eval step's results.json, :func:`tidal.core.report.downstream`; None and ``"downstream_error"`` when
+        that file is damaged), "mlflow": {"uri", "link"}}``
         (:func:`mlflow_run_links` adds ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when
         the recipe does not load.
     """
@@ -50,26 +51,38 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
             continue
         for attempt in pipe.storage.failed_attempts(step.step_id)[-3:]:  # objects: any pod's attempts
             data = pipe.storage.read_object(attempt + "gate_result.json")
-            if data is not None:
-                result = json.loads(data)
+            try:
+                result = json.loads(data) if data is not None else None
+                if result is not None and not isinstance(result, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as err:
+                result = {"results": [{"column": "gate_result.json", "observed": f"unreadable: {err}"}]}
+            if result is not None:
                 docs = attempt + "data_docs/index.html"
                 failing_gates.append({"step_id": step.step_id, "attempt": pipe.storage.object_uri(attempt),
                                       "data_docs": pipe.storage.object_uri(docs)
                                       if pipe.storage.read_object(docs) is not None else None,
-                                      "failed": [r for r in result.get("results", []) if not r.get("success")]})
+                                      "failed": [r for r in result.get("results") or []
+                                                 if isinstance(r, dict) and not r.get("success")]})
     checkpoint = None
     if "train" in pipe.graph.by_name:
         manifest = pipe.storage.step_dir(pipe.graph["train"].step_id) / CHECKPOINT_MANIFEST
         if manifest.is_file():
-            data = json.loads(manifest.read_text())
-            checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),
-                          "step": data.get("step"), "age_s": time.time() - manifest.stat().st_mtime,
-                          "root_hash": data.get("root_hash")}
-    downstream = None
+            try:
+                data = json.loads(manifest.read_text())
+                checkpoint = {"path": str(manifest.parent / "checkpoints" / str(data.get("step"))),
+                              "step": data.get("step"), "age_s": time.time() - manifest.stat().st_mtime,
+                              "root_hash": data.get("root_hash")}
+            except (OSError, ValueError, AttributeError) as err:  # being rewritten, or damaged
+                checkpoint = {"error": f"{manifest}: {type(err).__name__}: {str(err)[:300]}"}
+    downstream, downstream_error = None, None
     if "eval" in pipe.graph.by_name and pipe.storage.is_committed(pipe.graph["eval"].step_id):
         from tidal.core.report import downstream as downstream_of
 
-        downstream = downstream_of(json.loads(pipe.storage.read_text(pipe.graph["eval"].step_id, "results.json")))
+        try:
+            downstream = downstream_of(json.loads(pipe.storage.read_text(pipe.graph["eval"].step_id, "results.json")))
+        except (OSError, ValueError) as err:  # a damaged file is a note on this recipe, not a broken page
+            downstream_error = f"{pipe.graph['eval'].step_id}/results.json: {type(err).__name__}: {str(err)[:300]}"
     from tidal.tracking import experiments_link, safe_uri
 
     return {
@@ -79,6 +92,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name),
                                    pipe.storage.is_committed)[:20],
         "checkpoint": checkpoint, "downstream": downstream,
+        **({"downstream_error": downstream_error} if downstream_error else {}),
         "mlflow": {"uri": safe_uri(pipe.tracking_uri), "link": experiments_link(pipe.tracking_uri)},
     }
 
@@ -158,9 +172,10 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         runs: dag_id -> latest runs ``[{"run_id", "run_type", "state", "start", "end", "failed_tasks",
             "upstream_failed", "mlflow_link", "progress"}]`` (from the Airflow DB, newest first;
             ``progress`` from :func:`runs_progress`, optional).
-    """
-    from tidal.tracking import safe_uri
 
+    A recipe whose status cannot be shown (a damaged file behind it) gets a note in its own section;
+    the other recipes' sections are whole.
+    """
     e = html.escape
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>tidal on-call</title><style>",
            ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1em}"
@@ -170,74 +185,95 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
            "</style></head><body><h1>tidal on-call</h1>"]
     for st in statuses:
         if "error" in st:
-            out.append(f"<h2>{e(st['path'])}</h2><p class='failed'>recipe does not load: {e(st['error'])}</p>")
+            out.append(f"<h2>{e(str(st.get('path')))}</h2><p class='failed'>recipe does not load: "
+                       f"{e(str(st['error']))}</p>")
             continue
-        dag_id = st["dag_id"]
-        out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <code>{e(dag_id)}</code>, schedule "
-                   f"{e(st['schedule'] or 'manual')}, recipe hash "
-                   f"<code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
-        out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
-                   "<th>end</th><th>steps committed (this run's ids)</th><th>failed tasks</th>"
-                   "<th>not run: upstream failed</th><th>MLflow</th></tr>")
-        for run in runs.get(dag_id, []):
-            link = run.get("mlflow_link") or ""
-            link = f"<a href='{e(link)}'>run</a>" if link.startswith("http") else f"<code>{e(link)}</code>"
-            out.append(f"<tr class='{e(str(run['state']))}'><td><code>{e(run['run_id'])}</code></td>"
-                       f"<td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td><td>{e(str(run['start']))}</td>"
-                       f"<td>{e(str(run['end']))}</td><td>{e(_progress_cell(run.get('progress')))}</td>"
-                       f"<td>{e(', '.join(run['failed_tasks']))}</td>"
-                       f"<td>{e(', '.join(run.get('upstream_failed') or []))}</td><td>{link}</td></tr>")
-        if not runs.get(dag_id):
-            out.append("<tr><td colspan='9'>no runs yet</td></tr>")
-        out.append("</table><h3>Steps (cache status)</h3><table class='steps'><tr><th>step</th><th>kind</th>"
-                   "<th>step id</th><th>cache</th></tr>")
-        label = {"skip": "committed (cached)", "run": "not committed, ready", "blocked": "not committed, blocked"}
-        for step in st["steps"]:
-            out.append(f"<tr class='{e(step['status'])}'><td>{e(step['name'])}</td><td>{e(step['kind'])}</td>"
-                       f"<td><code>{e(step['step_id'])}</code></td><td>{e(label[step['status']])}</td></tr>")
-        out.append("</table><h3>Failing gates</h3>")
-        if not st["failing_gates"]:
-            out.append("<p>none</p>")
-        for gate in st["failing_gates"]:
-            docs = f", Data Docs <code>{e(gate['data_docs'])}</code>" if gate.get("data_docs") else ""
-            out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> "
-                       f"(evidence <code>{e(gate['attempt'])}</code>{docs})</p><ul>")
-            out += [f"<li>{e(str(c.get('column')))} [source={e(str(c.get('source')))}]: expected "
-                    f"{e(str(c.get('expected')))}, got {e(str(c.get('observed')))}</li>" for c in gate["failed"]]
-            out.append("</ul>")
-        out.append("<h3>Failure catalog</h3><table class='failures'><tr><th>fingerprint</th><th>count</th>"
-                   "<th>last seen</th><th>exception</th><th>tasks</th><th>latest message</th><th>MLflow</th></tr>")
-        for group in st["failures"]:
-            latest = group["latest"]
-            link = latest.get("mlflow_link") or ""  # a runs:/ URI is no address a browser opens: shown as text
-            link = (f"<a href='{e(link)}'>run</a>" if link.startswith("http")
-                    else f"<code>{e(link)}</code>" if link else "")
-            tasks = ", ".join(f"{k} x{n}" for k, n in group["tasks"].items())
-            message = (latest.get("message") or "").splitlines()[:1]
-            resolved = " resolved" if group.get("resolved") else ""
-            out.append(f"<tr class='failure{resolved}'><td><code>{e(group['fingerprint'])}</code>"
-                       f"{' (resolved: step committed since)' if resolved else ''}</td><td>{group['count']}</td>"
-                       f"<td>{e(str(group['last_seen']))}</td><td>{e(str(group['exception_type']))}</td>"
-                       f"<td>{e(tasks)}</td><td>{e(message[0][:200] if message else '')}</td><td>{link}</td></tr>")
-        if not st["failures"]:
-            out.append("<tr><td colspan='7'>no failures recorded</td></tr>")
-        out.append("</table><h3>Latest checkpoint</h3>")
-        ckpt = st["checkpoint"]
-        out.append(f"<p class='checkpoint'>step {e(str(ckpt['step']))} at <code>{e(ckpt['path'])}</code>, age "
-                   f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
-                   if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
-        if st.get("downstream"):
-            out.append("<h3>Downstream evals (final checkpoint)</h3><table class='downstream'>"
-                       "<tr><th>task</th><th>metrics</th><th>n</th></tr>")
-            for task, values in st["downstream"].items():
-                shown = ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
-                                  for k, v in values.items() if k != "n_examples")
-                out.append(f"<tr><td>{e(task)}</td><td>{e(shown)}</td><td>{values['n_examples']}</td></tr>")
-            out.append("</table>")
-        mlflow = st["mlflow"]
-        out.append(f"<p>MLflow: <code>{e(safe_uri(mlflow['uri']))}</code>"
-                   + (f" &middot; <a href='{e(mlflow['link'])}'>experiments</a>" if mlflow["link"] else "") + "</p>")
-        if mlflow.get("error"):
-            out.append(f"<p class='failed tracking'>tracking unreachable: no MLflow links ({e(mlflow['error'])})</p>")
+        section: list[str] = []
+        try:
+            _render_recipe(section, st, runs)
+        except Exception as err:  # noqa: BLE001 - one recipe's damaged status never takes the page down
+            section = [(f"<h2>{e(str(st.get('recipe')))} <small>(DAG <code>{e(str(st.get('dag_id')))}</code>)"
+                        f"</small></h2><p class='failed'>this recipe's status could not be shown: "
+                        f"{e(type(err).__name__)}: {e(str(err)[:300])}</p>")]
+        out += section
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _render_recipe(out: list[str], st: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Append one recipe's section of :func:`render_page` to ``out`` (every value escaped)."""
+    from tidal.tracking import safe_uri
+
+    e = html.escape
+    dag_id = st["dag_id"]
+    out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <code>{e(dag_id)}</code>, schedule "
+               f"{e(st['schedule'] or 'manual')}, recipe hash "
+               f"<code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
+    out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
+               "<th>end</th><th>steps committed (this run's ids)</th><th>failed tasks</th>"
+               "<th>not run: upstream failed</th><th>MLflow</th></tr>")
+    for run in runs.get(dag_id, []):
+        link = run.get("mlflow_link") or ""
+        link = f"<a href='{e(link)}'>run</a>" if link.startswith("http") else f"<code>{e(link)}</code>"
+        out.append(f"<tr class='{e(str(run['state']))}'><td><code>{e(run['run_id'])}</code></td>"
+                   f"<td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td><td>{e(str(run['start']))}</td>"
+                   f"<td>{e(str(run['end']))}</td><td>{e(_progress_cell(run.get('progress')))}</td>"
+                   f"<td>{e(', '.join(run['failed_tasks']))}</td>"
+                   f"<td>{e(', '.join(run.get('upstream_failed') or []))}</td><td>{link}</td></tr>")
+    if not runs.get(dag_id):
+        out.append("<tr><td colspan='9'>no runs yet</td></tr>")
+    out.append("</table><h3>Steps (cache status)</h3><table class='steps'><tr><th>step</th><th>kind</th>"
+               "<th>step id</th><th>cache</th></tr>")
+    label = {"skip": "committed (cached)", "run": "not committed, ready", "blocked": "not committed, blocked"}
+    for step in st["steps"]:
+        out.append(f"<tr class='{e(step['status'])}'><td>{e(step['name'])}</td><td>{e(step['kind'])}</td>"
+                   f"<td><code>{e(step['step_id'])}</code></td><td>{e(label[step['status']])}</td></tr>")
+    out.append("</table><h3>Failing gates</h3>")
+    if not st["failing_gates"]:
+        out.append("<p>none</p>")
+    for gate in st["failing_gates"]:
+        docs = f", Data Docs <code>{e(gate['data_docs'])}</code>" if gate.get("data_docs") else ""
+        out.append(f"<p class='failed'>gate <code>{e(gate['step_id'])}</code> "
+                   f"(evidence <code>{e(gate['attempt'])}</code>{docs})</p><ul>")
+        out += [f"<li>{e(str(c.get('column')))} [source={e(str(c.get('source')))}]: expected "
+                f"{e(str(c.get('expected')))}, got {e(str(c.get('observed')))}</li>" for c in gate["failed"]]
+        out.append("</ul>")
+    out.append("<h3>Failure catalog</h3><table class='failures'><tr><th>fingerprint</th><th>count</th>"
+               "<th>last seen</th><th>exception</th><th>tasks</th><th>latest message</th><th>MLflow</th></tr>")
+    for group in st["failures"]:
+        latest = group["latest"]
+        link = latest.get("mlflow_link") or ""  # a runs:/ URI is no address a browser opens: shown as text
+        link = (f"<a href='{e(link)}'>run</a>" if link.startswith("http")
+                else f"<code>{e(link)}</code>" if link else "")
+        tasks = ", ".join(f"{k} x{n}" for k, n in group["tasks"].items())
+        message = (latest.get("message") or "").splitlines()[:1]
+        resolved = " resolved" if group.get("resolved") else ""
+        out.append(f"<tr class='failure{resolved}'><td><code>{e(group['fingerprint'])}</code>"
+                   f"{' (resolved: step committed since)' if resolved else ''}</td><td>{e(str(group['count']))}</td>"
+                   f"<td>{e(str(group['last_seen']))}</td><td>{e(str(group['exception_type']))}</td>"
+                   f"<td>{e(tasks)}</td><td>{e(message[0][:200] if message else '')}</td><td>{link}</td></tr>")
+    if not st["failures"]:
+        out.append("<tr><td colspan='7'>no failures recorded</td></tr>")
+    out.append("</table><h3>Latest checkpoint</h3>")
+    ckpt = st["checkpoint"]
+    if ckpt and "error" in ckpt:
+        out.append(f"<p class='checkpoint failed'>checkpoint manifest unreadable: {e(str(ckpt['error']))}</p>")
+        ckpt = None
+    out.append(f"<p class='checkpoint'>step {e(str(ckpt['step']))} at <code>{e(ckpt['path'])}</code>, age "
+               f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
+               if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
+    if st.get("downstream"):
+        out.append("<h3>Downstream evals (final checkpoint)</h3><table class='downstream'>"
+                   "<tr><th>task</th><th>metrics</th><th>n</th></tr>")
+        for task, values in st["downstream"].items():
+            shown = ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in values.items() if k != "n_examples")
+            out.append(f"<tr><td>{e(str(task))}</td><td>{e(shown)}</td><td>{e(str(values['n_examples']))}</td></tr>")
+        out.append("</table>")
+    if st.get("downstream_error"):
+        out.append(f"<p class='failed downstream'>downstream evals unreadable: {e(st['downstream_error'])}</p>")
+    mlflow = st["mlflow"]
+    out.append(f"<p>MLflow: <code>{e(safe_uri(mlflow['uri']))}</code>"
+               + (f" &middot; <a href='{e(mlflow['link'])}'>experiments</a>" if mlflow["link"] else "") + "</p>")
+    if mlflow.get("error"):
+        out.append(f"<p class='failed tracking'>tracking unreachable: no MLflow links ({e(mlflow['error'])})</p>")

@@ -13,6 +13,8 @@ from pydantic import Strict as StrictType
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256")]
 # Integers are strict: YAML `true` is not 1, and "1e12" (a YAML 1.1 *string*) is not a number.
 PositiveInt = Annotated[int, StrictType(), Field(gt=0)]
+# Shard files are named {prefix}-SSSSS-of-NNNNN.{ext} (tidal.data.shards.shard_name): five digits.
+MAX_SHARDS = 99_999
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 

@@ -126,3 +126,21 @@ def test_plan_notes_an_unpinned_file_source(tiny_data, tmp_path):
     assert "note: source web reads" in plan.stdout and "unpinned" in plan.stdout
     assert f"pin sources.web.snapshot_sha256: {want} to keep this id" in plan.stdout
     assert "note: source brown" not in plan.stdout  # archive sources are pinned by their sha256
+
+
+def test_tidal_run_with_a_wrong_pin_fails_fetch_with_one_error_line(tiny_data, tmp_path, monkeypatch):
+    """Issue 43, item 7: a wrong snapshot_sha256 was a 31-line traceback and no ``error:`` line."""
+    import yaml
+
+    corpus(tmp_path / "web")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    recipe = tmp_path / "web.yaml"
+    recipe.write_text(yaml.safe_dump(with_source(tiny_data, "web", {
+        "format": "jsonl", "path": str(tmp_path / "web"), "licence": "CC0-1.0", "snapshot_sha256": "a" * 64})))
+    run = subprocess.run([sys.executable, "-m", "tidal", "run", str(recipe), "--step", "fetch-web",
+                          "--storage-root", str(tmp_path / "s")], capture_output=True, text=True, check=False,
+                         timeout=300)
+    assert run.returncode == 1, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "changed since the recipe pinned them" in errors[0], run.stderr[-3000:]
+    assert "sources.web.snapshot_sha256" in errors[0] and "Traceback" not in run.stderr

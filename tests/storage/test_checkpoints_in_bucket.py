@@ -90,3 +90,30 @@ def test_a_save_the_bucket_refuses_stops_training_at_once_and_keeps_the_earlier_
     step, restored, _ = fresh.restore_latest(state(0))
     fresh.close()
     assert step == 1 and int(restored["opt_state"]["count"]) == 1
+
+
+@pytest.mark.parametrize(("keep", "permanent_every", "first", "then", "left"), [
+    (1, 2, (2, 3), (4,), [2, 4]),  # the permanent 2 outlives a resume (issue 43, item 1)
+    (3, None, (1, 2, 3), (4,), [2, 3, 4]),  # the newest 3 across both processes, not 2
+    (1, 2, (2, 3), (4, 5, 6), [2, 4, 6]),
+], ids=["permanent", "newest-k", "several-saves"])
+def test_retention_after_a_resume_on_an_empty_disk_keeps_what_the_earlier_process_kept(
+        tmp_path, bucket, s3, keep, permanent_every, first, then, left):
+    """A fresh process fetches only the newest checkpoint, so orbax there knows of no other one; the
+    bucket's retention must still count the earlier process's checkpoints (newest ``keep`` of all, and
+    every permanent one)."""
+    mirror = f"s3://{bucket}/r/.staging/t/"
+    ckpt = Checkpointer(tmp_path / "a", keep=keep, permanent_every=permanent_every, mirror=mirror)
+    for step in first:
+        ckpt.save(step, state(step))
+    ckpt.close()
+    fresh = Checkpointer(tmp_path / "b", keep=keep, permanent_every=permanent_every, mirror=mirror)
+    assert fresh.restore_latest(state(0))[0] == first[-1]
+    for step in then:
+        fresh.save(step, state(step))
+    fresh.close()
+    assert keys(s3, bucket, "r/.staging/t/checkpoint_manifests/") == [f"{n}.json" for n in left]
+    assert sorted({int(n.split("/")[0]) for n in keys(s3, bucket, "r/.staging/t/checkpoints/")}) == left
+    again = Checkpointer(tmp_path / "c", keep=keep, permanent_every=permanent_every, mirror=mirror)
+    assert again.restore_latest(state(0))[0] == left[-1]  # and each left one still restores
+    again.close()

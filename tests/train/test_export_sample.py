@@ -162,6 +162,18 @@ def test_export_refuses_moe_and_targets_that_are_no_train_step(committed, tmp_pa
     assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
 
 
+def test_export_to_an_existing_file_is_one_error_line(committed, tmp_path, capsys):
+    """Issue 43, item 7: ``--out`` naming an existing file was a traceback."""
+    _, _, step_dir, _ = committed
+    (tmp_path / "model.bin").write_text("keep me")
+    capsys.readouterr()
+    assert main(["export", str(step_dir), "--out", str(tmp_path / "model.bin")]) == 2
+    err = capsys.readouterr().err
+    [line] = err.strip().splitlines()
+    assert line.startswith("error: --out ") and "is a file" in line and "Traceback" not in err
+    assert (tmp_path / "model.bin").read_text() == "keep me"
+
+
 def test_greedy_is_the_argmax_of_the_forward_pass_step_by_step(committed):
     model = load_trained(committed[2])
     settings = Sampling.of(max_new_tokens=8)

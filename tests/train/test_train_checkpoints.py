@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, tree_sha256
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, retained, tree_sha256
 from tidal.train.packing import pack_state, split_packed
 
 
@@ -67,6 +67,31 @@ def test_permanent_checkpoints_outlive_the_newest_k(tmp_path):
     assert manifests[6]["params_sha256"] == tree_sha256(state(6)["params"]) != manifests[3]["params_sha256"]
     assert "params_sha256" not in manifests[7]
     ckpt.close()
+
+
+@pytest.mark.parametrize(("keep", "permanent_every", "first", "then", "left"), [
+    (1, 2, (2, 3), (4,), [2, 4]), (3, None, (1, 2, 3), (4,), [2, 3, 4]), (1, 2, (2, 3), (4, 5, 6), [2, 4, 6])])
+def test_retention_after_a_resume_keeps_what_the_earlier_process_kept(tmp_path, keep, permanent_every, first,
+                                                                      then, left):
+    """Issue 43, item 1, on a local root (the bucket: tests/storage/test_checkpoints_in_bucket.py)."""
+    ckpt = Checkpointer(tmp_path, keep=keep, permanent_every=permanent_every)
+    for step in first:
+        ckpt.save(step, state(step))
+    ckpt.close()
+    fresh = Checkpointer(tmp_path, keep=keep, permanent_every=permanent_every)  # a fresh process resuming
+    assert fresh.restore_latest(state(0))[0] == first[-1]
+    for step in then:
+        fresh.save(step, state(step))
+    fresh.wait()
+    assert fresh.steps() == left
+    assert sorted(int(p.stem) for p in (tmp_path / "checkpoint_manifests").iterdir()) == left
+    fresh.close()
+
+
+def test_retained_is_newest_k_and_the_permanent_ones():
+    assert retained({2000, 3000, 4000}, 1, 2000) == {2000, 4000}
+    assert retained([1, 2, 3, 4], 3, None) == {2, 3, 4}
+    assert retained([], 2, 5) == set()
 
 
 @pytest.mark.parametrize("host_state", [False, True], ids=["tree", "packed"])

@@ -78,6 +78,10 @@ def run_command(args: argparse.Namespace) -> int:
             settings = Sampling.of(args.max_new_tokens, args.temperature, args.top_p, args.seed)
             if not args.prompt or not args.prompt.strip():
                 raise ConfigError("--prompt: empty; give the text to continue")
+        out = getattr(args, "out", None) if args.command == "export" else None
+        if out is not None and Path(out).exists() and not Path(out).is_dir():
+            raise ConfigError(f"--out {out}: is a file, not a directory; export writes a directory of files "
+                              "(give a new or empty directory)")
         step_dir = train_step_dir(args.step, recipe=args.recipe, storage_root=args.storage_root)
     except (TargetError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -234,9 +234,20 @@ def _format_evals(report: dict[str, Any], fmt: Any) -> list[str]:
 
 
 def downstream(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{task: {metric: value, "n_examples": n}}`` from an eval step's ``results.json`` (tidal/eval/step.py)."""
-    return {name: {**entry["metrics"], "n_examples": entry["n_examples"]}
-            for name, entry in sorted(results.get("tasks", {}).items())}
+    """``{task: {metric: value, "n_examples": n}}`` from an eval step's ``results.json`` (tidal/eval/step.py).
+
+    Raises:
+        ValueError: ``results`` is not of that shape (a damaged file), naming what is missing.
+    """
+    tasks = results.get("tasks", {}) if isinstance(results, dict) else None
+    if not isinstance(tasks, dict):
+        raise ValueError("results.json: 'tasks' is not a mapping of task name to results")  # noqa: TRY004 - a damaged file
+    out = {}
+    for name, entry in sorted(tasks.items()):
+        if not isinstance(entry, dict) or not isinstance(entry.get("metrics"), dict) or "n_examples" not in entry:
+            raise ValueError(f"results.json: task {str(name)[:80]!r} has no 'metrics' mapping and 'n_examples'")
+        out[str(name)] = {**entry["metrics"], "n_examples": entry["n_examples"]}
+    return out
 
 
 def _format_downstream(tasks: dict[str, dict[str, Any]]) -> list[str]:

@@ -201,8 +201,9 @@ def check_snapshot(ctx: StepContext, cfg: FetchConfig, digests: list[tuple[str, 
         The snapshot sha256 of the files read (module docstring).
 
     Raises:
-        ValueError: the config pins ``snapshot_sha256`` and the files read hash otherwise;
-            names the source path, both hashes and how to accept the change.
+        SourceError: (a ValueError; ``field`` ``snapshot_sha256``) the config pins ``snapshot_sha256`` and
+            the files read hash otherwise; names the source path, both hashes and how to accept the change.
+            The ``tidal`` command prints it as one ``error:`` line.
     """
     snapshot = snapshot_sha256(digests)
     pinned = cfg.snapshot_sha256
@@ -213,12 +214,12 @@ def check_snapshot(ctx: StepContext, cfg: FetchConfig, digests: list[tuple[str, 
                   "and the hash covers only the files read (a pin taken without the cap differs)"
                   if cfg.max_documents is not None else "")
         listing = ", ".join(f"{rel} {sha[:12]}" for rel, sha, _ in digests[:10]) + (" ..." if len(digests) > 10 else "")
-        raise ValueError(
+        raise SourceError(
             f"fetch step {ctx.name!r}: the files under {cfg.path} changed since the recipe pinned them "
             "(or, unpinned, since the step was planned: plan again): "
             f"snapshot_sha256 is {snapshot} ({len(digests)} files, {sum(n for _, _, n in digests)} bytes: "
             f"{listing or 'none'}), the recipe says {pinned}{capped}; if the change is intended, set "
-            f"sources.{cfg.source}.snapshot_sha256 to {snapshot}")
+            f"sources.{cfg.source}.snapshot_sha256 to {snapshot}", "snapshot_sha256")
     if pinned is None:
         ctx.log.warning("fetch %s: %s is not pinned; its snapshot_sha256 is %s (pin it in the recipe so that "
                         "a change to its files is noticed)", cfg.source, cfg.path, snapshot)

@@ -14,7 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict, field_error, omit_unused
+from tidal.config import MAX_SHARDS, PositiveInt, Strict, field_error, omit_unused
+
+# Upper bounds (issue 43): far above any mixture this pipeline is for, so only a typo or a hostile value
+# meets them; a runaway size would up-sample or plan without end.
+MAX_TOKENS = 10**14  # 100 T tokens: ~7x the largest published training sets (~15 T)
+MAX_SEQUENCES = 10**12  # a trillion sequences: 8 T tokens at the shortest seq_len (8), 128 T at the default
 
 Weight = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
@@ -56,7 +61,9 @@ class TokenBudget(Strict):
     its sequences, then a seeded subset) up to ``E`` passes, and refused beyond."""
 
     mode: Literal["token_budget"]
-    tokens: PositiveInt = Field(description="training tokens in the mixture (rounded up to whole sequences)")
+    tokens: PositiveInt = Field(le=MAX_TOKENS, description="training tokens in the mixture (rounded up to whole "
+                                f"sequences); at most {MAX_TOKENS:,} (100 T: ~7x the largest published training "
+                                "sets, so a larger value is a typo)")
     max_epochs: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = Field(
         default=1.0, description="most passes over any one source's sequences (1: never repeat; 2.5: each "
         "sequence at most 3 times, 2.5 x its sequences in all)")
@@ -75,10 +82,12 @@ class MixtureSettings(Strict):
         description="how big the mixture is: {mode: smallest_source} (default: the largest without "
         "repeating a sequence) or {mode: token_budget, tokens: N, max_epochs: E} (up-samples small sources)")
     n_sequences: PositiveInt | None = Field(
-        default=None, description="total sequences, never repeated (smallest_source only); default: the most "
-        "without repeating any"
+        default=None, le=MAX_SEQUENCES, description="total sequences, never repeated (smallest_source only); "
+        f"default: the most without repeating any; at most {MAX_SEQUENCES:,} (a trillion: more than any "
+        "corpus this pipeline is for, so a larger value is a typo)"
     )
-    shards: PositiveInt = Field(default=1, description="mixture shard count")
+    shards: PositiveInt = Field(default=1, le=MAX_SHARDS, description=f"mixture shard count; at most {MAX_SHARDS:,} "
+                                "(shard files are numbered with five digits)")
 
     @field_validator("weights")
     @classmethod

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_serializer
 from pydantic import Strict as StrictType
 
-from tidal.config import PositiveInt, Strict, omit_unused
+from tidal.config import MAX_SHARDS, PositiveInt, Strict, omit_unused
 from tidal.data.heldout import HeldoutSplit
 
 
@@ -17,9 +17,11 @@ class TokenizeSettings(Strict):
     """Encoding and packing into fixed-length sequences."""
 
     seq_len: Annotated[int, StrictType(), Field(ge=8, le=65536)] = Field(
-        default=128, description="tokens per packed sequence"
+        default=128, description="tokens per packed sequence; 8 to 65,536 (at most 64 k: the attention's memory "
+        "grows with its square)"
     )
-    shards: PositiveInt = Field(default=1, description="token shard count per source")
+    shards: PositiveInt = Field(default=1, le=MAX_SHARDS, description=f"token shard count per source; at most "
+                                f"{MAX_SHARDS:,} (shard files are numbered with five digits)")
 
 
 class TokenizeConfig(TokenizeSettings):

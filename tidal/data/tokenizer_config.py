@@ -16,13 +16,24 @@ from tidal.config import PositiveInt, Sha256, Strict
 from tidal.data.heldout import HeldoutSplit
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
+BYTE_SYMBOLS = 256  # byte-level BPE: every byte is a symbol of the initial alphabet, so any text encodes
+MIN_VOCAB_SIZE = BYTE_SYMBOLS + len(DEFAULT_SPECIAL_TOKENS)  # 257: the bytes and the end-of-text token
+# 2**20: four times the largest vocabularies in use (~256 k tokens); the BPE trainer's memory and the model's
+# embedding and output layers grow with it, and the tokenizers library aborts the process (a Rust panic,
+# SIGABRT) on absurd sizes such as 10**12, with no error to report
+MAX_VOCAB_SIZE = 1 << 20
 
 
 class TokenizerSettings(Strict):
     """Train a byte-level BPE on the cleaned training text, or load a tokenizer.json file."""
 
     mode: Literal["train", "file"] = Field(default="train", description="train a BPE, or load a pinned file")
-    vocab_size: PositiveInt = Field(default=4096, description="target vocabulary size (tokens)")
+    vocab_size: PositiveInt = Field(
+        default=4096, ge=MIN_VOCAB_SIZE, le=MAX_VOCAB_SIZE,
+        description=f"target vocabulary size (tokens): at least {MIN_VOCAB_SIZE} (the {BYTE_SYMBOLS} byte symbols "
+        f"of byte-level BPE and the end-of-text token), at most {MAX_VOCAB_SIZE:,} (2^20: four times the largest "
+        "vocabularies in use; the BPE trainer's memory and the embedding grow with it, and the tokenizers library "
+        "aborts the process on absurd sizes)")
     min_frequency: PositiveInt = Field(default=2, description="BPE merge minimum pair count")
     max_documents_per_source: PositiveInt | None = Field(
         default=None, description="cap documents per source used for training the tokenizer"
@@ -58,6 +69,14 @@ class TokenizerConfig(TokenizerSettings):
     encoder_sha256: Sha256 | None = Field(default=None, description="sha256 of encoder.json (mode: gpt2)")
     merges_path: str | None = Field(default=None, description="GPT-2 vocab.bpe (mode: gpt2)")
     merges_sha256: Sha256 | None = Field(default=None, description="sha256 of vocab.bpe (mode: gpt2)")
+
+    @model_validator(mode="after")
+    def _room_for_specials(self) -> TokenizerConfig:
+        floor = BYTE_SYMBOLS + len(self.special_tokens)
+        if self.mode == "train" and self.vocab_size < floor:
+            raise ValueError(f"vocab_size {self.vocab_size} cannot hold the {BYTE_SYMBOLS} byte symbols and "
+                             f"{len(self.special_tokens)} special tokens (at least {floor})")
+        return self
 
     @model_validator(mode="after")
     def _gpt2_files(self) -> TokenizerConfig:

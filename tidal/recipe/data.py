@@ -129,21 +129,29 @@ LicenceTable = dict[LicenceId, LicenceDeclaration]
 def licences_section(value: Any, handler: Any, info: Any) -> dict[str, LicenceDeclaration]:
     """Validate the recipe's ``licences:``: a mapping id -> :class:`LicenceDeclaration`, or the name of a
     YAML file holding that mapping, resolved against the recipe file's directory (the validation
-    context's ``recipe_dir``, which :func:`tidal.recipe.load_recipe` sets).
+    context's ``recipe_dir``, which :func:`tidal.recipe.load_recipe` sets). The file must lie under that
+    directory once symlinks are resolved (a file elsewhere is refused before a byte of it is read, so
+    none of its values appears in an error) and be a regular file of at most
+    :data:`tidal.recipe.yaml_file.MAX_RECIPE_BYTES` (:func:`tidal.recipe.yaml_file.read_bounded`).
 
     Raises:
-        ValueError: the file cannot be read, is no YAML mapping, or a relative name has no recipe file;
+        ValueError: the file is outside the recipe's directory, cannot be read, is not a regular file, is
+        too large or no YAML mapping, or the recipe was given as data (no directory);
         ValidationError: a declaration is invalid (in a file: the message names the file).
     """
     if not isinstance(value, str):
         return handler(_declared_once(value))
     base = (info.context or {}).get("recipe_dir")
-    path = Path(value)
-    if not path.is_absolute():
-        if base is None:
-            raise ValueError(f"licences file {value!r} is relative, and this recipe was given as data, not read "
-                             "from a file: give an absolute path")
-        path = Path(base) / path
+    if base is None:
+        joint = ":" if Path(value).is_absolute() else " is relative, and"
+        raise ValueError(f"licences file {value[:200]!r}{joint} this recipe was given as data, not read from a "
+                         "file: declare the licences inline "
+                         "(rule: a licences file lies under the recipe file's directory)")
+    path = Path(base) / value  # an absolute value stays itself
+    where, inside = path.resolve(), Path(base).resolve()
+    if not where.is_relative_to(inside):  # nothing of a file elsewhere is read, so nothing of it is echoed
+        raise ValueError(f"licences file {value[:200]!r}: {where} is outside the recipe's directory {inside} "
+                         "(rule: a licences file lies under the recipe file's directory; symlinks are followed)")
     try:
         content = read_yaml(path, "licences")
     except RecipeError as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 
 from tidal.config import RecipeError, problems
 from tidal.recipe.schema import Recipe
-from tidal.recipe.yaml_file import MAX_RECIPE_BYTES, read_yaml
+from tidal.recipe.yaml_file import MAX_RECIPE_BYTES, file_kind, read_yaml
 
 __all__ = ["MAX_RECIPE_BYTES", "load_recipe", "parse_recipe", "read_yaml"]
 
@@ -74,7 +75,8 @@ def _resolve_source_paths(data: dict, base: Path) -> dict:
 
 
 def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
-    """Every local source path must exist, and a URI must be one the fetch step reads (``s3://``).
+    """Every local source path must exist and be a regular file or a directory (never a device or FIFO:
+    the fetch would read without end or block), and a URI must be one the fetch step reads (``s3://``).
 
     Raises:
         RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path or the scheme.
@@ -93,6 +95,21 @@ def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
         raise RecipeError("\n".join(
             f"{path}: sources.{name}.path: {where} does not exist (a relative path is read from the recipe "
             f"file's directory, {base})" for name, where in missing))
+    special = []
+    for name, source in sorted(recipe.sources.items()):
+        if source.path is None or "://" in source.path:
+            continue
+        try:
+            mode = os.stat(source.path).st_mode
+        except OSError as err:  # a dangling symlink, a loop, no permission
+            special.append((name, source.path, f"cannot be read ({err.strerror or err})"))
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO blocks the fetch, a device never ends
+            special.append((name, source.path, f"is a {file_kind(mode)}, not a regular file or directory"))
+    if special:
+        raise RecipeError("\n".join(
+            f"{path}: sources.{name}.path: {where} {why} (rule: a local source path is a regular file or a "
+            "directory)" for name, where, why in special))
 
 
 def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:

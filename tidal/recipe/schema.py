@@ -44,13 +44,20 @@ def _or_file_name(schema: dict) -> None:
     for key in list(mapping):
         schema.pop(key)
     schema["anyOf"] = [mapping, {"type": "string", "description": "a YAML file of such declarations, "
-                                 "relative to the recipe file"}]
+                                 "relative to the recipe file; a regular file under the recipe file's directory, "
+                                 "at most 1 MiB"}]
+
+
+MAX_NAME_LENGTH = 100  # leaves room for prefixes and suffixes within 255-byte file names and DAG ids
 
 
 class Recipe(Strict):
     """A whole pretraining recipe: sources, data steps, gate, training."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="DAG id suffix: tidal_<name>")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=MAX_NAME_LENGTH,
+                      description=f"DAG id suffix: tidal_<name>; at most {MAX_NAME_LENGTH} characters (it becomes "
+                      "the DAG id, run keys and file names, which have length limits: 255 bytes a file name, "
+                      "250 characters an Airflow DAG id)")
     version: PositiveInt = Field(description="bump when the recipe's intent changes")
     description: str = ""
     seed: Annotated[int, StrictType(), Field(ge=0)] = Field(description="every step seed derives from it")
@@ -64,7 +71,8 @@ class Recipe(Strict):
         default_factory=dict, json_schema_extra=_or_file_name,
         description="licences this recipe declares beyond tidal's table (tidal/quality/licence_table.py), or "
         "overrides for this recipe: SPDX id or LicenseRef-<name> -> {uses, reason, source}; or the name of a YAML "
-        "file holding that mapping, relative to the recipe file (not hashed)",
+        "file holding that mapping, relative to the recipe file and under its directory (a regular file, at "
+        "most 1 MiB: never a device, a FIFO or a file elsewhere; not hashed)",
     )
     clean: CleanSettings = CleanSettings()
     tokenizer: TokenizerSettings = TokenizerSettings()

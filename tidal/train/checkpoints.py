@@ -14,7 +14,9 @@ done, directory renamed into place) and only then hashes the files and writes th
 With ``host_state`` (the trainer on the CPU backend: arrays in host memory, never donated)
 orbax's save call runs in that thread too, so the training loop does not wait at all.
 Retention (orbax ``preservation_policy``): the newest ``keep`` checkpoints, plus every
-checkpoint whose step is a multiple of ``permanent_every`` (kept forever).
+checkpoint whose step is a multiple of ``permanent_every`` (kept forever). In the bucket the same
+rule (:func:`retained`) is applied to every checkpoint there, the earlier processes' included: a
+resumed process on an empty disk fetches only the newest one, so orbax there knows of no other.
 
 Format: an orbax PyTree checkpoint (OCDBT + zarr2), **uncompressed**: trained float weights
 and Adam moments are close to incompressible (zstd shrinks random float32 by ~7%), and zstd
@@ -125,7 +127,7 @@ class Checkpointer:
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
         self.primary, self.on_manifest = primary, on_manifest
-        self.permanent_every = permanent_every
+        self.keep, self.permanent_every = keep, permanent_every
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         # multi-process to the bucket: no disk is shared, so each process is an orbax domain of its own
         # (no cross-process barrier in orbax), the state is gathered to every host at a save and
@@ -251,7 +253,9 @@ class Checkpointer:
                     self.mirror.upload(step, self.path(step), manifest, self._sidecars)
                     self.log.info("checkpoint %d counts: in the bucket at %s (%d bytes, %.2f s)", step,
                                   self.mirror.location, *self.mirror.uploads[-1][1:])
-                    self.mirror.prune(live)
+                    # the bucket's own listing, not orbax's (which knows only what this process
+                    # saved or fetched): an earlier process's permanent or newest-K ones stay
+                    self.mirror.prune(lambda there: retained(set(there) | live, self.keep, self.permanent_every))
                 _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
                 for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
                     if path.stem.isdigit() and int(path.stem) not in live:
@@ -434,6 +438,16 @@ class Checkpointer:
         finally:
             self._worker.shutdown()
             self.manager.close()
+
+
+def retained(steps: set[int] | list[int], keep: int, permanent_every: int | None) -> set[int]:
+    """The checkpoints that retention keeps of ``steps``: the newest ``keep``, and every one whose step
+    is a multiple of ``permanent_every`` (None: none). The rule of orbax's preservation policy above."""
+    ordered = sorted(set(steps))
+    kept = set(ordered[-keep:]) if keep > 0 else set()
+    if permanent_every:
+        kept |= {step for step in ordered if step % permanent_every == 0}
+    return kept
 
 
 def tree_sha256(tree: Any) -> str:

@@ -110,6 +110,13 @@ class ResolvedContinue(ContinueFrom):
     data_seed: NonNegativeInt = Field(description="the parent's step seed: the batch order continued")
 
 
+# Upper bounds of the fields whose runaway value costs money or never ends (issue 43): each far above
+# any run this pipeline is for, so only a typo or a hostile value meets it.
+MAX_STEPS = 10_000_000  # ~8x the longest published pretraining runs (~1.2 M updates)
+MAX_BATCH_SIZE = 65_536  # sequences; 32x the largest published batches (~2 k sequences of 8 k tokens)
+MAX_EVAL_BATCHES = 10_000  # per eval source and evaluation
+
+
 class TrainConfig(Strict):
     """A training run: model, optimizer, steps, batch, checkpoint and eval cadence, mesh.
 
@@ -118,12 +125,18 @@ class TrainConfig(Strict):
 
     model: ModelConfig = Field(default=ModelConfig(), description="the transformer's shape")
     optimizer: OptimizerConfig = Field(default=OptimizerConfig(), description="AdamW and its schedule")
-    steps: PositiveInt = Field(default=200, description="optimizer updates to run")
-    batch_size: PositiveInt = Field(default=16, description="sequences per update (all devices)")
+    steps: PositiveInt = Field(
+        default=200, le=MAX_STEPS, description=f"optimizer updates to run; at most {MAX_STEPS:,} (about 8x the "
+        "longest published pretraining runs: a larger value is a typo that would train without end)")
+    batch_size: PositiveInt = Field(
+        default=16, le=MAX_BATCH_SIZE, description=f"sequences per update (all devices); at most "
+        f"{MAX_BATCH_SIZE:,} (32x the largest published batches: a larger value is a typo)")
     checkpoint_every: PositiveInt = Field(default=50, description="steps between checkpoints")
     keep_checkpoints: PositiveInt = Field(default=2, description="newest checkpoints kept on disk")
     eval_every: PositiveInt = Field(default=50, description="steps between held-out evaluations")
-    eval_batches: PositiveInt = Field(default=4, description="batches of batch_size sequences per eval source")
+    eval_batches: PositiveInt = Field(
+        default=4, le=MAX_EVAL_BATCHES, description="batches of batch_size sequences per eval source; at most "
+        f"{MAX_EVAL_BATCHES:,} (every evaluation runs them all: a larger value stalls training)")
     log_every: PositiveInt = Field(default=10, description="steps between metrics lines")
     checkpoint_permanent_every: PositiveInt | None = Field(
         default=None, description="also keep every checkpoint whose step is a multiple of this, forever")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +136,13 @@ class CheckpointMirror:
         client = uris.client_for(location)
         uris._call(location, "delete", client.delete_object, Bucket=bucket, Key=key)
 
-    def prune(self, live: set[int]) -> list[int]:
-        """Apply retention in the bucket: delete every counted checkpoint not in ``live`` (the steps
-        orbax keeps locally: newest ``keep`` and the permanent ones). Returns the steps deleted."""
-        gone = [step for step in self.steps() if step not in live]
+    def prune(self, retain: Callable[[list[int]], set[int]]) -> list[int]:
+        """Apply retention in the bucket: delete every counted checkpoint not in ``retain(steps)``, where
+        ``steps`` are all the checkpoints that count there (an earlier process's too; the caller adds the
+        ones orbax keeps locally: :func:`tidal.train.checkpoints.retained`). Returns the steps deleted."""
+        there = self.steps()
+        kept = retain(there)
+        gone = [step for step in there if step not in kept]
         for step in gone:
             self.delete(step)
         return gone

@@ -22,13 +22,11 @@ from typing import Annotated, Literal
 from pydantic import Field
 from pydantic import Strict as StrictType
 
+from tidal.config import MAX_SHARDS  # documents-SSSSS-of-NNNNN.parquet: five digits
 from tidal.data.filters import QualityFilters
 from tidal.data.langid import LANGUAGE_RULES, LanguageFilter
 from tidal.data.neardup_config import NearDupConfig
 from tidal.data.normalize import FILTER_RULES, FilterThresholds
-
-# Shard files are named documents-SSSSS-of-NNNNN.parquet (tidal.data.clean.fns.shard_name).
-MAX_SHARDS = 99_999
 
 
 class CleanSettings(FilterThresholds):
@@ -37,7 +35,8 @@ class CleanSettings(FilterThresholds):
 
     normalization: Literal["NFC", "NFKC"] = Field(default="NFC", description="Unicode form")
     shards: Annotated[int, StrictType(), Field(ge=1, le=MAX_SHARDS)] = Field(
-        default=1, description="output shard count (fixed for determinism)"
+        default=1, description=f"output shard count (fixed for determinism); at most {MAX_SHARDS:,} (shard files "
+        "are numbered with five digits)"
     )
     invalid_utf8: Literal["quarantine", "repair"] = Field(
         default="quarantine", description="bytes that are not UTF-8 (or lone surrogates): quarantine the "
