@@ -18,15 +18,32 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into node ids
+def pytest_itemcollected(item):
+    """Mark every test with its tier (tests/tiers.py) as it is collected."""
+    item.add_marker(getattr(pytest.mark, tier_of(item.path)))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its tier and its xdist group (tests/tiers.py), and run the longest groups first:
-    the test cluster, then the operations server, so that the worker that takes them is not the last to end."""
+    """Run the longest groups first (the test cluster, then the operations server), so that the worker
+    that takes them is not the last to end; file order is kept within a group (a stable sort)."""
     first = {"cluster": 0, "ops": 1}
-    for item in items:
-        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
-        item.add_marker(pytest.mark.xdist_group(group_of(item.path)))
-    items.sort(key=lambda item: first.get(group_of(item.path), 2))  # stable: file order kept within a group
+    items.sort(key=lambda item: first.get(group_of(item.path), 2))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: each worker takes whole groups of tests/tiers.py (``group_of``), so a
+    session fixture is started by one worker only. Why not ``xdist_group`` marks: xdist 3.8 applies them by
+    rewriting ``item._nodeid``, which pytest 9.2 no longer reads (its node ids live in ``_id``), so the
+    marks were silently ignored and the test cluster was started on both workers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(REPO / nodeid.split("::", 1)[0])
+
+    return TierGroups(config, log)
 
 
 def pytest_configure(config):

@@ -1,6 +1,6 @@
 """Test tiers, by folder: every test gets exactly one of the markers ``unit``, ``integration``,
-``cluster`` or ``e2e`` from where its file lives, and an ``xdist_group`` that keeps together the
-tests that share an expensive session fixture.
+``cluster`` or ``e2e`` from where its file lives, and a group (``group_of``) that keeps together, on one
+pytest-xdist worker, the tests that share an expensive session fixture (tests/conftest.py's scheduler).
 
 Why by folder: a newcomer knows a test's tier from its path, and a new test file needs no marker
 to land in the right tier. The tiers:
@@ -12,7 +12,7 @@ to land in the right tier. The tiers:
 * ``cluster``: the share-nothing test cluster (tests/cluster) and the Kubernetes API server.
 * ``e2e``: whole DAGs through Airflow (``airflow dags test``, ``airflow standalone``).
 
-Why the groups: under pytest-xdist (``--dist loadgroup``) each worker is its own pytest session, so
+Why the groups: under pytest-xdist (``-n 2 --dist loadgroup``) each worker is its own pytest session, so
 a session fixture used on both workers starts twice. The test cluster and the API server (minutes
 to start, and one set of node addresses per machine) run on one worker; the operations tests share
 one ``airflow standalone``; every other file is a group of its own, so its module fixtures are
@@ -90,7 +90,7 @@ def tier_of(path: Path) -> str:
 
 
 def group_of(path: Path) -> str:
-    """The ``xdist_group`` of the test file at ``path``: its tier's or folder's shared group, else the file."""
+    """The xdist group of the test file at ``path``: its tier's or folder's shared group, else the file."""
     rel = path.resolve().relative_to(TESTS).as_posix()
     tier = tier_of(path)
     if tier in SHARED_GROUPS:
