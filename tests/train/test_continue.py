@@ -125,3 +125,29 @@ def test_steps_not_above_the_checkpoint_is_refused():
                                                     "checkpoint_root_hash": "a" * 64, "data_seed": 1})
     with pytest.raises(ConfigError, match=r"continue_from: steps \(4\) must be above the checkpoint's step \(4\)"):
         parse_step_config(config)
+
+
+WSD = {**CONSTANT["optimizer"], "schedule": "wsd", "min_lr_ratio": 0.0, "decay_shape": "1-sqrt"}
+
+
+def test_a_decay_branch_of_a_wsd_trunk_is_bitwise_the_run_that_decays_there(runs, tmp_path):
+    """An 8-step WSD trunk (decay over its last 2 steps) branched at its stable checkpoint 4 into a 2-step
+    decay ends bitwise where a straight 6-step WSD run that decays over its last 2 steps ends."""
+    _, storage, inputs, _, located = runs
+    trunk = train_step(inputs, train_fields(steps=8, optimizer={**WSD, "decay_fraction": 0.25}), RECIPE_SEED)
+    run_step(trunk, storage)
+    fields = train_fields(steps=6, optimizer=WSD, continue_from={"step": trunk.step_id, "checkpoint": 4,
+                                                                  "schedule": "decay"})
+    ref, resolved = resolve_continuation(fields, storage, "test.yaml")
+    branch = train_step(inputs, fields, 7, resolved, ref)
+    assert run_step(branch, storage).status == "run" and branch.step_id != trunk.step_id
+    straight = tmp_path / "straight"
+    run(straight, located, dict(CONSTANT, steps=6, optimizer={**WSD, "decay_fraction": 1 / 3}),
+        derive_seed(RECIPE_SEED, "train"))
+    out = storage.step_dir(branch.step_id)
+    lr = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
+    peak = pytest.approx(CONSTANT["optimizer"]["lr"], rel=1e-6)
+    assert lr[4] == peak and lr[5] == peak and lr[6] < lr[5]  # line s: update s - 1; updates 4, 5 decay (t = 0, 1/2)
+    assert losses(out) == losses(straight)
+    got, want = final_params(out), final_params(straight)
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

@@ -189,6 +189,8 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     if ref is not None and ref.schedule == "rewarm":  # a new schedule over the new updates, fresh Adam state
         tx, new_schedule = make_optimizer(cfg.optimizer, cfg.steps - ref.checkpoint_step)
         schedule = lambda index: new_schedule(index - ref.checkpoint_step)
+    elif ref is not None and ref.schedule == "decay":  # a WSD trunk's decay branch: decay from its checkpoint on
+        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps, decay_start=ref.checkpoint_step)
     else:
         tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
 

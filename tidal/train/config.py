@@ -39,13 +39,36 @@ class ConfigError(ValueError):
 
 
 class OptimizerConfig(Strict):
-    """AdamW with linear warmup then cosine decay (Loshchilov & Hutter 2019), and global-norm
-    gradient clipping."""
+    """AdamW with linear warmup then a decay, and global-norm gradient clipping.
+
+    Schedules: ``cosine`` (the default) decays by a cosine from the end of warmup to the last step
+    (Loshchilov & Hutter 2019); ``wsd`` (warmup-stable-decay) holds the peak learning rate, then decays
+    over the last ``decay_fraction`` of the steps with ``decay_shape`` (Hu et al. 2024, MiniCPM; Hägele et al.
+    2024 for 1-sqrt; Delphi's recipe: 10 % warmup, 20 % linear decay to 0, i.e. ``min_lr_ratio: 0``). A WSD
+    trunk can be branched into its decay at any checkpoint of its stable phase (``continue_from`` with
+    ``schedule: decay``), bitwise the run that decays there.
+    """
 
     lr: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
         default=3e-3, description="peak learning rate, reached after warmup_steps")
-    min_lr_ratio: Fraction = Field(default=0.1, description="final learning rate as a fraction of lr (cosine end)")
+    min_lr_ratio: Fraction = Field(default=0.1, description="final learning rate as a fraction of lr (decay end)")
     warmup_steps: NonNegativeInt = Field(default=20, description="steps of linear warmup from 0; below steps")
+    schedule: Literal["cosine", "wsd"] = Field(
+        default="cosine", description="cosine: decay from the end of warmup to the last step; wsd: warmup, "
+        "stable at lr, then decay over the last decay_fraction of the steps")
+    decay_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        default=0.2, description="wsd: the fraction of all steps spent decaying (Delphi: 0.2); rounded to steps")
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field(
+        default="linear", description="wsd: how the decay falls from lr to lr * min_lr_ratio (1-sqrt: "
+        "Hägele et al. 2024)")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # the cosine default keeps every existing train step id: the WSD fields enter a config only with wsd
+        data = handler(self)
+        if data.get("schedule") == "cosine":
+            data = omit_unused(data, {"schedule": "cosine", "decay_fraction": 0.2, "decay_shape": "linear"})
+        return data
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(
         default=0.1, description="decoupled weight decay, on matrices only (params with ndim >= 2), not norms")
     b1: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(default=0.9, description="Adam first-moment decay")
@@ -78,6 +101,11 @@ class DivergenceConfig(Strict):
     max_reruns: PositiveInt = Field(default=2, description="rerun: reruns from a checkpoint before failing")
 
 
+def wsd_decay_steps(decay_fraction: float, steps: int) -> int:
+    """Updates a WSD schedule of ``steps`` spends decaying: ``round(decay_fraction * steps)``, at least 1."""
+    return max(1, round(decay_fraction * steps))
+
+
 class ContinueFrom(Strict):
     """``train.continue_from``: start from a checkpoint of a committed train step instead of from the
     initial parameters (docs/how-to/continue-training.md).
@@ -93,12 +121,14 @@ class ContinueFrom(Strict):
     checkpoint: Literal["final"] | PositiveInt = Field(
         default="final", description="final: the checkpoint the parent committed last; or the step number "
         "of a checkpoint it kept (keep_checkpoints / checkpoint_permanent_every)")
-    schedule: Literal["continue", "rewarm"] = Field(
+    schedule: Literal["continue", "rewarm", "decay"] = Field(
         default="continue", description="continue: restore the optimizer state (Adam moments, update count) "
         "and follow this optimizer's schedule over all `steps` from the checkpoint's step on (equal to one "
         "uninterrupted run when the parent ran the same schedule, e.g. a constant LR: min_lr_ratio 1.0); "
         "rewarm: restore the parameters only, fresh Adam state, a new warmup and cosine decay over the "
-        "`steps - checkpoint step` new updates")
+        "`steps - checkpoint step` new updates; decay: a decay branch of a WSD trunk: restore the optimizer "
+        "state and decay from lr (optimizer.decay_shape, to lr * min_lr_ratio) over the `steps - checkpoint "
+        "step` new updates, bitwise a WSD run of `steps` that decays there")
 
 
 class ResolvedContinue(ContinueFrom):
@@ -154,6 +184,15 @@ class TrainConfig(Strict):
         if self.optimizer.warmup_steps >= self.steps:
             raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be below "
                              f"steps ({self.steps})")
+        opt = self.optimizer
+        if opt.schedule == "wsd" and self.continue_from is None:
+            decay = wsd_decay_steps(opt.decay_fraction, self.steps)
+            if opt.warmup_steps + decay > self.steps:
+                raise ValueError(f"optimizer: warmup_steps ({opt.warmup_steps}) plus the decay (decay_fraction "
+                                 f"{opt.decay_fraction} of {self.steps} steps = {decay}) exceed steps ({self.steps})")
+        if self.continue_from is not None and self.continue_from.schedule == "decay" and opt.schedule != "wsd":
+            raise ValueError("continue_from.schedule decay branches a WSD trunk into its decay: set "
+                             "optimizer.schedule: wsd (its decay_shape and min_lr_ratio shape the branch)")
         return self
 
     @model_serializer(mode="wrap")
