@@ -26,7 +26,7 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """Run the longest groups first (the test cluster, then the operations server), so that the worker
     that takes them is not the last to end; file order is kept within a group (a stable sort)."""
-    first = {"cluster": 0, "ops": 1}
+    first = {"cluster": 0, "ops": 1, "kube": 2}
     items.sort(key=lambda item: first.get(group_of(item.path), 2))
 
 

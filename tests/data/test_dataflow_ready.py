@@ -112,7 +112,8 @@ def test_tokenize_pipeline_for_dataflow_holds_no_local_path(tmp_path, monkeypatc
     tokenizer, meta = tokenizer_step.load(StepFiles.open(tok_uri))
     paths = [documents.uri_of(n) for n in shard_names(documents, DOCUMENTS_PREFIX, "parquet")]
     location = f"gs://{upload.bucket}/root/.staging/tokenize-syn-1.20261202T000000.abcd1234/"
-    ctx = StepContext("tokenize-syn-1", "tokenize-syn", "tokenize", {}, tmp_path / "unused", {},
+    config = {"source": "syn", "input": "clean-syn", "tokenizer": "tokenizer", "seq_len": 8, "shards": 2}
+    ctx = StepContext("tokenize-syn-1", "tokenize-syn", "tokenize", config, tmp_path / "unused", {},
                       out_uri=location, work_uri=staging.job_location(location))
     options = dataflow_options(ctx.work_uri, monkeypatch)
     pipeline = beam.Pipeline(options=options)

@@ -21,6 +21,7 @@ from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - f
 from tidal.context import CHECKSUMS, SPILL_PREFIX, StepContext
 from tidal.data import clean, jobcli, tokenize
 from tidal.integrity.hashing import build_manifest
+from tidal.kinds import kind_spec
 from tidal.storage import staging, uris
 from tidal.storage.layout import MANIFEST_JSON
 
@@ -47,7 +48,7 @@ def check_staged(kind: str, config: dict, location: str, local_dir: Path, upload
     work = staging.job_location(location)
     work_key = work.split("/", 3)[3].rstrip("/")
     assert any(n.startswith(f"{SPILL_PREFIX}/") for n in listed(upload.client, upload.bucket, work_key))
-    jobcli._seal_in_place(kind, config, location, summary, f"{kind}-t")
+    jobcli._seal_in_place(kind, kind_spec(kind).parse_config(config), location, summary, f"{kind}-t")
     objects = listed(upload.client, upload.bucket, location.split("/", 3)[3].rstrip("/"))
     want = files_of(local_dir)
     assert {n: b for n, b in objects.items() if n != MANIFEST_JSON} == want
@@ -101,4 +102,5 @@ def test_an_output_without_its_checksum_record_is_not_sealed(tmp_path, monkeypat
     clean.run(staged_context("clean", "clean-web", CONFIG, {"fetch-web": uri}, location, tmp_path))
     uris.write_bytes(uris.join(location, "stray.txt"), b"not written by a worker")
     with pytest.raises(staging.StagedIncomplete, match=r"no checksum record \['stray.txt'\]"):
-        staging.seal_staged("clean", CONFIG, location, step_id="clean-web-1", where="the test job")
+        staging.seal_staged("clean", kind_spec("clean").parse_config(CONFIG), location, step_id="clean-web-1",
+                            where="the test job")
