@@ -79,37 +79,39 @@ def _check_source_paths(recipe: Recipe, path: str, base: Path) -> None:
     the fetch would read without end or block), and a URI must be one the fetch step reads (``s3://``).
 
     Raises:
-        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path or the scheme.
+        RecipeError: naming the recipe file, ``sources.<name>.path`` and the resolved path or the scheme;
+            every source with the first kind of problem found (schemes, then missing paths, then the rest).
     """
-    schemes = [(name, source.path) for name, source in sorted(recipe.sources.items())
-               if source.path is not None and "://" in source.path and not source.path.startswith("s3://")]
-    if schemes:
-        raise RecipeError("\n".join(
-            f"{path}: sources.{name}.path: {where}: {where.split('://', 1)[0]}:// source paths are not supported "
-            "(local paths and s3:// only; for a GCS bucket use its S3-compatible XML API through s3:// with "
-            "TIDAL_S3_ENDPOINT_URL=https://storage.googleapis.com, or copy the files to a local or mounted path)"
-            for name, where in schemes))
-    missing = [(name, source.path) for name, source in sorted(recipe.sources.items())
-               if source.path is not None and "://" not in source.path and not os.path.lexists(source.path)]
-    if missing:
-        raise RecipeError("\n".join(
-            f"{path}: sources.{name}.path: {where} does not exist (a relative path is read from the recipe "
-            f"file's directory, {base})" for name, where in missing))
-    special = []
+    found: dict[int, list[str]] = {}
     for name, source in sorted(recipe.sources.items()):
-        if source.path is None or "://" in source.path:
-            continue
-        try:
-            mode = os.stat(source.path).st_mode
-        except OSError as err:  # a dangling symlink, a loop, no permission
-            special.append((name, source.path, f"cannot be read ({err.strerror or err})"))
-            continue
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO blocks the fetch, a device never ends
-            special.append((name, source.path, f"is a {file_kind(mode)}, not a regular file or directory"))
-    if special:
-        raise RecipeError("\n".join(
-            f"{path}: sources.{name}.path: {where} {why} (rule: a local source path is a regular file or a "
-            "directory)" for name, where, why in special))
+        problem = None if source.path is None else _source_path_problem(source.path, base)
+        if problem is not None:
+            rank, why = problem
+            found.setdefault(rank, []).append(f"{path}: sources.{name}.path: {why}")
+    if found:
+        raise RecipeError("\n".join(found[min(found)]))
+
+
+def _source_path_problem(where: str, base: Path) -> tuple[int, str] | None:
+    """What is wrong with one source path, ranked (0: a scheme the fetch cannot read, 1: missing, 2: not
+    a regular file or directory), or None."""
+    if "://" in where:
+        if where.startswith("s3://"):
+            return None
+        return 0, (f"{where}: {where.split('://', 1)[0]}:// source paths are not supported (local paths and "
+                   "s3:// only; for a GCS bucket use its S3-compatible XML API through s3:// with "
+                   "TIDAL_S3_ENDPOINT_URL=https://storage.googleapis.com, or copy the files to a local or "
+                   "mounted path)")
+    if not os.path.lexists(where):
+        return 1, f"{where} does not exist (a relative path is read from the recipe file's directory, {base})"
+    rule = "(rule: a local source path is a regular file or a directory)"
+    try:
+        mode = os.stat(where).st_mode
+    except OSError as err:  # a dangling symlink, a loop, no permission
+        return 2, f"{where} cannot be read ({err.strerror or err}) {rule}"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO blocks the fetch, a device never ends
+        return 2, f"{where} is a {file_kind(mode)}, not a regular file or directory {rule}"
+    return None
 
 
 def _apply_overrides(data: dict, overrides: dict[str, Any], path: str) -> dict:
