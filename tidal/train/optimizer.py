@@ -26,7 +26,7 @@ def wsd_schedule(cfg: OptimizerConfig, decay_start: int, decay_steps: int) -> Ca
     step), so a branch's learning rates are bitwise those of the run that decays there.
     """
     peak, end = cfg.lr, cfg.lr * cfg.min_lr_ratio
-    warmup = max(cfg.warmup_steps, 0)
+    warmup = cfg.warmup_steps
 
     def schedule(i):
         i = jnp.asarray(i, jnp.float32)
