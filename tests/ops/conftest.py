@@ -35,6 +35,7 @@ import pytest
 from tests.conftest import REPO
 from tests.ops.airflow_api import AirflowApi
 from tests.ops.recipes import write_ops_recipe
+from tests.ports import free_port
 
 VENV_BIN = Path(sys.executable).parent
 PG = {"host": "127.0.0.1", "port": 5432}
@@ -131,12 +132,6 @@ class Receivers:
         self.udp.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Airflow(AirflowApi):
     """A running standalone server: its URL, a token-authenticated REST client, its environment."""
 
@@ -151,6 +146,18 @@ class Airflow(AirflowApi):
         """Run an ``airflow`` CLI command against the same metadata DB."""
         return subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
                               timeout=timeout, check=False, cwd=REPO)
+
+
+def component_tails(log_file: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of each ``airflow standalone`` component (its lines start ``name |``):
+    the DAG processor's chatter would otherwise push the scheduler's and API server's out of a tail."""
+    by_component: dict[str, list[str]] = {}
+    text = log_file.read_text(errors="replace") if log_file.exists() else ""
+    for line in text.splitlines():
+        name = line.split("|", 1)[0].strip() if "|" in line[:20] else "?"
+        by_component.setdefault(name, []).append(line)
+    return "\n".join(f"--- {name} (last {lines} lines)\n" + "\n".join(kept[-lines:])
+                     for name, kept in by_component.items()) or "(no log)"
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +176,7 @@ def airflow_server(tmp_path_factory, postgres_url):
     (base / "faults").mkdir()
     (home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": ADMIN_PASSWORD}))
     receivers = Receivers()
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__", "MLFLOW_", "TIDAL_"))}
     env.update({
         "AIRFLOW_HOME": str(home),
@@ -218,15 +225,19 @@ def airflow_server(tmp_path_factory, postgres_url):
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        healthy = False
+        healthy, last = False, "no answer yet"
         while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(requests.RequestException):
+            try:
                 health = requests.get(f"{server.url}/api/v2/monitor/health", timeout=10).json()
+                last = json.dumps(health)
                 if health["metadatabase"]["status"] == "healthy" and health["scheduler"]["status"] == "healthy":
                     healthy = True
                     break
+            except (requests.RequestException, ValueError, KeyError, TypeError) as err:
+                last = f"{type(err).__name__}: {err}"
             time.sleep(3)
-        assert healthy, f"standalone not healthy after {STARTUP_TIMEOUT_S} s (exit {proc.poll()}):\n{server.log_tail()}"
+        assert healthy, (f"standalone not healthy after {STARTUP_TIMEOUT_S} s (exit {proc.poll()}); last health answer "
+                         f"from port {port}: {last}\n{component_tails(server.log_file)}")
         server.login()
         yield server
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from test_train_e2e import CONFIG, build_inputs, fast_subprocesses, losses, make_ctx  # noqa: F401
 
 import tidal.train
+from tests.ports import free_port
 from tidal.launch.local import run_entrypoint
 from tidal.train import mesh as meshlib
 from tidal.train.distributed import DistributedConfigError, launch_from_env
@@ -138,12 +138,6 @@ def test_four_device_meshes_match_one_device(setup):
         shape = meshlib.mesh_shape(4, meshes[name])
         want_mesh = " ".join(f"{axis}={shape[axis]}" for axis in meshlib.AXES)
         assert json.loads((out / "summary.json").read_text())["mesh"] == want_mesh
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_two_processes(step_dir: Path) -> list[str]:
