@@ -110,7 +110,8 @@ def main() -> int:
         return 1
     results: dict[str, dict] = {}
     with Cluster.start(tmp / "cluster") as cluster:
-        proxy = FaultProxy(int(cluster.s3_endpoint.rsplit(":", 1)[1])).start()  # counts what the workers write
+        moto_port = int(cluster.s3_endpoint.rsplit(":", 1)[1])
+        proxy = FaultProxy(moto_port, host=cluster.service_host).start()  # counts what the workers write
         flink = FlinkCluster.start(cluster, tmp / "flink", taskmanagers=1,
                                    env={"TIDAL_S3_ENDPOINT_URL": proxy.endpoint})
         try:

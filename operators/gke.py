@@ -8,7 +8,9 @@ in place of the single ``TidalStepOperator``:
   otherwise ``spec.json`` is written, the step's MLflow run is opened
   (:func:`operators.remote.open_live_run`) and the launch runs.
 * single pod (CPU, GPU node, single-host TPU slice): ``{step}.launch``, a
-  ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`.
+  ``KubernetesPodOperator`` with the manifest of :func:`tidal.launch.pods.pod_manifest`
+  (:class:`PodLaunchOperator`: a pod that ends badly fails the task with its cause,
+  :mod:`operators.pod_failures`: OOMKilled is not retried, evicted / preempted / node lost are).
 * several pods (multi-host TPU, multislice, multi-node GPU): ``{step}.create`` creates the
   JobSet of :func:`tidal.launch.pods.jobset`, ``{step}.wait`` (:class:`JobSetSensor`) waits
   for its ``Completed`` / ``Failed`` condition, ``{step}.delete`` removes it whatever the sensor
@@ -29,9 +31,11 @@ keep the provider operator's arguments (templated) and build the real operator o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, TaskGroup
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from operators.assets import step_alias
 from operators.remote import (
@@ -57,8 +61,59 @@ SCHEDULE_TIMEOUT_S = 3600
 STARTUP_TIMEOUT_S = 1200
 
 
+class PodLaunchOperator(ProviderOperator):
+    """The training pod's ``KubernetesPodOperator`` (built on the worker, :class:`ProviderOperator`); when it
+    fails, the pod is read back and the failure re-raised as the pod's cause (:func:`operators.pod_failures.explain`:
+    ``PodOOMKilled`` fails at once, ``PodEvicted`` / ``PodPreempted`` / ``PodNodeLost`` are retried), with the
+    provider's error as its ``__cause__``. ``step_uri`` (templated) is where the trainer's metrics are."""
+
+    template_fields: Sequence[str] = ("operator_kwargs", "step_uri")
+
+    def __init__(self, *, step_uri: str, operator_kwargs: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(provider_class=POD_OPERATOR, operator_kwargs=operator_kwargs, **kwargs)
+        self.step_uri = step_uri
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return super().execute(context)
+        except AirflowException as err:
+            self._explain(err)
+            raise
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except AirflowException as err:
+            self._explain(err)
+            raise
+
+    def _explain(self, err: AirflowException) -> None:
+        """Raise the pod's cause from ``err``, or return (the caller re-raises ``err``) when the pod says nothing
+        more, or cannot be read (the provider's error is then the best there is)."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from operators.pod_failures import explain, read_pod
+
+        if isinstance(err, AirflowSkipException):
+            return  # a skip (``skip_on_exit_code``) is the provider's answer, not a failure
+        kwargs = self.operator_kwargs
+        remote = getattr(self._built, "pod", None)
+        name = remote.metadata.name if remote is not None else kwargs["name"]
+        try:
+            pod = read_pod(KubernetesHook(conn_id=kwargs["kubernetes_conn_id"]), kwargs["namespace"], name)
+        except Exception as read_err:  # noqa: BLE001 - the API server may be what failed: keep the provider's error
+            self.log.warning("could not read pod %s for its cause: %s", name, read_err)
+            return
+        if remote is None and pod is None:
+            return  # the pod was never created under this name: nothing to read
+        cause = explain(pod, name, step_uri=self.step_uri)
+        if cause is not None:
+            raise cause from err
+
+
 class JobSetSensor(BaseSensorOperator):
-    """Wait for a JobSet to finish: True on its ``Completed`` condition, fail on ``Failed``.
+    """Wait for a JobSet to finish: True on its ``Completed`` condition, fail on ``Failed`` with the causes its
+    pods ended with (:func:`operators.pod_failures.jobset_failure`).
 
     Runs in ``reschedule`` mode (the worker slot is free between pokes); JobSet itself restarts
     all workers on a failure up to ``failurePolicy.maxRestarts``, so ``Failed`` is final.
@@ -75,10 +130,15 @@ class JobSetSensor(BaseSensorOperator):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
         from airflow.sdk.exceptions import AirflowFailException
 
+        from operators.pod_failures import jobset_failure
+
         hook = KubernetesHook(conn_id=self.kubernetes_conn_id)
         obj = hook.get_custom_object(group=JOBSET_GROUP, version=JOBSET_VERSION, plural=JOBSET_PLURAL,
                                      name=self.name, namespace=self.namespace)
-        return jobset_finished(obj, AirflowFailException)
+        try:
+            return jobset_finished(obj, AirflowFailException)
+        except AirflowFailException as err:  # Failed: name what ended its pods (OOMKilled fails as PodOOMKilled)
+            raise jobset_failure(hook, self.namespace, self.name, str(err)) from err
 
 
 def jobset_finished(obj: dict[str, Any], failure: type[Exception] = RuntimeError) -> bool:
@@ -131,8 +191,8 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
                                      prepare_task_id=f"{prefix}prepare", workload=name,
                                      outlets=[step_alias(recipe.name, step.name)])
         if single:
-            launch = ProviderOperator(task_id="launch", provider_class=POD_OPERATOR,
-                                      operator_kwargs=pod_operator_kwargs(manifest))
+            launch = PodLaunchOperator(task_id="launch", step_uri=step_uri,
+                                       operator_kwargs=pod_operator_kwargs(manifest))
             prepare >> launch >> commit
         else:
             body = yaml.safe_dump(manifest, sort_keys=False)
@@ -190,4 +250,4 @@ def pod_operator_kwargs(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["JobSetSensor", "gke_train_group", "jobset_finished", "pod_operator_kwargs"]
+__all__ = ["JobSetSensor", "PodLaunchOperator", "gke_train_group", "jobset_finished", "pod_operator_kwargs"]

@@ -64,13 +64,15 @@ FILE_TIERS: dict[str, str] = {
     # the Kubernetes API server (tests/cluster/kube.py) and the chart installed on it
     "deploy/test_kube_server.py": "cluster",
     "deploy/test_node_pools.py": "cluster",
+    "deploy/test_pod_failures.py": "cluster",
 }
 # tiers whose files share one worker: the fixture they share starts once per session
 SHARED_GROUPS: dict[str, str] = {"cluster": "cluster"}
 FOLDER_GROUPS: dict[str, str] = {"ops": "ops"}  # one `airflow standalone` (tests/ops/conftest.py)
 # The API-server-only files run on the other worker, which starts its own API server (tens of seconds):
 # the cluster group alone is the suite's long pole (measured: 29.5 min of the suite's 29.5 with them in it).
-FILE_GROUPS: dict[str, str] = {"deploy/test_kube_server.py": "kube", "deploy/test_node_pools.py": "kube"}
+FILE_GROUPS: dict[str, str] = {"deploy/test_kube_server.py": "kube", "deploy/test_node_pools.py": "kube",
+                               "deploy/test_pod_failures.py": "kube"}
 
 
 def tier_of(path: Path) -> str:

@@ -1,17 +1,19 @@
-"""Loopback addresses of the test cluster's nodes (tests/cluster/harness.py)."""
+"""Addresses of the test cluster's nodes (tests/cluster/network.py)."""
 
 from __future__ import annotations
 
 
-def node_address(index: int) -> str:
-    """The loopback address of the ``index``-th node named in a session (1-based): ``127.0.2.1`` ..
-    ``127.0.2.254``, then ``127.0.3.1`` ... (all of 127.0.0.0/8 is the loopback interface). A whole
-    suite names a few hundred nodes; a fourth octet past 254 would be no address at all.
+def node_address(index: int, octet: int) -> str:
+    """The address of the ``index``-th node (1-based) in the cluster network ``10.<octet>.0.0/16``:
+    ``10.<octet>.0.1`` .. ``10.<octet>.0.254``, then ``10.<octet>.1.1`` ... The gateway, ``10.<octet>.255.254``,
+    is never a node's. A whole suite names a few hundred nodes per cluster at most.
 
     Raises:
-        ValueError: ``index`` is not in 1 .. 253 * 254.
+        ValueError: ``index`` is not in 1 .. 253 * 254, or ``octet`` not in 0 .. 255.
     """
     if not 1 <= index <= 253 * 254:
         raise ValueError(f"node index {index} out of range")
+    if not 0 <= octet <= 255:
+        raise ValueError(f"octet {octet} out of range")
     third, fourth = divmod(index - 1, 254)
-    return f"127.0.{2 + third}.{1 + fourth}"
+    return f"10.{octet}.{third}.{1 + fourth}"

@@ -36,12 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from tests.cluster.harness import PG_HOST, PG_PORT, PG_USER, REPO, Cluster, stop_node
+from tests.cluster.harness import PG_PORT, PG_USER, REPO, Cluster, stop_node
 from tests.ops.airflow_api import AirflowApi
 from tests.storage.servers import free_port
 
 VENV_BIN = Path(sys.executable).parent
-REDIS = "redis://127.0.0.1:6379/0"
+REDIS_PORT = 6379  # .ci/services.sh; nodes reach it through the cluster's relay on the gateway
 CONTROL_PLANE = ("scheduler", "dag-processor", "api-server", "triggerer")
 HEARTBEAT_TIMEOUT_S = 30
 STARTUP_TIMEOUT_S = 300
@@ -81,7 +81,7 @@ class AirflowCluster(AirflowApi):
         cluster.share_read_only(self.recipes.parent)
         self.database = f"tidal_airflow_{uuid.uuid4().hex[:10]}"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{cluster.service_host}:{self.port}"  # on the gateway: the workers' nodes reach it
         self.queue = f"tidal-{uuid.uuid4().hex[:8]}"
         self.env = {**self._airflow_env(), **(env or {})}
         self.workers: dict[str, subprocess.Popen] = {}
@@ -118,12 +118,13 @@ class AirflowCluster(AirflowApi):
     # --- components --------------------------------------------------------------------------
 
     def _airflow_env(self) -> dict[str, str]:
-        db = f"{PG_USER}@{PG_HOST}:{PG_PORT}/{self.database}"
+        host = self.cluster.service_host  # the gateway: the same address from the control plane and the nodes
+        db = f"{PG_USER}@{host}:{PG_PORT}/{self.database}"
         return {
             "AIRFLOW_HOME": str(self.workdir / "airflow"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{db}",
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-            "AIRFLOW__CELERY__BROKER_URL": REDIS,
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://{host}:{REDIS_PORT}/0",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{db}",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": self.queue,
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
@@ -136,7 +137,7 @@ class AirflowCluster(AirflowApi):
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__HOST": host,
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),

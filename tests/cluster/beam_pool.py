@@ -2,12 +2,11 @@
 
 This is Beam's own :class:`apache_beam.runners.worker.worker_pool_main.BeamFnExternalWorkerPoolServicer`
 in process mode (each SDK worker a fresh ``python``, from this interpreter's directory on PATH), the
-sidecar a Flink TaskManager pod runs. Beam's ``worker_pool_main`` binds ``[::]:PORT``; the nodes
-of the test cluster share one network namespace, so each pool binds its node's address instead
-(:func:`tests.cluster.harness.node_address`, which ``beam-worker-pool`` resolves to on that node
-alone) and every TaskManager reaches its own pool at the same ``beam-worker-pool:PORT``.
+sidecar a Flink TaskManager pod runs. It binds its node's address (``Node.address``, which
+``beam-worker-pool`` resolves to on that node alone), and every TaskManager reaches its own pool
+at the same ``beam-worker-pool:PORT``.
 
-Usage: ``python -m tests.cluster.beam_pool --address 127.0.2.3 --port 50000``.
+Usage: ``python -m tests.cluster.beam_pool --address 10.70.0.3 --port 50000``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 runs Beam Python.
 
 * node ``flink-jm``: Flink's JobManager (a standalone session cluster: REST, RPC and blob server on
-  127.0.0.1, ports picked free);
+  the node's own address, ports picked free);
 * node ``flink-tm-K`` for each TaskManager: the TaskManager (one slot) and, beside it, Beam's Python
   SDK worker pool (:mod:`tests.cluster.beam_pool`), bound to the node's own address, which the
   name ``beam-worker-pool`` resolves to on that node alone, as the pool is a TaskManager pod's
@@ -62,7 +62,7 @@ class FlinkCluster:
     """A JobManager node and ``taskmanagers`` TaskManager nodes, each with its SDK worker pool.
 
     Attributes:
-        rest: the JobManager's REST endpoint (``127.0.0.1:port``): ``--flink_master``.
+        rest: the JobManager's REST endpoint (``<flink-jm's address>:port``): ``--flink_master``.
         job_server_jar: the uber jar's base (``--flink_job_server_jar``).
     """
 
@@ -71,7 +71,8 @@ class FlinkCluster:
         self.env = dict(env or {})  # extra environment of the TaskManager nodes (their SDK workers)
         self.workdir = Path(workdir)
         self.home, self.job_server_jar = tools()
-        self.rest = f"127.0.0.1:{free_port()}"
+        self.jm_address = cluster.node("flink-jm").address
+        self.rest = f"{self.jm_address}:{free_port()}"
         self.rpc_port, self.blob_port = free_port(), free_port()
         self.jobmanager: subprocess.Popen | None = None
         self.taskmanagers: dict[str, subprocess.Popen] = {}
@@ -100,9 +101,12 @@ class FlinkCluster:
         return flink
 
     def _common(self) -> dict[str, object]:
-        return {"jobmanager.rpc.address": "127.0.0.1", "jobmanager.rpc.port": self.rpc_port,
-                "jobmanager.bind-host": "127.0.0.1", "rest.address": "127.0.0.1",
-                "rest.bind-address": "127.0.0.1", "rest.port": self.rest.rsplit(":", 1)[1],
+        # advertised at the JobManager node's address, bound to all of that node's own addresses: the job's main
+        # runs inside the JobManager and uploads to its blob server as ``localhost``, as in a JobManager pod
+        jm = self.jm_address
+        return {"jobmanager.rpc.address": jm, "jobmanager.rpc.port": self.rpc_port,
+                "jobmanager.bind-host": "0.0.0.0", "rest.address": jm,
+                "rest.bind-address": "0.0.0.0", "rest.port": self.rest.rsplit(":", 1)[1],
                 "blob.server.port": self.blob_port, "jobmanager.memory.process.size": JM_MEMORY,
                 "taskmanager.memory.process.size": TM_MEMORY, "taskmanager.numberOfTaskSlots": 1,
                 # a 1 GiB TaskManager has 508 network buffers; the sort shuffle asks 512 by default

@@ -25,11 +25,12 @@ from tests.cluster import train_scenario as ts
 from tests.cluster.harness import Cluster
 from tests.cluster.kube import KubeServer
 from tests.cluster.node_pools import node_pool
-from tests.cluster.pod_runner import PodRun, PodRunner
+from tests.cluster.pod_runner import PodRun, PodRunner, storage_secret
 from tidal.launch.pods import storage_env, workload
 from tidal.recipe import ResourceConfig
 
 POOL = "spot-cpu"
+REGION = "us-east-1"  # the bucket server's (tests/cluster/harness.py CREDENTIALS)
 
 
 @dataclass
@@ -63,7 +64,8 @@ def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Pa
     runs = []
     for attempt in range(2):
         pod = workload(resources, name=f"tidal-{step_id}-{attempt}", step_uri=prepared["step_uri"],
-                       env=storage_env(root, None, None), labels={"tidal.dev/step-id": step_id})
+                       env=storage_env(root, cluster.s3_endpoint, REGION), labels={"tidal.dev/step-id": step_id},
+                       secret_env=storage_secret(kube, cluster, namespace))
         kube.kubectl("create", "-f", "-", stdin=json.dumps(pod))
 
         def preempt(log: str, pod_name: str = pod["metadata"]["name"], first: bool = attempt == 0) -> None:

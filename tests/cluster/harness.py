@@ -3,12 +3,16 @@ PostgreSQL and the MLflow server.
 
 Invariant: a node can hand another node (or the test process) nothing except through the shared
 services. Each :meth:`Node.run` is a fresh process tree in its own mount, UTS, IPC and PID namespaces
-(``unshare``): its own hostname, its own SysV IPC objects, a private tmpfs over every place a program writes scratch
+(``unshare``) inside the node's network namespace (``nsenter``; tests/cluster/network.py): its own
+hostname, its own SysV IPC objects, a private tmpfs over every place a program writes scratch
 (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/var/cache`` with the storage cache, ``~/.cache``,
-``~/.config``), and the rest of the disk read-only, the repository checkout included. When the
+``~/.config``), and the rest of the disk read-only. The checkout's path shows the cluster's image
+(tests/cluster/image.py: the tracked files and the venv), not the launcher's working tree. When the
 command ends the namespace's init exits, so every process the node started dies and its tmpfs
-mounts go with it. The network namespace is shared: loopback is how nodes reach the services,
-as pods reach a bucket, a database and a tracking server by address.
+mounts go with it. The network namespace is the node's own, kept across its boots: its own ``localhost``
+and one address on the cluster's bridge, which every node's name resolves to on every node (and each
+JobSet pod's DNS name to its pod's node). Nodes reach the shared services at the bridge's gateway
+address, as pods reach a bucket, a database and a tracking server by address; nothing else is routed.
 
 Each boot runs under kernel-enforced limits (:class:`~tests.cluster.limits.NodeLimits`, set per node by
 :meth:`Cluster.node`): a cgroup v1 memory limit (past it the OOM killer kills: exit 137), a CFS CPU
@@ -20,10 +24,11 @@ default ``~/.cache/tidal/archives``), bind-mounted read-only into every node.
 
 Shared services, each in its own process group, stopped by killing that group:
 
-* the bucket: ``python -m moto.server`` on 127.0.0.1, bucket ``tidal``;
+* the bucket: ``python -m moto.server`` on the gateway, bucket ``tidal``;
 * PostgreSQL on 127.0.0.1:5432 (``.ci/services.sh start`` if nothing listens there), with a
-  fresh database per cluster, dropped at :meth:`Cluster.stop`;
-* ``mlflow server`` on 127.0.0.1: that database as its backend store, artifacts proxied into
+  fresh database per cluster, dropped at :meth:`Cluster.stop`; nodes reach it, and Redis on 6379,
+  through a relay on the gateway (tests/cluster/relay.py);
+* ``mlflow server`` on the gateway: that database as its backend store, artifacts proxied into
   ``s3://tidal/mlflow-artifacts`` (only the server talks to the bucket for artifacts).
 
 Usage::
@@ -51,8 +56,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from tests.cluster.addresses import node_address
+from tests.cluster.image import Image, image_of
 from tests.cluster.limits import Cgroups, NodeCgroup, NodeLimits, NodeUsage
+from tests.cluster.network import ClusterNetwork, NetworkError, network_unavailable
 from tests.storage.servers import MotoServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,7 +123,7 @@ def namespaces_unavailable() -> str | None:
         return f"unshare failed: {err}"
     if probe.returncode != 0:
         return f"unshare --mount --uts --ipc --pid --fork failed ({probe.returncode}): {probe.stderr.strip()}"
-    return None
+    return network_unavailable()
 
 
 def _die_with_parent(argv: list[str]) -> list[str]:
@@ -156,9 +162,9 @@ class Node:
     namespaces, empty tmpfs).
 
     Attributes:
-        address: the node's own loopback address (:func:`node_address`), which the names in ``aliases``
-            resolve to on this node only, as a pod's sidecar is ``localhost`` to it alone (the network
-            namespace is shared, so a per-node service binds this address, not a port of its own).
+        address: the node's address on the cluster's bridge (:func:`node_address`), which its name resolves
+            to on every node and the names in ``aliases`` on this node only (a pod's sidecar). A server on
+            the node that binds ``127.0.0.1`` is reachable from this node alone.
     """
 
     def __init__(self, cluster: Cluster, name: str):
@@ -171,26 +177,30 @@ class Node:
         """The limits this node boots with (set by :meth:`Cluster.node`)."""
         return self.cluster.limits_of(self.name)
 
-    def _boot(self, command: Sequence[str],
-              env: Mapping[str, str] | None) -> tuple[dict[str, str], list[str], NodeCgroup | None]:
-        """The node's environment (:attr:`Cluster.env` updated with ``env``), the argv that boots it around
-        ``command`` (its cgroup joined, new namespaces, the bootstrap script as PID 1) and its new cgroup."""
-        node_env = {**self.cluster.env, **(env or {})}
+    def _boot(self, command: Sequence[str], env: Mapping[str, str] | None,
+              inherit: bool = True) -> tuple[dict[str, str], list[str], NodeCgroup | None]:
+        """The node's environment (:attr:`Cluster.env` updated with ``env``; ``env`` alone unless ``inherit``),
+        the argv that boots it around ``command`` (its cgroup joined, new namespaces, the bootstrap script as
+        PID 1) and its new cgroup."""
+        node_env = {**(self.cluster.env if inherit else {}), **(env or {})}
         limits = self.limits
-        argv = [*UNSHARE, "bash", "-c", self.cluster.bootstrap(self.name, node_env, limits), f"node:{self.name}",
-                *command]
+        argv = ["nsenter", f"--net={self.cluster.network.netns_path(self.name)}", *UNSHARE, "bash", "-c",
+                self.cluster.bootstrap(self.name, node_env, limits), f"node:{self.name}", *command]
         cgroup = self.cluster._cgroups.node(self.name, limits) if self.cluster._cgroups else None
         return node_env, _die_with_parent(cgroup.join(argv) if cgroup else argv), cgroup
 
-    def start(self, command: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def start(self, command: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None,
+              inherit: bool = True) -> subprocess.Popen:
         """Boot the node and run ``command`` in the background (a long-running service: a Flink
         TaskManager, a worker pool), stdout and stderr to ``log``. Stop it by its process group
         (:func:`stop_node`): the node's namespace init dies and takes every process of the node along,
         as losing the machine would. Once its processes are gone, a watcher thread records the boot's
         :class:`NodeUsage` as the returned Popen's ``node_usage`` (None until then) and in
-        :attr:`Cluster.usage`, and removes its cgroup.
+        :attr:`Cluster.usage`, and removes its cgroup. ``inherit=False``: the command's environment is ``env``
+        alone, none of :attr:`Cluster.env` (a pod's container: the image's env and its spec's, see
+        :meth:`Cluster.image_env`).
         """
-        node_env, argv, cgroup = self._boot(command, env)
+        node_env, argv, cgroup = self._boot(command, env, inherit)
         try:
             with open(log, "ab") as out:
                 proc = subprocess.Popen(argv, env=node_env, stdin=subprocess.DEVNULL, stdout=out,
@@ -266,8 +276,12 @@ class Cluster:
         workdir: the cluster's own folder (logs, hosts file); removed by :meth:`stop`.
         env: what every node's environment is, exactly (endpoints, credentials, storage root,
             MLflow URI, PATH, PYTHONPATH=repository, ...); :meth:`Node.run` adds its ``env``.
-        s3_endpoint: the moto S3 server's URL (http://127.0.0.1:port).
-        mlflow_uri: the MLflow server's URL (http://127.0.0.1:port), also reachable from the test process.
+        s3_endpoint: the moto S3 server's URL (http://<gateway>:port), reachable from nodes and the test process.
+        mlflow_uri: the MLflow server's URL (http://<gateway>:port), as reachable.
+        service_host: the gateway address (:attr:`ClusterNetwork.gateway`) where nodes reach the shared
+            services: the bucket, MLflow, PostgreSQL (:data:`PG_PORT`) and Redis (6379), the last two relayed.
+        network: the cluster's bridge and node namespaces (tests/cluster/network.py).
+        image: what every node runs (tests/cluster/image.py), bound read-only over the checkout's path.
         database: the PostgreSQL database of this cluster (MLflow's backend store).
         read_only: whether a node's disk is read-only outside its private tmpfs dirs.
         id: the cluster's own id (its database's and its parent cgroup's name, ``tidal-<id>``).
@@ -283,11 +297,16 @@ class Cluster:
         self.hosts_file = self.workdir / "hosts"
         self.s3_endpoint = ""
         self.mlflow_uri = ""
+        self.service_host = ""
+        self.network: ClusterNetwork | None = None
+        self.image: Image | None = None
+        self._relays: list[subprocess.Popen] = []
+        self._relayed: set[int] = set()  # ports of 127.0.0.1 relayed to the gateway
         self.env: dict[str, str] = {}
         self._names: list[str] = []
         self._addresses: dict[str, str] = {}
         self._aliases: dict[str, list[str]] = {}
-        self._dns_names: list[str] = []  # cluster-wide names that are not nodes (add_dns_name)
+        self._dns_names: dict[str, str] = {}  # cluster-wide name that is not a node -> its node (add_dns_name)
         self._limits: dict[str, NodeLimits] = {}  # node -> its limits, where not the defaults
         self._cgroups: Cgroups | None = None
         self.limits_skipped: dict[str, str] = {}
@@ -311,7 +330,8 @@ class Cluster:
             timeout_s: seconds each service may take to answer.
 
         Raises:
-            ClusterUnavailable: PostgreSQL is unreachable on 127.0.0.1:5432 even after
+            ClusterUnavailable: the cluster's network cannot be built (no root, no ``ip``, an ``ip`` command
+                failed); PostgreSQL is unreachable on 127.0.0.1:5432 even after
                 ``.ci/services.sh start``; or, under ``CI=true``, a node limit's cgroup controller is
                 unavailable (elsewhere that limit is skipped with a warning: :attr:`limits_skipped`).
             RuntimeError: a service did not come up in time (the message has its log's tail).
@@ -320,11 +340,14 @@ class Cluster:
         cluster.workdir.mkdir(parents=True, exist_ok=True)
         cluster.hosts_file.write_text("")
         try:
+            cluster.image = image_of(REPO)
+            cluster._start_network()
             for name in nodes:
                 cluster._add_name(name)
             cluster._start_cgroups()
             cluster._start_bucket(timeout_s)
             cluster._create_database()
+            cluster._start_relay([PG_PORT, 6379], timeout_s)
             cluster._start_mlflow(timeout_s)
             cluster.env = cluster._node_env()
         except BaseException:
@@ -419,10 +442,17 @@ class Cluster:
             finally:
                 conn.close()
             self._db_created = False
+        for relay in self._relays:
+            _stop_group(relay)
+        self._relays.clear()
+        self._relayed.clear()
         if self._services_state is not None:
             subprocess.run(["bash", str(REPO / ".ci" / "services.sh"), "stop"], check=False,
                            env={**os.environ, "TIDAL_SERVICES_STATE": str(self._services_state)})
             self._services_state = None
+        if self.network is not None:
+            self.network.remove()
+            self.network = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # --- nodes -------------------------------------------------------------------------------
@@ -439,13 +469,18 @@ class Cluster:
             raise ClusterUnavailable(f"node limits cannot be enforced ({reasons})")
         warnings.warn(f"test cluster: node limits skipped ({reasons})", stacklevel=3)
 
-    def add_dns_name(self, name: str) -> None:
-        """Let ``name`` (e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve to 127.0.0.1 (shared loopback)
-        on every node, as cluster DNS resolves a pod. ValueError: a label of ``name`` is not a hostname."""
+    def add_dns_name(self, name: str, node: str) -> None:
+        """Let ``name`` (e.g. a JobSet pod's ``{hostname}.{subdomain}``) resolve to node ``node``'s address on
+        every node, as cluster DNS resolves a pod to its IP; ``node`` joins the cluster if it is new.
+
+        Raises:
+            ValueError: a label of ``name`` is not a hostname, or ``node`` is not a valid node name.
+        """
         if not all(NODE_NAME.match(label) for label in name.split(".")):
             raise ValueError(f"{name!r} is not a DNS name")
+        self._add_name(node)
         with self._lock:
-            self._dns_names = sorted({*self._dns_names, name})
+            self._dns_names[name] = node
             self._write_hosts()
 
     def _add_name(self, name: str, aliases: Sequence[str] = ()) -> None:
@@ -455,14 +490,18 @@ class Cluster:
         with self._lock:
             if name not in self._names:
                 self._names.append(name)
-                self._addresses[name] = node_address(len(self._names))
+                try:
+                    self._addresses[name] = self.network.add_node(name, len(self._names))
+                except NetworkError as err:
+                    raise ClusterUnavailable(f"node {name}: {err}") from None
             self._aliases[name] = sorted({*self._aliases.get(name, ()), *aliases})
             self._write_hosts()
 
     def _write_hosts(self) -> None:
         """Rewrite every hosts file (call with the lock held)."""
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-                 *(f"127.0.0.1 {n}" for n in [*self._names, *self._dns_names])]
+                 *(f"{self._addresses[n]} {n}" for n in self._names),
+                 *(f"{self._addresses[node]} {name}" for name, node in sorted(self._dns_names.items()))]
         # Rewrite in place (same inode): nodes already running have these files bound over /etc/hosts.
         files = [(None, self.hosts_file), *((n, self._hosts_of(n)) for n, a in self._aliases.items() if a)]
         for node, path in files:
@@ -494,20 +533,21 @@ class Cluster:
             *(f"mkdir -p {q(d)}" for d in private),  # before / may turn read-only
         ]
         # Kept visible, read-only, through the private tmpfs mounts: the corpora archive cache (under
-        # ~/.cache) and the checkout with its .venv when it lies under a private directory (a CI clone
-        # in /tmp or /var/tmp). A handle is taken first: the tmpfs hides the path.
+        # ~/.cache), the tools cache and the shared folders, each at its own path; and the image
+        # (tests/cluster/image.py) at the checkout's path, over the launcher's working tree. A handle
+        # is taken first: the tmpfs hides the path.
         tools = Path(env.get("TIDAL_TOOLS_CACHE") or home / ".cache" / "tidal" / "tools")  # Flink, job server
-        keep = [p for p in (archives, tools, *self._shared) if p.is_dir()]
-        if any(REPO == Path(d) or Path(d) in REPO.parents for d in private):
-            keep.append(REPO)
-        for fd, path in enumerate(keep, start=3):
-            lines.append(f"exec {fd}< {q(str(path))}")
+        keep = [(p, p) for p in (archives, tools, *self._shared) if p.is_dir()]
+        if self.image is not None:
+            keep.append((self.image.path, REPO))
+        for fd, (source, _) in enumerate(keep, start=3):
+            lines.append(f"exec {fd}< {q(str(source))}")
         if self.read_only:
             lines.append("mount -o remount,bind,ro /")
         size = f",size={limits.tmpfs_mb}m"
         mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}  # re-mkdir: HOME=/tmp
         lines += [f"mkdir -p {q(d)} && mount -t tmpfs -o mode={mode[d]}{size} tmpfs {q(d)}" for d in private]
-        for fd, path in enumerate(keep, start=3):
+        for fd, (_, path) in enumerate(keep, start=3):
             lines += [f"mkdir -p {q(str(path))}",
                       f"mount --no-canonicalize --bind /proc/self/fd/{fd} {q(str(path))}",
                       f"mount -o remount,bind,ro {q(str(path))}",
@@ -519,6 +559,21 @@ class Cluster:
                   '"$@"',
                   "exit $?"]
         return "\n".join(lines) + "\n"
+
+    def image_env(self) -> dict[str, str]:
+        """What the image sets for every container (the ``ENV`` of images/train-*.Dockerfile, for this CPU-only
+        image): PATH with the venv first, ``PYTHONUNBUFFERED``, ``TIDAL_GIT_SHA``; plus HOME, LANG and TMPDIR,
+        which a container runtime and the base image give, and ``JAX_PLATFORMS=cpu`` (no accelerator here)."""
+        return {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(Path.home()),
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",  # the image is read-only
+            "JAX_PLATFORMS": "cpu",
+            "TIDAL_GIT_SHA": self.image.git_sha if self.image else "unknown",
+        }
 
     def _node_env(self) -> dict[str, str]:
         home = Path.home()
@@ -542,12 +597,50 @@ class Cluster:
             "TIDAL_STORAGE_CACHE": STORAGE_CACHE,
             "TIDAL_ARCHIVE_CACHE": archives,
             "MLFLOW_TRACKING_URI": self.mlflow_uri,
+            "TIDAL_GIT_SHA": self.image.git_sha if self.image else "unknown",  # the image has no .git
         }
 
     # --- services ----------------------------------------------------------------------------
 
+    def _start_network(self) -> None:
+        why = network_unavailable()
+        if why:
+            raise ClusterUnavailable(why)
+        try:
+            self.network = ClusterNetwork.create()
+        except NetworkError as err:
+            raise ClusterUnavailable(str(err)) from None
+        self.service_host = self.network.gateway
+
+    def reach_loopback(self, port: int, timeout_s: float = 60) -> str:
+        """Let nodes reach a server of the test process's machine that listens on 127.0.0.1:``port`` only (the
+        Kubernetes API server of tests/cluster/kube.py): relay ``<gateway>:port`` to it for the cluster's life.
+        Returns the gateway address, where nodes dial it. RuntimeError: the relay did not start."""
+        with self._lock:
+            new = port not in self._relayed
+            self._relayed.add(port)
+        if new:
+            self._start_relay([port], timeout_s)
+        return self.service_host
+
+    def _start_relay(self, ports: list[int], timeout_s: float) -> None:
+        """Relay ``ports`` of 127.0.0.1 (PostgreSQL and Redis listen there only) to the gateway."""
+        log_path = self.workdir / f"relay-{'-'.join(map(str, ports))}.log"
+        with open(log_path, "wb") as log:
+            relay = subprocess.Popen(_die_with_parent(
+                [sys.executable, "-m", "tests.cluster.relay", self.service_host, PG_HOST, *map(str, ports)]),
+                cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._relays.append(relay)
+        self._relayed.update(ports)
+        deadline = time.monotonic() + timeout_s
+        while b"relay ready" not in log_path.read_bytes():
+            if relay.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"relay of ports {ports} did not start (exit {relay.poll()}): "
+                                   f"{log_path.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+
     def _start_bucket(self, timeout_s: float) -> None:
-        self._moto = MotoServer()
+        self._moto = MotoServer(host=self.service_host)
         self._moto.start(timeout_s)
         self.s3_endpoint = self._moto.endpoint
         self.s3().create_bucket(Bucket=BUCKET)
@@ -591,12 +684,12 @@ class Cluster:
         log_path = self.workdir / "mlflow-server.log"
         with open(log_path, "wb") as log:
             self._mlflow = subprocess.Popen(_die_with_parent(
-                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                [sys.executable, "-m", "mlflow", "server", "--host", self.service_host, "--port", str(port),
                  "--workers", "1", "--backend-store-uri", self.backend_store_uri,
                  "--serve-artifacts", "--artifacts-destination", MLFLOW_ARTIFACTS]),
                 env=env, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        self.mlflow_uri = f"http://127.0.0.1:{port}"
+        self.mlflow_uri = f"http://{self.service_host}:{port}"
         deadline = time.monotonic() + timeout_s
         while True:
             try:

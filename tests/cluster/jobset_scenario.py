@@ -32,7 +32,7 @@ from tests.cluster import train_scenario as ts
 from tests.cluster.harness import Cluster
 from tests.cluster.kube import KubeServer
 from tests.cluster.node_pools import node_pool
-from tests.cluster.pod_runner import PodRun, PodRunner
+from tests.cluster.pod_runner import PodRun, PodRunner, storage_secret
 from tests.deploy.kube_checks import worker_connection
 from tidal.launch.pods import storage_env, workload
 from tidal.recipe import ResourceConfig
@@ -97,8 +97,9 @@ def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, 
     prepared = json.loads(next(x for x in prep.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))
 
     name = f"tidal-{step_id}"
-    manifest = workload(resources, name=name, step_uri=prepared["step_uri"], env=storage_env(root, None, None),
-                        labels={"tidal.dev/step-id": step_id})
+    manifest = workload(resources, name=name, step_uri=prepared["step_uri"],
+                        env=storage_env(root, cluster.s3_endpoint, "us-east-1"), labels={"tidal.dev/step-id": step_id},
+                        secret_env=storage_secret(kube, cluster, namespace))
     assert manifest["kind"] == "JobSet", manifest["kind"]
     common = {"yaml_conf": yaml.safe_dump(manifest, sort_keys=False), "namespace": namespace,
               "custom_resource_definition": True, "kubernetes_conn_id": CONN_ID}

@@ -9,7 +9,10 @@
 * with ``nodes=True``, what turns objects into placed pods: kube-scheduler, kube-controller-manager
   (the Job, service-account, garbage-collector and node-lifecycle controllers) and KWOK, which makes
   Node objects labelled ``type=kwok`` Ready nodes and marks pods bound to them Running (its own
-  "fast" stages without pod-complete: a pod runs until someone writes its exit into its status);
+  "fast" stages without pod-complete: a pod runs until someone writes its exit into its status), and
+  serves their kubelet API on 127.0.0.1 (every node's InternalIP and kubelet port): ``kubectl logs``,
+  and the KubernetesPodOperator's log streaming, read the file a ``Logs`` object of KWOK names for
+  the pod (tests/cluster/pod_runner.py writes it);
 * with ``nodes=True``, also the JobSet controller (``sigs.k8s.io/jobset``, built by ``tools/k8s/install.sh``)
   with its CRD and its admission webhooks, registered with the API server as upstream's kustomize
   config registers them (the pod webhooks only for JobSet pods) but by URL on loopback, served with a
@@ -213,6 +216,7 @@ class KubeServer:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",  # as on GKE: Pod Security Admission, not this flag, refuses privileged pods
             "--enable-priority-and-fairness=false",  # one client; APF's queues only add startup work
+            "--kubelet-preferred-address-types=InternalIP",  # KWOK's kubelet API, on 127.0.0.1: no node DNS here
             "--profiling=false",
         ])
 
@@ -225,11 +229,16 @@ class KubeServer:
             str(self.tools["KUBE_CONTROLLER_MANAGER"]), *auth, f"--secure-port={free_port()}",
             f"--cert-dir={self.directory / 'controller-manager-certs'}", "--use-service-account-credentials=false",
             f"--controllers={','.join(CONTROLLERS)}"])
+        # KWOK's Logs kind says which file a pod's container log is; its CRD must be there before KWOK watches it
+        self.kubectl("apply", "--server-side", "-f", str(self.tools["KWOK_LOGS_CRD"]))
+        self.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/logs.kwok.x-k8s.io")
+        kubelet_port = free_port()
         self._spawn("kwok", [str(self.tools["KWOK"]), f"--kubeconfig={self.kubeconfig}",
-                             f"--config={self.tools['KWOK_STAGES']}",
+                             f"--config={self.tools['KWOK_STAGES']}", "--enable-crds=Logs",
                              f"--manage-nodes-with-label-selector={KWOK_SELECTOR}",
-                             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
-                             f"--server-address=127.0.0.1:{free_port()}"])
+                             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
+                             "--node-ip=127.0.0.1", f"--node-port={kubelet_port}",
+                             f"--server-address=127.0.0.1:{kubelet_port}"])
 
     def _start_jobset_controller(self, timeout_s: float = 60) -> None:
         """Apply the JobSet CRD, start the JobSet controller (webhooks on a loopback port with a

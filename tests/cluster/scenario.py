@@ -243,7 +243,8 @@ def run_on_nodes(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
     tick = time.perf_counter()
     moto_port = int(cluster.s3_endpoint.rsplit(":", 1)[1])
     for index, (name, _, kind) in enumerate(steps):
-        proxy = FaultProxy(moto_port).start()  # counts what this step's nodes fetch from the bucket
+        # counts what this step's nodes fetch from the bucket
+        proxy = FaultProxy(moto_port, host=cluster.service_host).start()
         env = {"TIDAL_S3_ENDPOINT_URL": proxy.endpoint}
         try:
             start = time.perf_counter()

@@ -32,7 +32,7 @@ from tests.cluster.airflow_cluster import AirflowCluster, seconds_between
 from tests.cluster.jobset_scenario import JOBSET_LABEL
 from tests.cluster.jobset_scenario import POOL as HOSTS_POOL
 from tests.cluster.node_pools import POOL_LABEL, node_pool
-from tests.cluster.pod_runner import PodRunner
+from tests.cluster.pod_runner import PodRunner, storage_secret
 from tests.deploy.kube_checks import worker_connection
 from tidal.recipe import ResourceConfig
 
@@ -92,7 +92,11 @@ def airflow(cluster, kube, installed, tmp_path_factory):
         data["mixture"]["weights"]["<b>a b:c</b>"] = data["mixture"]["weights"].pop(first)
     hostile = yaml.safe_dump(data, sort_keys=False)
     recipes = {RECIPE: text, MINUTELY: minutely, GKE: gke, HOSTS: hosts, "zz_broken": broken, "zz_hostile": hostile}
-    env = {"AIRFLOW_CONN_KUBERNETES_DEFAULT": worker_connection(kube, installed)}
+    # the workers' nodes dial the API server (127.0.0.1 of this machine only) at the cluster's gateway; the
+    # training pods get the bucket's credentials from a Secret their spec names, as in a deployment
+    secrets = storage_secret(kube, cluster, installed["training"]["namespace"])
+    env = {"AIRFLOW_CONN_KUBERNETES_DEFAULT": worker_connection(kube, installed, cluster.reach_loopback(kube.port)),
+           "TIDAL_POD_SECRET_ENV": json.dumps({name: list(ref) for name, ref in secrets.items()})}
     try:
         with AirflowCluster.start(cluster, tmp / "airflow", recipes, env=env) as af:
             af.wait_dag(DAG_ID)

@@ -1,6 +1,6 @@
 """The test cluster keeps its promise: nodes share the bucket, PostgreSQL (through MLflow) and the
-MLflow server, and nothing else: not a hostname, a scratch file, a cache, a process, SysV IPC or the
-disk; and each node's limits bite: memory (OOM kill), CPU quota, tmpfs size."""
+MLflow server, and nothing else: not a hostname, ``localhost``, a scratch file, a cache, a process, SysV
+IPC or the disk; and each node's limits bite: memory (OOM kill), CPU quota, tmpfs size."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from textwrap import dedent
 
 import pytest
 
-from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout, node_address, stop_node
+from tests.cluster.addresses import node_address
+from tests.cluster.harness import BUCKET, REPO, STORAGE_CACHE, NodeError, NodeTimeout, stop_node
+from tests.cluster.limits_scenario import dial_across_nodes, launcher_file_seen
 
 
 def python(node, code: str, **kwargs) -> str:
@@ -36,26 +38,72 @@ def test_nodes_have_their_own_hostnames_and_resolve_each_other(cluster):
     """
     seen_a = a.run([sys.executable, "-c", dedent(code), "node-b"]).stdout.split()
     seen_b = b.run([sys.executable, "-c", dedent(code), "node-a"]).stdout.split()
-    assert seen_a == ["node-a", "127.0.0.1", "127.0.0.1"]
-    assert seen_b == ["node-b", "127.0.0.1", "127.0.0.1"]
+    assert seen_a == ["node-a", b.address, "127.0.0.1"]
+    assert seen_b == ["node-b", a.address, "127.0.0.1"]
+    assert a.address != b.address and a.address.startswith(f"10.{cluster.network.octet}.")
     import socket
 
     assert socket.gethostname() not in ("node-a", "node-b")  # the host's UTS namespace is untouched
 
 
-def test_node_addresses_stay_addresses_past_254_nodes(cluster):
-    # a session may name more than 254 nodes: the fourth octet must not run past 254
-    assert [node_address(i) for i in (1, 254, 255, 600)] == ["127.0.2.1", "127.0.2.254", "127.0.3.1", "127.0.4.92"]
-    with pytest.raises(ValueError):
-        node_address(0)
+def test_node_addresses_stay_addresses_past_254_nodes():
+    # a session may name more than 254 nodes: the fourth octet must not run past 254, nor reach the gateway
+    assert [node_address(i, 70) for i in (1, 254, 255, 600)] == ["10.70.0.1", "10.70.0.254", "10.70.1.1",
+                                                                  "10.70.2.92"]
+    assert node_address(253 * 254, 70) == "10.70.252.254"
+    for bad in ((0, 70), (253 * 254 + 1, 70), (1, 256)):
+        with pytest.raises(ValueError):
+            node_address(*bad)
+
+
+def test_localhost_on_one_node_is_not_another_nodes_service(cluster, tmp_path):
+    """A server on node B, bound to every address, answers node A at node B's name and address only:
+    node A dialing ``localhost`` / ``127.0.0.1`` for it is refused, as between two pods."""
+    seen, own = dial_across_nodes(cluster, tmp_path)
+    address = cluster.node("net-b").address
+    assert seen == ["localhost ConnectionRefusedError", "127.0.0.1 ConnectionRefusedError",
+                    "net-b node-b here", f"{address} node-b here"]
+    assert own == "127.0.0.1 node-b here"  # its own localhost is itself
+
+
+def test_nodes_reach_nothing_but_the_cluster(cluster):
+    """PostgreSQL and Redis listen on the host's 127.0.0.1: a node reaches them only through the gateway's
+    relay, and the host's loopback is not routed to it at all."""
     code = """
         import socket, sys
-        server = socket.create_server((sys.argv[1], 0))
-        client = socket.create_connection(server.getsockname(), timeout=5)
-        print(server.getsockname()[0])
+        for host, port in (("127.0.0.1", 5432), (sys.argv[1], 5432)):
+            try:
+                socket.create_connection((host, port), timeout=5).close()
+                print(host, "open")
+            except OSError as err:
+                print(host, type(err).__name__)
     """
-    out = cluster.node("node-a").run([sys.executable, "-c", dedent(code), node_address(600)]).stdout.strip()
-    assert out == "127.0.4.92"
+    seen = cluster.node("node-a").run([sys.executable, "-c", dedent(code), cluster.service_host]).stdout
+    assert seen.splitlines() == ["127.0.0.1 ConnectionRefusedError", f"{cluster.service_host} open"]
+
+
+def test_nodes_run_the_image_not_the_launchers_working_tree(cluster):
+    """The checkout's path on a node is the session's image: tracked code and the venv, read-only; a file
+    the launcher writes into its working tree (ignored by git, or new since the image) is not there."""
+    assert not launcher_file_seen(cluster)
+    marker = f"launcher-only-{uuid.uuid4().hex[:8]}"
+    new = REPO / "tests" / f"{marker}.txt"
+    new.write_text("written after the image was built")
+    code = f"""
+        import os, sys
+        from pathlib import Path
+        import tidal
+        repo = Path({str(REPO)!r})
+        print(Path(tidal.__file__).is_relative_to(repo), (repo / "tests" / "tiers.py").is_file(),
+              (repo / "tests" / "{marker}.txt").exists(), os.access(repo / "tidal", os.W_OK),
+              os.environ["TIDAL_GIT_SHA"] == {cluster.image.git_sha!r})
+    """
+    try:
+        seen = python(cluster.node("node-a"), code).split()
+    finally:
+        new.unlink()
+    assert seen == ["True", "True", "False", "False", "True"]
+    assert cluster.image.path != REPO and (cluster.image.path / ".venv" / "bin" / "python").exists()
 
 
 def test_scratch_and_caches_do_not_outlive_a_node(cluster):

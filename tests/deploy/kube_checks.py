@@ -114,14 +114,21 @@ def service_account_token(kube: KubeServer, name: str, namespace_name: str) -> s
     return kube.kubectl("create", "token", name, "-n", namespace_name, "--duration=10m").stdout.strip()
 
 
-def worker_connection(kube: KubeServer, values: dict) -> str:
+def worker_connection(kube: KubeServer, values: dict, host: str | None = None) -> str:
     """The ``kubernetes_default`` Airflow connection (JSON, for ``AIRFLOW_CONN_KUBERNETES_DEFAULT``) of
     the chart's Airflow worker: a kubeconfig inline (``kube_config``; no file a node would lack) whose
-    user is a token the server signed for the worker's service account, so the chart's RBAC decides."""
+    user is a token the server signed for the worker's service account, so the chart's RBAC decides.
+    ``host``: where the worker dials the server (a test cluster's gateway, :meth:`Cluster.reach_loopback`)
+    instead of 127.0.0.1; the certificate is then checked for ``kubernetes.default.svc``, a name it
+    carries, as an in-cluster client checks it."""
     token = kube.kubectl("create", "token", values["training"]["launchers"]["worker"], "-n", RELEASE["Namespace"],
                          "--duration=2h").stdout.strip()
     config = yaml.safe_load(kube.kubeconfig.read_text())
     config["users"] = [{"name": config["users"][0]["name"], "user": {"token": token}}]
+    if host is not None:
+        cluster = config["clusters"][0]["cluster"]
+        cluster["server"] = f"https://{host}:{kube.port}"
+        cluster["tls-server-name"] = "kubernetes.default.svc"
     return json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(config)}})
 
 

@@ -32,32 +32,33 @@ ERRORS = {
 }
 
 
-def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    """Block until 127.0.0.1:port accepts connections; RuntimeError after ``timeout_s``."""
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
+    """Block until host:port accepts connections; RuntimeError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s} s")
 
 
 class MotoServer:
-    """``python -m moto.server`` on a free loopback port, in its own process group."""
+    """``python -m moto.server`` on a free port of ``host`` (default loopback), in its own process group."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{host}:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60) -> MotoServer:
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for_port(self.port, timeout_s, self.proc)
+        wait_for_port(self.port, timeout_s, self.proc, self.host)
         return self
 
     def stop(self) -> None:
@@ -99,9 +100,10 @@ class FaultPlan:
 
 
 class FaultProxy:
-    """A threaded HTTP/1.1 proxy on a free loopback port that forwards to ``upstream_port``."""
+    """A threaded HTTP/1.1 proxy on a free port of ``host`` (default loopback) that forwards to
+    ``host:upstream_port``."""
 
-    def __init__(self, upstream_port: int, plan: FaultPlan | None = None):
+    def __init__(self, upstream_port: int, plan: FaultPlan | None = None, host: str = "127.0.0.1"):
         self.plan = plan or FaultPlan()
         proxy = self
 
@@ -161,7 +163,7 @@ class FaultProxy:
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("transfer-encoding", "content-length")}
                 headers["Content-Length"] = str(len(body))
-                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+                upstream = http.client.HTTPConnection(host, upstream_port, timeout=120)
                 try:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     response = upstream.getresponse()
@@ -183,10 +185,10 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{host}:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def start(self) -> FaultProxy:

