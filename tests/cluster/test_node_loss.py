@@ -52,8 +52,8 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, l
             assert before.returncode == 75 and before.preempted_at is not None, logs
             assert after.resumed_from == before.preempted_at, logs
         else:  # the newest checkpoint that counted before the kill, never an older one
-            newest = (before.counted or [before.resumed_from or 0])[-1]
-            assert after.resumed_from == newest, logs
+            allowed = ts.resumable(before.counted, before.resumed_from or 0, before.last_step, EVERY)
+            assert after.resumed_from in allowed, (allowed, logs)
             # lost: the steps since it, at most checkpoint_every plus those a save in flight took
             assert 0 <= before.last_step - after.resumed_from <= 2 * EVERY, logs
     assert run.attempts[-1].returncode == 0 and run.attempts[-1].last_step == STEPS, logs

@@ -52,6 +52,16 @@ class Attempt:
     log: str = ""
 
 
+def resumable(counted: list[int], fallback: int, last_step: int, every: int) -> set[int]:
+    """The checkpoints a trainer lost by SIGKILL may rightly be resumed from: the newest one its log says
+    counted (``counted``, else ``fallback``: the one it resumed from), or the next multiple of ``every`` up to
+    its last printed step, when the kill fell between that checkpoint's manifest reaching the bucket and the
+    log line that says so (the line is printed after the upload)."""
+    newest = (counted or [fallback])[-1]
+    following = (newest // every + 1) * every
+    return {newest} | ({following} if following <= last_step else set())
+
+
 @dataclass
 class NodeLossRun:
     root: str

@@ -55,7 +55,7 @@ def test_an_oom_killed_pod_fails_once_with_its_limit_and_peak(kube, installed, h
     assert isinstance(err, PodOOMKilled) and isinstance(err, AirflowFailException)  # Airflow does not retry it
     text = str(err)
     assert f"pod {name} on node gke-node-gone was OOMKilled (exit 137) at its memory limit 512Mi" in text
-    assert "0.47 GiB" in text and "Raise train.resources.memory" in text
+    assert "0.47 GiB" in text and "raise train.resources.memory" in text
 
 
 def test_an_evicted_pod_is_retried_with_the_kubelets_reason(kube, installed, hook):

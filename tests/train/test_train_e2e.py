@@ -312,3 +312,33 @@ def test_heldout_split_and_step_zero_evals(tmp_path, inputs):
     assert summary["initial_eval_loss/udhr"] == records[0]["eval_loss/udhr"]
     assert eval_curves(summary) == {"heldout/syn": [first, last],
                                     "udhr": [records[0]["eval_loss/udhr"], summary["eval_loss/udhr"]]}
+
+
+def test_a_failed_save_stops_training_at_once_with_one_error_line(tmp_path, inputs):
+    """A checkpoint that cannot be written (its directory immutable: not even root may add to it) stops the
+    run at that save; the process exits 1 within seconds (not after orbax's 300 s wait for the failed save's
+    signals) with one ``error:`` line naming the checkpoint and the cause, and no traceback on stderr."""
+    import subprocess
+    import sys
+    import time
+
+    ctx = make_ctx(tmp_path / "train", inputs)
+    tidal.train.write_spec(ctx)
+    checkpoints = ctx.out_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    locked = subprocess.run(["chattr", "+i", str(checkpoints)], capture_output=True, text=True, check=False)
+    if locked.returncode != 0:
+        pytest.skip(f"this filesystem has no immutable flag (chattr: {locked.stderr.strip()})")
+    try:
+        tick = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "tidal.train", str(ctx.out_dir)], capture_output=True,
+                              text=True, timeout=280, check=False)
+        took = time.monotonic() - tick
+    finally:
+        subprocess.run(["chattr", "-i", str(checkpoints)], check=True)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("tidal.train: error: checkpoint of step 5 "), proc.stderr[-3000:]
+    assert "was not saved: PermissionError" in errors[0] and "Traceback" not in proc.stderr
+    assert took < 120, f"exited after {took:.0f} s"
+    assert not (ctx.out_dir / "summary.json").exists()

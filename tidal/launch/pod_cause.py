@@ -73,11 +73,12 @@ class PodCause:
         code = f" (exit {self.exit_code})" if self.exit_code is not None else ""
         detail = f": {self.detail.rstrip('. ')}" if self.detail else ""  # the sentence's own full stop follows
         if self.cause == "oom_killed":
-            peak = (f"; the trainer last logged a peak of {_gib(peak_memory_bytes)}" if peak_memory_bytes
-                    else "; the trainer logged no memory before it was killed")
-            return (f"{where} was OOMKilled{code} at its memory limit {self.memory_limit or '(none set)'}{peak}. "
-                    f"Not retried: the same step on the same limit reaches the same peak. Raise {memory_field}, "
-                    "or lower train.batch_size or tokenize.seq_len.")
+            # what to change comes first: the on-call page shows a message's first 200 characters
+            peak = (f" (the trainer last logged a peak of {_gib(peak_memory_bytes)})" if peak_memory_bytes
+                    else " (the trainer logged no memory before it was killed)")
+            return (f"{where} was OOMKilled{code} at its memory limit {self.memory_limit or '(none set)'}{peak}: "
+                    f"raise {memory_field}, or lower train.batch_size or tokenize.seq_len. Not retried: the "
+                    "same step on the same limit reaches the same peak.")
         if self.cause == "evicted":
             return f"{where} was Evicted by the kubelet{detail}. Retried on a fresh node."
         if self.cause == "preempted":

@@ -25,7 +25,8 @@ Exit codes: 0 done (``summary.json`` written, or stopped by ``--stop-after``, or
 checkpointing the current step (rerun to resume); 76 no step finished for
 ``TIDAL_TRAIN_WATCHDOG_S`` seconds (stacks dumped; :mod:`tidal.train.watchdog`); 1 a checkpoint could not be saved (one
 ``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
-was), or the divergence guard stopped the run (one line: step, loss, verdict, batch); anything else
+was; it exits at once, not after orbax's 300 s wait for the failed save's signals), or the divergence guard
+stopped the run (one line: step, loss, verdict, batch); anything else
 is a crash with a traceback. In a multi-process run every failure exits at once, without jax's
 shutdown barrier (which would wait for a peer that is gone); an unexpected one (a collective whose peer
 died) prints its traceback and one ``error:`` line and exits 1. A peer that stops without closing its
@@ -69,12 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     from tidal.train.preemption import EXIT_PREEMPTED
 
     code = _exit_code(args)
-    if code not in (0, EXIT_PREEMPTED) and _multi_process():
-        # jax's shutdown barrier would wait for a peer that may be gone (up to its heartbeat timeout)
+    if code not in (0, EXIT_PREEMPTED) and (_multi_process() or _save_failed):
+        # jax's shutdown barrier would wait for a peer that may be gone (up to its heartbeat timeout); after a
+        # failed save, orbax's signalling threads (not daemons: the interpreter joins them at exit) wait 300 s
+        # for the step directory that was never created. Nothing is left to flush but our own streams.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+_save_failed = False  # set by _exit_code: the process exits without joining orbax's threads (see main)
 
 
 def _multi_process() -> bool:
@@ -104,7 +110,12 @@ def _exit_code(args: argparse.Namespace) -> int:
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
-    except (CheckpointSaveFailed, Diverged) as err:
+    except CheckpointSaveFailed as err:
+        global _save_failed
+        _save_failed = True
+        print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
+        return 1
+    except Diverged as err:
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
         return 1
     except Exception as err:

@@ -166,6 +166,7 @@ class Checkpointer:
         self._trainer: dict[str, Any] | None = None  # loop state kept in the manifest of the save in flight
         self._params_sha256: str | None = None  # of the save in flight: a permanent checkpoint's parameters
         self._written: float | None = None  # set by the background thread once orbax finished
+        self._save_failed = False  # a save failed (reported as CheckpointSaveFailed)
 
     def path(self, step: int) -> Path:
         """Directory of the checkpoint at ``step``."""
@@ -196,7 +197,8 @@ class Checkpointer:
         without a mirror).
 
         Raises:
-            CheckpointSaveFailed: the previous save failed.
+            CheckpointSaveFailed: the previous save failed, or this one failed at once (e.g. its
+                directory cannot be created).
         """
         self.wait()
         self._sidecars = dict(sidecars or {})
@@ -212,7 +214,10 @@ class Checkpointer:
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
         else:
-            self._orbax_save(step, state)
+            try:
+                self._orbax_save(step, state)  # its synchronous part: the step's directory, the device copy
+            except Exception as err:
+                raise self._failed(step, err) from err
             target, args = self._finish, (step, fingerprint, start)
         self._job = self._worker.submit(target, *args)
         self._pending = (step, time.perf_counter() - start)
@@ -269,6 +274,7 @@ class Checkpointer:
             self._error = self._failed(step, err)
 
     def _failed(self, step: int, err: BaseException) -> CheckpointSaveFailed:
+        self._save_failed = True
         where = f"{self.path(step)}" + (f" -> {self.mirror.location}" if self.mirror is not None else "")
         failed = CheckpointSaveFailed(f"checkpoint of step {step} ({where}) was not saved: {type(err).__name__}: "
                                       f"{err}; earlier checkpoints are intact (rerun to resume from the newest)")
@@ -432,12 +438,19 @@ class Checkpointer:
         return manifest
 
     def close(self) -> None:
-        """Wait for pending work (re-raising its error) and release orbax resources."""
+        """Wait for pending work (re-raising its error) and release orbax resources. After a failed save,
+        orbax re-raises that save's error at close: it was reported already (CheckpointSaveFailed), so it is
+        logged, not raised over it."""
         try:
             self.wait()
         finally:
             self._worker.shutdown()
-            self.manager.close()
+            try:
+                self.manager.close()
+            except Exception as err:
+                if not self._save_failed:
+                    raise
+                self.log.info("orbax's close repeated the failed save's error: %s: %s", type(err).__name__, err)
 
 
 def retained(steps: set[int] | list[int], keep: int, permanent_every: int | None) -> set[int]:
