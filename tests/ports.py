@@ -16,6 +16,8 @@ import random
 import socket
 from pathlib import Path
 
+from tests.reservations import reserve
+
 RESERVATIONS = Path(os.environ.get("TMPDIR", "/tmp")) / "tidal-test-ports"
 LOW, HIGH = 20000, 32000  # below Linux's default ephemeral range 32768-60999
 
@@ -24,39 +26,6 @@ def _ephemeral_low() -> int:
     with contextlib.suppress(OSError, ValueError, IndexError):
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     return 32768
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _reserve(port: int) -> bool:
-    """Create the port's reservation file for this process; take over one whose owner has exited."""
-    RESERVATIONS.mkdir(parents=True, exist_ok=True)
-    path = RESERVATIONS / str(port)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                owner = int(path.read_text() or "0")
-            except (OSError, ValueError):
-                return False
-            if owner and _alive(owner):
-                return False
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return True
-    return False
 
 
 def _bindable(port: int) -> bool:
@@ -81,6 +50,6 @@ def free_port() -> int:
     for _ in range(500):
         port = rng.randrange(LOW, high)
         # a reserved port that does not bind is in use outside the tests: it stays reserved, undrawn
-        if _reserve(port) and _bindable(port):
+        if reserve(RESERVATIONS, str(port)) and _bindable(port):
             return port
     raise RuntimeError(f"no free loopback port in [{LOW}, {high}) after 500 draws (see {RESERVATIONS})")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -64,6 +63,7 @@ from tests.cluster.node import (
     NodeTimeout,
     _die_with_parent,
     _stop_group,
+    bootstrap_script,
     namespaces_unavailable,
     stop_node,
 )
@@ -331,48 +331,13 @@ class Cluster:
 
     def bootstrap(self, name: str, env: Mapping[str, str], limits: NodeLimits | None = None) -> str:
         """The bash script node ``name`` runs as its PID 1 around ``"$@"`` (its command) in environment ``env``
-        with ``limits`` (default: the node's, :meth:`limits_of`): it exits with the command's status, or 125
-        if the node's own set-up failed."""
-        limits = limits or self.limits_of(name)
-        home = Path(env.get("HOME") or Path.home())
-        archives = Path(env.get("TIDAL_ARCHIVE_CACHE") or home / ".cache" / "tidal" / "archives")
-        private = ["/tmp", "/var/tmp", "/dev/shm", "/var/cache", str(home / ".cache"), str(home / ".config")]
-        q = shlex.quote
-        lines = [
-            "set -eEuo pipefail",
-            f"trap 'echo \"cluster node {name}: bootstrap failed: $BASH_COMMAND\" >&2; exit 125' ERR",
-            f"hostname {q(name)}",
-            f"mount --bind {q(str(self._hosts_of(name)))} /etc/hosts",
-            "mount -o remount,bind,ro /etc/hosts",
-            *(f"mkdir -p {q(d)}" for d in private),  # before / may turn read-only
-        ]
-        # Kept visible, read-only, through the private tmpfs mounts: the corpora archive cache (under
-        # ~/.cache), the tools cache and the shared folders, each at its own path; and the image
-        # (tests/cluster/image.py) at the checkout's path, over the launcher's working tree. A handle
-        # is taken first: the tmpfs hides the path.
-        tools = Path(env.get("TIDAL_TOOLS_CACHE") or home / ".cache" / "tidal" / "tools")  # Flink, job server
-        keep = [(p, p) for p in (archives, tools, *self._shared) if p.is_dir()]
+        with ``limits`` (default: the node's, :meth:`limits_of`): :func:`tests.cluster.node.bootstrap_script`
+        with this cluster's hosts file, shared folders, image and storage cache."""
+        keep = [(p, p) for p in self._shared]
         if self.image is not None:
             keep.append((self.image.path, REPO))
-        for fd, (source, _) in enumerate(keep, start=3):
-            lines.append(f"exec {fd}< {q(str(source))}")
-        if self.read_only:
-            lines.append("mount -o remount,bind,ro /")
-        size = f",size={limits.tmpfs_mb}m"
-        mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}  # re-mkdir: HOME=/tmp
-        lines += [f"mkdir -p {q(d)} && mount -t tmpfs -o mode={mode[d]}{size} tmpfs {q(d)}" for d in private]
-        for fd, (_, path) in enumerate(keep, start=3):
-            lines += [f"mkdir -p {q(str(path))}",
-                      f"mount --no-canonicalize --bind /proc/self/fd/{fd} {q(str(path))}",
-                      f"mount -o remount,bind,ro {q(str(path))}",
-                      f"exec {fd}<&-"]
-        lines += [f"mkdir -p {q(STORAGE_CACHE)} /tmp/work",
-                  "cd /tmp/work",
-                  "trap - ERR",
-                  "set +eEu +o pipefail",
-                  '"$@"',
-                  "exit $?"]
-        return "\n".join(lines) + "\n"
+        return bootstrap_script(name, env, limits or self.limits_of(name), hosts_file=self._hosts_of(name),
+                                keep=keep, read_only=self.read_only, storage_cache=STORAGE_CACHE)
 
     def image_env(self) -> dict[str, str]:
         """What the image sets for every container (the ``ENV`` of images/train-*.Dockerfile, for this CPU-only

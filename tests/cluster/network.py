@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from tests.cluster.addresses import node_address
+from tests.reservations import reserve
 
 RESERVATIONS = Path(os.environ.get("TMPDIR", "/tmp")) / "tidal-test-nets"
 OCTETS = range(64, 192)
@@ -47,16 +48,6 @@ def _ip(*args: str) -> None:
         raise NetworkError(f"`ip {' '.join(args)}` failed ({done.returncode}): {done.stderr.strip()}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_links(octet: int) -> None:
     """Delete the bridge and every node namespace of ``octet`` (a cluster's, stopped or crashed)."""
     for netns in sorted(NETNS_DIR.glob(f"tidal{octet}-*")) if NETNS_DIR.is_dir() else ():
@@ -69,25 +60,8 @@ def _remove_links(octet: int) -> None:
 
 def _reserve() -> int:
     """An octet no live process holds; a stale holder's bridge and namespaces are removed first."""
-    RESERVATIONS.mkdir(parents=True, exist_ok=True)
     for octet in OCTETS:
-        path = RESERVATIONS / str(octet)
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                try:
-                    owner = int(path.read_text() or "0")
-                except (OSError, ValueError):
-                    break
-                if owner and _alive(owner):
-                    break
-                _remove_links(octet)
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
+        if reserve(RESERVATIONS, str(octet), on_stale=lambda octet=octet: _remove_links(octet)):
             if Path(f"/sys/class/net/tidalbr{octet}").exists():  # left by a process that never reserved
                 _remove_links(octet)
             return octet

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -105,6 +106,52 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.poll()
+
+
+def bootstrap_script(name: str, env: Mapping[str, str], limits: NodeLimits, *, hosts_file: Path,
+                     keep: Sequence[tuple[Path, Path]], read_only: bool, storage_cache: str) -> str:
+    """The bash script a node runs as its PID 1 around ``"$@"`` (its command) in environment ``env``: its
+    hostname, ``hosts_file`` over /etc/hosts, a private tmpfs of ``limits.tmpfs_mb`` over every scratch place,
+    the rest of the disk read-only (``read_only``), and each ``(source, path)`` of ``keep`` (plus the corpora
+    and tools caches) bound read-only at ``path`` through the tmpfs mounts. It exits with the command's status,
+    or 125 if the node's own set-up failed."""
+    home = Path(env.get("HOME") or Path.home())
+    archives = Path(env.get("TIDAL_ARCHIVE_CACHE") or home / ".cache" / "tidal" / "archives")
+    private = ["/tmp", "/var/tmp", "/dev/shm", "/var/cache", str(home / ".cache"), str(home / ".config")]
+    q = shlex.quote
+    lines = [
+        "set -eEuo pipefail",
+        f"trap 'echo \"cluster node {name}: bootstrap failed: $BASH_COMMAND\" >&2; exit 125' ERR",
+        f"hostname {q(name)}",
+        f"mount --bind {q(str(hosts_file))} /etc/hosts",
+        "mount -o remount,bind,ro /etc/hosts",
+        *(f"mkdir -p {q(d)}" for d in private),  # before / may turn read-only
+    ]
+    # Kept visible, read-only, through the private tmpfs mounts: the corpora archive cache (under
+    # ~/.cache), the tools cache and the shared folders, each at its own path; and the image
+    # (tests/cluster/image.py) at the checkout's path, over the launcher's working tree. A handle
+    # is taken first: the tmpfs hides the path.
+    tools = Path(env.get("TIDAL_TOOLS_CACHE") or home / ".cache" / "tidal" / "tools")  # Flink, job server
+    keep = [*((p, p) for p in (archives, tools) if p.is_dir()), *((s, p) for s, p in keep if s.is_dir())]
+    for fd, (source, _) in enumerate(keep, start=3):
+        lines.append(f"exec {fd}< {q(str(source))}")
+    if read_only:
+        lines.append("mount -o remount,bind,ro /")
+    size = f",size={limits.tmpfs_mb}m"
+    mode = {d: "1777" if d in ("/tmp", "/var/tmp", "/dev/shm") else "755" for d in private}  # re-mkdir: HOME=/tmp
+    lines += [f"mkdir -p {q(d)} && mount -t tmpfs -o mode={mode[d]}{size} tmpfs {q(d)}" for d in private]
+    for fd, (_, path) in enumerate(keep, start=3):
+        lines += [f"mkdir -p {q(str(path))}",
+                  f"mount --no-canonicalize --bind /proc/self/fd/{fd} {q(str(path))}",
+                  f"mount -o remount,bind,ro {q(str(path))}",
+                  f"exec {fd}<&-"]
+    lines += [f"mkdir -p {q(storage_cache)} /tmp/work",
+              "cd /tmp/work",
+              "trap - ERR",
+              "set +eEu +o pipefail",
+              '"$@"',
+              "exit $?"]
+    return "\n".join(lines) + "\n"
 
 
 class Node:
@@ -219,4 +266,5 @@ class Node:
         return f"Node({self.name!r})"
 
 
-__all__ = ["UNSHARE", "Node", "NodeError", "NodeResult", "NodeTimeout", "namespaces_unavailable", "stop_node"]
+__all__ = ["UNSHARE", "Node", "NodeError", "NodeResult", "NodeTimeout", "bootstrap_script", "namespaces_unavailable",
+           "stop_node"]

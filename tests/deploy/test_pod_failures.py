@@ -39,12 +39,17 @@ def ended_pod(kube, namespace: str, status: dict, labels: dict[str, str] | None 
     return name
 
 
+def terminated(code: int, reason: str) -> dict:
+    """A pod status as the kubelet writes it when the container ended with ``code`` for ``reason``."""
+    return {"phase": "Failed", "containerStatuses": [{
+        "name": "train", "ready": False, "restartCount": 0, "image": "tidal", "imageID": "",
+        "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": "2026-12-06T00:00:00Z",
+                                 "finishedAt": "2026-12-06T00:10:00Z"}}}]}
+
+
 def test_an_oom_killed_pod_fails_once_with_its_limit_and_peak(kube, installed, hook, tmp_path):
     namespace = installed["training"]["namespace"]
-    name = ended_pod(kube, namespace, {"phase": "Failed", "containerStatuses": [{
-        "name": "train", "ready": False, "restartCount": 0, "image": "tidal", "imageID": "",
-        "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-12-06T00:00:00Z",
-                                 "finishedAt": "2026-12-06T00:10:00Z"}}}]})
+    name = ended_pod(kube, namespace, terminated(137, "OOMKilled"))
     step = tmp_path / "step"
     step.mkdir()
     (step / "metrics.jsonl").write_text('{"step": 10, "peak_memory_bytes": 400000000}\n'
@@ -82,10 +87,7 @@ def test_the_launch_task_re_raises_the_providers_failure_as_the_pods_cause(kube,
     from operators.gke import PodLaunchOperator, pod_operator_kwargs
 
     namespace = installed["training"]["namespace"]
-    name = ended_pod(kube, namespace, {"phase": "Failed", "containerStatuses": [{
-        "name": "train", "ready": False, "restartCount": 0, "image": "tidal", "imageID": "",
-        "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-12-06T00:00:00Z",
-                                 "finishedAt": "2026-12-06T00:10:00Z"}}}]})
+    name = ended_pod(kube, namespace, terminated(137, "OOMKilled"))
     manifest = workload(ResourceConfig.model_validate({"namespace": namespace}), name=name, step_uri=STEP_URI)
     launch = PodLaunchOperator(task_id="launch", step_uri=str(tmp_path),  # no metrics.jsonl: no peak logged
                                operator_kwargs=pod_operator_kwargs(manifest))
@@ -98,13 +100,6 @@ def test_the_launch_task_re_raises_the_providers_failure_as_the_pods_cause(kube,
     running = ended_pod(kube, namespace, {"phase": "Running"})  # never terminated: the provider's error stands
     launch.operator_kwargs = {**launch.operator_kwargs, "name": running}
     assert launch._explain(AirflowException("Pod took too long to start")) is None
-
-
-def terminated(code: int, reason: str) -> dict:
-    return {"phase": "Failed", "containerStatuses": [{
-        "name": "train", "ready": False, "restartCount": 0, "image": "tidal", "imageID": "",
-        "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": "2026-12-06T00:00:00Z",
-                                 "finishedAt": "2026-12-06T00:10:00Z"}}}]}
 
 
 def test_a_failed_jobset_names_its_pods_causes_the_oom_kill_first(kube, installed, hook):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tests.cluster.node import _stop_group
 from tests.storage.servers import free_port
 from tidal.integrity.hashing import build_manifest
 from tidal.tracking import Tracker
@@ -101,17 +101,7 @@ def mlflow_server(moto_server, postgres_db, tmp_path):
 
 def stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the server's process group (uvicorn workers too), SIGKILL after 20 s."""
-    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    proc.poll()
+    _stop_group(proc, grace_s=20)
 
 
 def sha256(path: Path) -> str:
