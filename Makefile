@@ -78,8 +78,9 @@ cluster-demo: setup
 	bash .ci/services.sh run -- $(VENV)/bin/python -m tests.cluster.demo $(CLUSTER_DEMO_ARGS)
 
 # The tests by tier (marked by folder, tests/tiers.py): unit, integration, cluster, e2e. Two xdist
-# workers; --dist loadgroup keeps the test cluster and the API server on one worker and every other
-# file's fixtures on one worker each; the cluster group is scheduled first (tests/conftest.py).
+# workers; --dist loadgroup keeps each group of tests/tiers.py on one worker: the cluster tier's two
+# groups (each its own test cluster; the API server's users in "kube") start first, one per worker
+# (tests/conftest.py), and every other file's fixtures are built once.
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 PYTEST_WORKERS ?= 2

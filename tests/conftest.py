@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from tests.tiers import TIERS, group_of, tier_of
+from tests.tiers import FIRST_GROUPS, TIERS, group_of, tier_of
 
 pytest_plugins = ["tests.cluster.kube_fixtures"]  # kube, installed: the Kubernetes API server tests
 
@@ -24,10 +25,33 @@ def pytest_itemcollected(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the longest groups first (the test cluster, then the operations server), so that the worker
-    that takes them is not the last to end; file order is kept within a group (a stable sort)."""
-    first = {"cluster": 0, "ops": 1, "kube": 2}
-    items.sort(key=lambda item: first.get(group_of(item.path), 2))
+    """Run the longest groups first (the two halves of the cluster tier, then the operations server), one
+    per worker, so that neither worker is the last to end; file order is kept within a group (a stable sort)."""
+    first = {group: rank for rank, group in enumerate(FIRST_GROUPS)}
+    items.sort(key=lambda item: first.get(group_of(item.path), len(first)))
+
+
+# seconds of setup + call + teardown per xdist group and per worker, summed on the controller
+_GROUP_SECONDS: defaultdict[str, float] = defaultdict(float)
+_WORKER_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _GROUP_SECONDS[group_of(REPO / report.nodeid.split("::", 1)[0])] += report.duration
+    gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's WorkerController
+    _WORKER_SECONDS[getattr(gateway, "id", "main")] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the suite's time went: each worker's busy seconds and the 10 longest groups (tests/tiers.py), so
+    that a group growing past half the suite's 30-minute budget is seen before it makes CI late."""
+    if not _GROUP_SECONDS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("=", "busy seconds per worker, and per xdist group (the 10 longest)")
+    write("  ".join(f"{worker}={seconds:.0f}s" for worker, seconds in sorted(_WORKER_SECONDS.items())))
+    for group, seconds in sorted(_GROUP_SECONDS.items(), key=lambda kv: -kv[1])[:10]:
+        write(f"{seconds:8.0f}s  {group}")
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -13,10 +13,13 @@ to land in the right tier. The tiers:
 * ``e2e``: whole DAGs through Airflow (``airflow dags test``, ``airflow standalone``).
 
 Why the groups: under pytest-xdist (``-n 2 --dist loadgroup``) each worker is its own pytest session, so
-a session fixture used on both workers starts twice. The test cluster (minutes to start, and one set
-of node addresses per machine) runs on one worker; the API-server-only tests are one group; the
-operations tests share one ``airflow standalone``; every other file is a group of its own, so its
-module fixtures are built once.
+a session fixture used on both workers starts twice. The cluster tier is two groups, one per worker, each
+starting its own test cluster (each cluster has its own /16, bridge, database and cgroups, so two fit on
+one machine): ``cluster`` holds the data and training scenarios (Flink, share-nothing, node loss);
+``kube`` the files that need the Kubernetes API server (the chart's deploy tests, the Celery workers'
+Airflow, GKE launches, pod limits), which start one API server. Together they were one 30-minute long
+pole; apart, each is about half of the suite's time. The operations tests share one ``airflow
+standalone``; every other file is a group of its own, so its module fixtures are built once.
 """
 
 from __future__ import annotations
@@ -69,10 +72,15 @@ FILE_TIERS: dict[str, str] = {
 # tiers whose files share one worker: the fixture they share starts once per session
 SHARED_GROUPS: dict[str, str] = {"cluster": "cluster"}
 FOLDER_GROUPS: dict[str, str] = {"ops": "ops"}  # one `airflow standalone` (tests/ops/conftest.py)
-# The API-server-only files run on the other worker, which starts its own API server (tens of seconds):
-# the cluster group alone is the suite's long pole (measured: 29.5 min of the suite's 29.5 with them in it).
-FILE_GROUPS: dict[str, str] = {"deploy/test_kube_server.py": "kube", "deploy/test_node_pools.py": "kube",
-                               "deploy/test_pod_failures.py": "kube"}
+# The API server's users: one API server (and a second test cluster) on the other worker than ``cluster``.
+FILE_GROUPS: dict[str, str] = {
+    f"{folder}/test_{name}.py": "kube" for folder, names in (
+        ("deploy", ("kube_server", "node_pools", "pod_failures")),
+        ("cluster", ("airflow_celery", "gke_on_kube", "pod_limits")))
+    for name in names
+}
+# the groups that start first, one per worker (tests/conftest.py), so that neither is the last to end
+FIRST_GROUPS = ("cluster", "kube", "ops")
 
 
 def tier_of(path: Path) -> str:
