@@ -35,7 +35,7 @@ from typing import Any
 
 from tidal.context import CHECKSUMS, is_uri
 from tidal.files.output import read_checksums
-from tidal.integrity.hashing import MANIFEST_NAME, manifest_of, manifest_text, write_manifest
+from tidal.integrity.hashing import MANIFEST_NAME, build_manifest, manifest_of, manifest_text, write_manifest
 from tidal.kinds import kind_spec
 from tidal.storage import uris
 from tidal.storage.base import Storage, StorageError
@@ -107,16 +107,33 @@ def check_outputs(kind: str, config: Any, work_dir: Path | str, *, where: str, s
         check(config, work_dir)
 
 
-def seal(kind: str, config: Any, work_dir: Path, *, step_id: str, where: str) -> dict[str, Any]:
+def seal(kind: str, config: Any, work_dir: Path, *, step_id: str, where: str,
+         remote: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Check a finished run's outputs and write its ``manifest.json`` (by the process that has the bytes).
+
+    Args:
+        remote: entries (``{path, bytes, sha256}``) of outputs already written to the staging location by
+            the processes that had their bytes (a multi-process run's sharded checkpoints,
+            :func:`tidal.train.shards.committed_entries`), sealed with the local files.
 
     Returns:
         The manifest (every file with size and sha256, and the root hash).
+
+    Raises:
+        StagedIncomplete: a remote entry has the path of a local file.
     """
     check_outputs(kind, config, work_dir, where=where, step_id=step_id)
     for name in (STEP_JSON, SUCCESS, SIGNATURE_JSON):
         (work_dir / name).unlink(missing_ok=True)
-    return write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
+    if not remote:
+        return write_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON))
+    local = build_manifest(work_dir, exclude=(STEP_JSON, SUCCESS, SIGNATURE_JSON, MANIFEST_NAME))["files"]
+    both = {e["path"] for e in local} & {e["path"] for e in remote}
+    if both:
+        raise StagedIncomplete(f"{work_dir}: {where} of {step_id}: {sorted(both)[:5]} both local and in the bucket")
+    manifest = manifest_of(sorted(local + list(remote), key=lambda e: e["path"]))
+    (work_dir / MANIFEST_NAME).write_text(manifest_text(manifest))
+    return manifest
 
 
 def seal_staged(kind: str, config: Any, staging: str, *, step_id: str, where: str) -> dict[str, Any]:

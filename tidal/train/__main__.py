@@ -9,7 +9,8 @@ multi-host JobSet (the environment says how to join: :mod:`tidal.train.distribut
 then ``spec.json`` is downloaded from it, training runs in a local work directory of this process
 (``$TIDAL_STORAGE_CACHE/.resume/{step_id}``, emptied first: nothing an earlier process left on
 this machine is trusted), inputs are read in place from the bucket, every checkpoint is uploaded
-to the staging location as it is saved and a rerun on any node resumes from the newest one there
+to the staging location as it is saved (in a multi-process run every process writes its own shards
+there, :mod:`tidal.train.shards`) and a rerun on any node resumes from the newest one there
 that verifies (:mod:`tidal.train.mirror`), and a finished run seals its outputs (the kind's
 checks, ``manifest.json``) and uploads them to the staging location, ``manifest.json`` last, for
 the commit task; the checkpoints already there are not sent again. Nothing is read from, or left
@@ -143,7 +144,11 @@ def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
         return 0
     train(step_dir, spec, stop_after=args.stop_after, mirror=location if is_uri(location) else None)
     if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
-        staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run")
+        from tidal.train.shards import committed_entries  # heavy (TensorStore), like _exit_code's imports
+
+        # a multi-process run's checkpoints are in the bucket only, each object hashed by the process that wrote it
+        staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run",
+                     remote=committed_entries(location))
 
         staging.stage(step_dir, location, uploaded=(f"{CHECKPOINT_DIR}/", f"{MANIFEST_DIR}/"))
     return 0

@@ -41,10 +41,12 @@ On an object-store root (``mirror``: the step's staging location) every finished
 uploaded there in the background thread, after its manifest is computed and before it counts, and
 a restore first brings the newest one there that verifies into the local directory
 (:mod:`tidal.train.mirror`); a failed save is raised at the next :meth:`Checkpointer.check`. With a
-mirror in a multi-process run no disk is shared: each save gathers the state to every host
-(:func:`tidal.train.distributed.host_tree`, a collective) and process 0 alone writes and uploads it,
-each process being an orbax domain of its own (``active_processes={self}``: no orbax barrier spans
-hosts); a restore fetches, on every process, the checkpoint process 0 chose (a broadcast of its step).
+mirror in a multi-process run no disk is shared and nothing is gathered: every process writes the shards
+it owns straight to the bucket (:mod:`tidal.train.shards`: TensorStore, one zarr array per leaf, a record
+per process, the manifest last once every record is in), and a restore reads, on every process, only its
+own shards of the newest sharded checkpoint process 0 chose (a broadcast of its step), into whatever mesh
+this run has. An orbax checkpoint there (one process's, a continuation's parent) is still fetched whole
+and restored as before. A sharded checkpoint of a committed step restores here too (:meth:`restore`).
 
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
 exists and every file's size and sha256 match, and only into a state of exactly the same
@@ -71,9 +73,10 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from tidal.integrity.hashing import build_manifest, verify_manifest
+from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
-from tidal.train import CHECKPOINT_MANIFEST
-from tidal.train.distributed import host_tree
+from tidal.train import CHECKPOINT_MANIFEST, shards
+from tidal.train.distributed import host_array
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
 
@@ -106,8 +109,10 @@ class Checkpointer:
         on_manifest: called with each manifest once written (e.g. to tag MLflow); must not raise.
         mirror: the step's staging location in the bucket (:mod:`tidal.train.mirror`): every
             checkpoint is uploaded there and counts only once its manifest is; a restore takes the
-            newest checkpoint there that verifies. In a multi-process run the state is gathered to
-            every host at each save (a collective) and process 0 writes and uploads it alone.
+            newest checkpoint there that verifies. In a multi-process run every process writes its own
+            shards there (:mod:`tidal.train.shards`) and nothing is gathered or staged on a disk.
+        commit_wait_s: multi-process with a mirror: how long process 0 waits for every process's record of
+            a checkpoint before that save fails (a peer gone).
         host_state: the saved arrays live in host memory and the caller neither mutates nor
             donates them before :meth:`wait` (the trainer on the CPU backend). Then the whole
             save, orbax's save call included, runs in the background thread (:meth:`save`
@@ -119,20 +124,20 @@ class Checkpointer:
     def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None, *,
                  permanent_every: int | None = None, async_save: bool = True, primary: bool = True,
                  on_manifest: Callable[[dict[str, Any]], None] | None = None,
-                 host_state: bool = False, mirror: str | None = None):
+                 host_state: bool = False, mirror: str | None = None, commit_wait_s: float = 600.0):
         if keep < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
         if permanent_every is not None and permanent_every < 1:
             raise ValueError(f"permanent_every must be >= 1 or None, got {permanent_every}")
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
-        self.primary, self.on_manifest = primary, on_manifest
+        self.primary, self.on_manifest, self.commit_wait_s = primary, on_manifest, commit_wait_s
         self.keep, self.permanent_every = keep, permanent_every
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-        # multi-process to the bucket: no disk is shared, so each process is an orbax domain of its own
-        # (no cross-process barrier in orbax), the state is gathered to every host at a save and
-        # process 0 alone writes and uploads it; every process restores from its own fetched copy
-        self.gather = mirror is not None and jax.process_count() > 1
+        # multi-process to the bucket: no disk is shared; each process writes and reads its own shards there,
+        # and for the orbax checkpoints it may still restore (fetched whole) it is an orbax domain of its own
+        # (no cross-process barrier in orbax)
+        self.sharded = mirror is not None and jax.process_count() > 1
         self.mirror = CheckpointMirror(mirror, self.log) if mirror is not None else None
         for tmp in sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
             self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
@@ -141,18 +146,17 @@ class Checkpointer:
         here = jax.process_index()
         processes = (ocp.options.MultiprocessingOptions(primary_host=here, active_processes={here},
                                                         barrier_sync_key_prefix=f"tidal-process-{here}")
-                     if self.gather else ocp.options.MultiprocessingOptions())
+                     if self.sharded else ocp.options.MultiprocessingOptions())
         (self.step_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)  # orbax: no create= with active_processes
         options = ocp.CheckpointManagerOptions(
-            enable_async_checkpointing=async_save, create=not self.gather, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save, create=not self.sharded, cleanup_tmp_directories=True,
             preservation_policy=pp.AnyPreservationPolicy(policies), multiprocessing_options=processes)
         # the handler is named up front so a fresh process can read a checkpoint's metadata;
         # uncompressed: see the module docstring
         self.manager = ocp.CheckpointManager(
             self.step_dir / CHECKPOINT_DIR, options=options,
             item_handlers=ocp.PyTreeCheckpointHandler(use_compression=False, multiprocessing_options=processes))
-        # a gathered state is a fresh host copy nobody mutates: it is saved like a host_state one
-        self.host_state = ((bool(host_state) and jax.process_count() == 1) or self.gather) and async_save
+        self.host_state = bool(host_state) and (jax.process_count() == 1 or self.sharded) and async_save
         # one long-lived worker: handing it a save costs no thread start, which under
         # CPU contention can take tens of ms of the caller's time
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-checkpoint")
@@ -178,7 +182,20 @@ class Checkpointer:
     def steps(self) -> list[int]:
         """Steps with a finished orbax checkpoint, ascending."""
         self.manager.reload()
-        return sorted(self.manager.all_steps())
+        return sorted(set(self.manager.all_steps()) | set(self._local_sharded()))
+
+    def _local_sharded(self) -> dict[int, dict[str, Any]]:
+        """The sharded checkpoints (:mod:`tidal.train.shards`) of a materialized step: step -> manifest."""
+        found = {}
+        for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
+            if path.stem.isdigit() and self.path(int(path.stem)).is_dir():
+                try:
+                    manifest = json.loads(path.read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+                if manifest.get("format") == shards.FORMAT:
+                    found[int(path.stem)] = manifest
+        return found
 
     def save(self, step: int, state: Any, fingerprint: dict[str, Any] | None = None,
              sidecars: dict[str, bytes] | None = None, trainer: dict[str, Any] | None = None) -> None:
@@ -204,12 +221,11 @@ class Checkpointer:
         self._sidecars = dict(sidecars or {})
         self._trainer = trainer
         start = time.perf_counter()
-        if self.gather:  # a collective: every process calls save at the same step
-            state = host_tree(state)
-            if not self.primary:  # process 0 writes it; here only its step is known
-                self._pending = (step, time.perf_counter() - start)
-                self.last_manifest = {"step": step}
-                return
+        if self.sharded:  # every process writes its own shards to the bucket (tidal.train.shards)
+            host = shards.copy_to_host(state, copy=not self.host_state)
+            self._job = self._worker.submit(self._save_sharded, step, host, fingerprint, start)
+            self._pending = (step, time.perf_counter() - start)
+            return
         self._params_sha256 = self._permanent_params_sha256(step, state)
         if self.host_state:
             target, args = self._save_and_finish, (step, state, fingerprint, start)
@@ -241,6 +257,36 @@ class Checkpointer:
             self._error = self._failed(step, err)
             return
         self._finish(step, fingerprint, start)
+
+    def _save_sharded(self, step: int, host: shards.HostShards, fingerprint: dict[str, Any] | None,
+                      start: float) -> None:
+        """The background half of a multi-process save to the bucket: this process's shards, then (process 0)
+        the sidecars, the manifest once every process's record is there, and retention in the bucket."""
+        try:
+            location = self.mirror.location
+            sent = time.perf_counter()
+            shards.write_shards(location, step, host, process=jax.process_index(), create_metadata=self.primary)
+            self._written = time.perf_counter() - start
+            if not self.primary:
+                self.mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
+                self.last_manifest = {"step": step}
+                return
+            for name, data in self._sidecars.items():
+                uris.write_bytes(uris.join(location, name), data)
+            extra = {"fingerprint": fingerprint, **({"trainer": self._trainer} if self._trainer is not None else {})}
+            manifest = shards.commit(location, step, host, processes=jax.process_count(),
+                                     wait_s=self.commit_wait_s, extra=extra)
+            self.mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
+            self.log.info("checkpoint %d counts: in the bucket at %s (%d objects written by %d processes, %d bytes, "
+                          "%.2f s)", step, location, len(manifest["files"]), manifest["processes"],
+                          manifest["total_bytes"], time.perf_counter() - sent)
+            self.mirror.prune(lambda there: retained(there, self.keep, self.permanent_every))
+            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+            self.last_manifest = manifest
+            if self.on_manifest is not None:
+                self.on_manifest(manifest)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread by wait()
+            self._error = self._failed(step, err)
 
     def _finish(self, step: int, fingerprint: dict[str, Any] | None, start: float) -> None:
         try:
@@ -275,7 +321,8 @@ class Checkpointer:
 
     def _failed(self, step: int, err: BaseException) -> CheckpointSaveFailed:
         self._save_failed = True
-        where = f"{self.path(step)}" + (f" -> {self.mirror.location}" if self.mirror is not None else "")
+        where = (uris.join(self.mirror.location, CHECKPOINT_DIR, str(step)) if self.sharded else
+                 f"{self.path(step)}" + (f" -> {self.mirror.location}" if self.mirror is not None else ""))
         failed = CheckpointSaveFailed(f"checkpoint of step {step} ({where}) was not saved: {type(err).__name__}: "
                                       f"{err}; earlier checkpoints are intact (rerun to resume from the newest)")
         failed.__cause__ = err
@@ -334,7 +381,11 @@ class Checkpointer:
             CheckpointMismatch: the newest verified checkpoint has another tree structure,
                 shape or dtype than ``abstract_state`` (nothing is loaded).
         """
-        if self.mirror is not None:
+        if self.sharded:
+            found = self._restore_sharded(abstract_state)
+            if found is not None:
+                return found
+        if self.mirror is not None:  # an orbax checkpoint (one process's, or a continuation's parent)
             self._fetch_newest()
         rejected: list[int] = []
         chosen = None
@@ -375,6 +426,9 @@ class Checkpointer:
             CheckpointMismatch: the checkpoint has another tree structure, shape or dtype than
                 ``abstract_state`` (nothing is loaded).
         """
+        local = self._local_sharded().get(chosen)
+        if local is not None:
+            return shards.restore(str(self.step_dir), local, abstract_state, self._mismatch(self.path(chosen))), local
         metadata = self.manager.item_metadata(chosen)
         leaves = (getattr(metadata, "custom_metadata", None) or {}).get(PACKED_KEY)
         if leaves is not None:
@@ -383,9 +437,7 @@ class Checkpointer:
             saved = tree_layout(getattr(metadata, "tree", None) or {})
         mismatch = layout_problems(saved, tree_layout(abstract_state))
         if mismatch:
-            raise CheckpointMismatch(f"checkpoint {self.path(chosen)} does not fit the model: "
-                                     + "; ".join(mismatch) + "; rule: a checkpoint is restored only into "
-                                     "a state of the same tree, shapes and dtypes (use a new step directory)")
+            raise self._mismatch(self.path(chosen))(mismatch)
         if leaves is not None:
             packed = self.manager.restore(chosen, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(
                 lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)))["packed"]
@@ -395,6 +447,60 @@ class Checkpointer:
             state = self.manager.restore(chosen, args=ocp.args.PyTreeRestore(abstract_state, restore_args))
         return state, json.loads(self._manifest_path(chosen).read_text())
 
+    @staticmethod
+    def _mismatch(where: Any) -> Callable[[list[str]], CheckpointMismatch]:
+        return lambda lines: CheckpointMismatch(
+            f"checkpoint {where} does not fit the model: " + "; ".join(lines) + "; rule: a checkpoint is restored "
+            "only into a state of the same tree, shapes and dtypes (use a new step directory)")
+
+    def _restore_sharded(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """Multi-process, from the bucket: process 0 chooses the newest sharded checkpoint that counts and is
+        whole (:meth:`_choose_sharded`), every process reads its own shards of it in ``abstract_state``'s
+        layout (:func:`tidal.train.shards.restore`: any mesh, any process count). None: there is none, or
+        the newest checkpoint that counts is an orbax one (restored as before)."""
+        from jax.experimental import multihost_utils
+
+        chosen = self._choose_sharded() if self.primary else None
+        agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
+        if agreed < 0:
+            return None
+        location = self.mirror.location
+        manifest = shards.read_manifest(location, agreed)
+        if manifest is None:
+            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: process 0 chose it but its manifest is "
+                                     f"unreadable on process {jax.process_index()}; rule: every process restores "
+                                     "the same checkpoint")
+        where = uris.join(location, CHECKPOINT_DIR, str(agreed))
+        state = shards.restore(location, manifest, abstract_state, self._mismatch(where))
+        read = shards.addressable_bytes(state)
+        self.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,
+                      read, manifest["total_bytes"])
+        if self.primary:
+            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+        self.last_manifest = manifest
+        return agreed, state, manifest
+
+    def _choose_sharded(self) -> int | None:
+        """Process 0: the newest checkpoint in the bucket that counts, if it is a sharded one whose objects are
+        all there at their sizes (one listing). Arrays of a save cut short (no manifest) and checkpoints that
+        fail that check are deleted (WARNING), so the re-done steps save again under the same numbers."""
+        location = self.mirror.location
+        for step in shards.uncounted(location):
+            self.log.warning("checkpoint %d at %s has arrays but no manifest (a save cut short): never counted, "
+                             "deleted", step, location)
+            uris.delete_dir(uris.join(location, CHECKPOINT_DIR, str(step)))
+        for step in reversed(self.mirror.steps()):
+            manifest = shards.read_manifest(location, step)
+            if manifest is None:
+                return None
+            problems = shards.problems(location, manifest)
+            if not problems:
+                return step
+            self.log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", step, location,
+                             "; ".join(problems[:5]))
+            self.mirror.delete(step)
+        return None
+
     def _fetch_newest(self) -> None:
         """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
         process, maybe on a fresh node); the ones newer than it are deleted from the bucket. In a
@@ -403,7 +509,7 @@ class Checkpointer:
         Raises:
             CheckpointMismatch: the checkpoint process 0 chose does not verify on this process.
         """
-        if not self.gather:
+        if not self.sharded:
             self._fetch_verified()
             return
         chosen = self._fetch_verified() if self.primary else None
@@ -468,13 +574,15 @@ def tree_sha256(tree: Any) -> str:
 
     orbax/OCDBT file names and ``_CHECKPOINT_METADATA`` timestamps differ between identical
     runs, so the checkpoint manifest's root hash does too; this hash does not. It covers,
-    for every leaf in tree order, its key path, dtype, shape and raw bytes (host copy).
+    for every leaf in tree order, its key path, dtype, shape and raw bytes (host copy). In a
+    multi-process run every process calls it: a leaf spread over processes is gathered, one leaf
+    at a time (host memory holds one leaf, never the tree).
     """
     import hashlib
 
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        array = np.asarray(jax.device_get(leaf))
+        array = host_array(leaf)
         digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape}\n".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()

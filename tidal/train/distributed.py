@@ -135,12 +135,14 @@ def host_scalar(x: Any) -> float:
     return float(x)
 
 
-def host_tree(tree: Any) -> Any:
-    """Every leaf as a full host numpy array (gathered across processes when needed)."""
+def host_array(x: Any) -> Any:
+    """One array as a full host numpy array: gathered across processes when it is not fully addressable
+    (a collective then: every process calls it for the same leaf). Host memory: that one leaf."""
     import jax
+    import numpy as np
 
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
     from jax.experimental import multihost_utils
 
-    return multihost_utils.process_allgather(tree, tiled=True)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -54,7 +54,7 @@ from tidal.train.checkpoints import Checkpointer, tree_sha256
 from tidal.train.config import ConfigError, parse_step_config
 from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
-from tidal.train.distributed import host_scalar, host_tree
+from tidal.train.distributed import host_scalar
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
@@ -202,9 +202,9 @@ def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
     The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
     run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
     parent = parent_location(session.spec)
-    if session.primary or ckpt.gather:  # a shared disk gets one copy; without one, every process its own
+    if session.primary or ckpt.sharded:  # a shared disk gets one copy; without one, every process its own
         adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
-    if jax.process_count() > 1 and not ckpt.gather:
+    if jax.process_count() > 1 and not ckpt.sharded:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("tidal-continue-from")
@@ -423,7 +423,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
         "seq_len": run.seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
-        "params_sha256": tree_sha256(host_tree(session.state["params"])),
+        "params_sha256": tree_sha256(session.state["params"]),  # leaf by leaf: one leaf on a host at a time
         "environment_fingerprint": json.dumps(session.fingerprint, sort_keys=True),
         "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
