@@ -83,7 +83,7 @@ cluster-demo: setup
 # (tests/conftest.py), and every other file's fixtures are built once.
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 PYTEST := $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
 test: setup
 	bash .ci/services.sh run -- $(PYTEST)

@@ -36,8 +36,13 @@ _GROUP_SECONDS: defaultdict[str, float] = defaultdict(float)
 _WORKER_SECONDS: defaultdict[str, float] = defaultdict(float)
 
 
+_FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
 def pytest_runtest_logreport(report):
-    _GROUP_SECONDS[group_of(REPO / report.nodeid.split("::", 1)[0])] += report.duration
+    path = report.nodeid.split("::", 1)[0]
+    _GROUP_SECONDS[group_of(REPO / path)] += report.duration
+    _FILE_SECONDS[path] += report.duration
     gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's WorkerController
     _WORKER_SECONDS[getattr(gateway, "id", "main")] += report.duration
 
@@ -52,6 +57,8 @@ def pytest_terminal_summary(terminalreporter):
     write("  ".join(f"{worker}={seconds:.0f}s" for worker, seconds in sorted(_WORKER_SECONDS.items())))
     for group, seconds in sorted(_GROUP_SECONDS.items(), key=lambda kv: -kv[1])[:10]:
         write(f"{seconds:8.0f}s  {group}")
+    shared = sorted(((s, f) for f, s in _FILE_SECONDS.items() if group_of(REPO / f) in FIRST_GROUPS), reverse=True)
+    write("the files of the shared groups: " + ", ".join(f"{f.removeprefix('tests/')} {s:.0f}s" for s, f in shared))
 
 
 def pytest_xdist_make_scheduler(config, log):
