@@ -12,13 +12,13 @@ to land in the right tier. The tiers:
 * ``cluster``: the share-nothing test cluster (tests/cluster) and the Kubernetes API server.
 * ``e2e``: whole DAGs through Airflow (``airflow dags test``, ``airflow standalone``).
 
-Why the groups: under pytest-xdist (``-n 2 --dist loadgroup``) each worker is its own pytest session, so
-a session fixture used on both workers starts twice. The cluster tier is two groups, one per worker, each
+Why the groups: under pytest-xdist (``-n 3 --dist loadgroup``) each worker is its own pytest session, so
+a session fixture used on two workers starts twice. The cluster tier is two groups, one per worker, each
 starting its own test cluster (each cluster has its own /16, bridge, database and cgroups, so two fit on
 one machine): ``cluster`` holds the data and training scenarios (Flink, share-nothing, node loss);
 ``kube`` the files that need the Kubernetes API server (the chart's deploy tests, the Celery workers'
 Airflow, GKE launches, pod limits), which start one API server. Together they were one 30-minute long
-pole; apart, each is about half of the suite's time. The operations tests share one ``airflow
+pole; apart, each takes about 20 minutes of a worker while a third runs the rest. The operations tests share one ``airflow
 standalone``; every other file is a group of its own, so its module fixtures are built once.
 """
 
@@ -80,7 +80,7 @@ FILE_GROUPS: dict[str, str] = {
         ("cluster", ("airflow_celery", "gke_on_kube", "pod_limits")))
     for name in names
 }
-# the groups that start first, one per worker (tests/conftest.py), so that neither is the last to end
+# the groups that start first, one per worker (tests/conftest.py), so that none is the last to end
 FIRST_GROUPS = ("cluster", "kube", "ops")
 
 
