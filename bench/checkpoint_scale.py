@@ -14,9 +14,10 @@ split) restore it and check every shard bit for bit. Prints
     RESULT hosts=… state_MB=… peak_host_rss_over_state=… stall_s_per_save=… save_MBps=… save_vs_raw_put=…
            restore_MBps=… resharded_restore=true|false bitwise=true|false
 
-``peak_host_rss_over_state``: the largest process's peak resident memory above what it held before it
-built its shards (the interpreter and JAX: ~270 MB here, the same in every process), over the whole
-state's bytes; the aim is at most 1/hosts + 0.1 (its own shards, and a bounded buffer).
+``peak_host_rss_over_state``: the largest process's peak resident memory while it saved (or restored),
+sampled every 5 ms, above what it held before it built (or read) any of the state (the interpreter and
+JAX: ~240 MB here, the same in every process), over the whole state's bytes: its own share of the state
+plus what the save or restore needs beside it; the aim is at most 1/hosts + 0.1.
 ``stall_s_per_save``: the seconds ``save`` blocked the slowest process (the device-to-host copy; on the
 CPU backend with a never-donated state, only bookkeeping). ``save_MBps``: the state's bytes (10^6) over
 the slowest process's seconds from ``save`` to its shards written (process 0: to the manifest written).
@@ -92,7 +93,8 @@ def main() -> int:
     save_s = max(r["save_s"] for r in saved)
     raw_s = max(r["raw_put_s"] for r in saved)
     restore_s = max(r["restore_s"] for r in restored)
-    peak = max(r["peak_rss_bytes"] - r["rss_before_bytes"] for r in saved + restored)
+    peak = max([r["peak_rss_in_save_bytes"] - r["rss_before_bytes"] for r in saved]
+               + [r["peak_rss_in_restore_bytes"] - r["rss_before_bytes"] for r in restored])
     bitwise = all(r["step"] == 100 and not r["wrong"] for r in restored)
     print(json.dumps({"save": saved, "restore": restored}), flush=True)
     print(f"RESULT hosts={args.hosts} state_MB={state_bytes / 1e6:.1f} "

@@ -18,8 +18,9 @@ starting its own test cluster (each cluster has its own /16, bridge, database an
 one machine): ``cluster`` holds the data and training scenarios (Flink, share-nothing, node loss);
 ``kube`` the files that need the Kubernetes API server (the chart's deploy tests, the Celery workers'
 Airflow, GKE launches, pod limits), which start one API server. Together they were one 30-minute long
-pole; apart, each takes about 20 minutes of a worker while a third runs the rest. The operations tests share one ``airflow
-standalone``; every other file is a group of its own, so its module fixtures are built once.
+pole; apart, each takes about 20 minutes of a worker while a third runs the rest. The operations tests
+share one ``airflow standalone``; every other file is a group of its own, so its module fixtures are
+built once.
 """
 
 from __future__ import annotations

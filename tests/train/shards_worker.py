@@ -22,6 +22,7 @@ import os
 import resource
 import sys
 import time
+from typing import Self
 
 from tidal.train.distributed import start_once
 
@@ -106,6 +107,28 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class PeakRss:
+    """The largest resident memory of this process while the ``with`` block runs (sampled every 5 ms)."""
+
+    def __enter__(self) -> Self:
+        import threading
+
+        self.peak, self._stop = _rss(), threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.005):
+                self.peak = max(self.peak, _rss())
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+
 def _raw_put(location: str, state: dict, process: int) -> float:
     """Seconds to PUT this process's shards of ``state`` with boto3 (as many at a time as a save writes)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -148,14 +171,16 @@ def main(argv: list[str]) -> int:
 
                 multihost_utils.sync_global_devices("shards-worker-built")
             start = time.perf_counter()
-            ckpt.save(step, state)
-            result["blocking_s"] = time.perf_counter() - start
-            try:
-                manifest = ckpt.wait()
-            except CheckpointSaveFailed as err:
-                print(f"error: {err}", flush=True)
-                os._exit(1)  # as the entrypoint does: no jax shutdown barrier with a peer gone
+            with PeakRss() as peak:
+                ckpt.save(step, state)
+                result["blocking_s"] = time.perf_counter() - start
+                try:
+                    manifest = ckpt.wait()
+                except CheckpointSaveFailed as err:
+                    print(f"error: {err}", flush=True)
+                    os._exit(1)  # as the entrypoint does: no jax shutdown barrier with a peer gone
             result["save_s"] = time.perf_counter() - start
+            result["peak_rss_in_save_bytes"] = peak.peak
             result["root_hash"] = (manifest or {}).get("root_hash")
             result["own_bytes"] = ckpt.mirror.uploads[-1][1]
             if os.environ.get("SHARDS_RAW_PUT"):  # the bench's baseline: the same bytes, plain boto3 PUTs
@@ -163,8 +188,10 @@ def main(argv: list[str]) -> int:
         else:
             result["rss_before_bytes"] = _rss()
             start = time.perf_counter()
-            restored = ckpt.restore_latest(build(mesh, scale, abstract=True))
+            with PeakRss() as peak:
+                restored = ckpt.restore_latest(build(mesh, scale, abstract=True))
             result["restore_s"] = time.perf_counter() - start
+            result["peak_rss_in_restore_bytes"] = peak.peak
             result["rss_after_restore_bytes"] = _rss()
             if restored is None:
                 result["step"] = None

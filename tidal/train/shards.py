@@ -263,7 +263,9 @@ def write_shards(location: str, step: int, host: HostShards, *, process: int, cr
     def one(shard: tuple[str, str, tuple[slice, ...], np.ndarray]) -> tuple[str, list]:
         name, key, index, data = shard
         data = np.require(data, requirements="C")  # not ascontiguousarray: it makes a scalar 1-D
-        stores[name][index].write(data).result()
+        # the host copy is ours (or a state nobody mutates: host_state), so TensorStore may send from it
+        # without a copy of its own
+        stores[name][index].write(data, can_reference_source_data_indefinitely=True).result()
         return f"{name}/{key}", [int(data.nbytes), _sha256(data)]
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
