@@ -1,6 +1,6 @@
 """Benchmark: sharded checkpoints of a multi-process run, straight to an S3 server (tidal/train/shards.py).
 
-    .venv/bin/python bench/checkpoint_scale.py [--hosts 4] [--scale 8192] [--restore-hosts 2]
+    .venv/bin/python bench/checkpoint_scale.py [--hosts 4] [--scale 8192] [--restore-hosts 2] [--list]
 
 Starts moto (an S3 server on loopback) and ``--hosts`` processes over jax.distributed (gloo, one CPU
 device each, mesh fsdp=hosts), each the worker of tests/train/shards_worker.py: it builds only its own
@@ -78,6 +78,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--scale", type=int, default=8192, help="x 28 KiB of state")
     parser.add_argument("--restore-hosts", type=int, default=2)
+    parser.add_argument("--list", action="store_true", help="print the checkpoint's objects and sizes")
     args = parser.parse_args()
     state_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d, _ in shapes(args.scale).values())
     server = MotoServer().start()
@@ -87,6 +88,14 @@ def main() -> int:
                      aws_secret_access_key="bench").create_bucket(Bucket=bucket)
         location = f"s3://{bucket}/.staging/train-bench/"
         saved = run(server, "save", location, args.hosts, 1, args.hosts, 1, args.scale, {"SHARDS_RAW_PUT": "1"})
+        if args.list:  # the layout of the checkpoint in the bucket, with sizes
+            client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                                  aws_access_key_id="bench", aws_secret_access_key="bench")
+            prefix = location.removeprefix(f"s3://{bucket}/")
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    if "/raw-put/" not in obj["Key"]:
+                        print(f"LAYOUT {obj['Size']:>12} {obj['Key'].removeprefix(prefix)}", flush=True)
         restored = run(server, "restore", location, args.restore_hosts, 2, args.restore_hosts, 2, args.scale, {})
     finally:
         server.stop()
