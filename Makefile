@@ -82,7 +82,7 @@ cluster-demo: setup
 # busy 67% of the time); --dist loadgroup keeps each group of tests/tiers.py on one worker: the cluster
 # tier's two groups (each its own test cluster; the API server's users in "kube") and the operations
 # server start first, one per worker (tests/conftest.py), and every other file's fixtures are built once.
-# Measured on a clean clone: .ci/run 1,596 s with 3 workers, 1,864 s with 2.
+# Measured on a clean clone: .ci/run 1,596-1,872 s (three runs) with 3 workers, 1,864 s with 2.
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 PYTEST_WORKERS ?= 3
