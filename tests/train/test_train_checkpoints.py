@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import build_manifest
-from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed, retained, tree_sha256
+from tidal.train.checkpoints import Checkpointer, CheckpointMismatch, CheckpointSaveFailed
+from tidal.train.mirror import retained
 from tidal.train.packing import pack_state, split_packed
+from tidal.train.tree_hash import tree_sha256
 
 
 def state(value: float, rows: int = 4) -> dict:

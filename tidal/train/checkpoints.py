@@ -23,19 +23,11 @@ and Adam moments are close to incompressible (zstd shrinks random float32 by ~7%
 cost ~35 ms of CPU per 19 MB saved on the 2-core bench host. Two layouts:
 
 * tree: one orbax array per leaf of the state (every multi-process or device-resident save);
-* packed: ``{"packed": {dtype: 1-D array}}``, every leaf of that dtype concatenated in tree
-  order, with the leaves' ``[key path, shape, dtype]`` list in the checkpoint's orbax custom
-  metadata (``"tidal_packed"``, covered by the manifest's hashes like every file). Used for
-  a ``host_state`` save of up to :data:`tidal.train.packing.PACK_MAX_BYTES`: orbax spends ~2 ms of Python CPU
-  per array and ~45 ms per save whatever the size, so the bench model's 65 leaves cost
-  ~240 ms of CPU per save as a tree and ~90 ms packed, CPU that a CPU-only host takes from
-  the training step.
+* packed: every leaf of a dtype concatenated (:mod:`tidal.train.packing`, which says when and why),
+  for a ``host_state`` save of up to :data:`tidal.train.packing.PACK_MAX_BYTES`.
 
-Both layouts, and the compressed checkpoints of earlier versions (each zarr array names its
-compressor), restore into either kind of run. A packed checkpoint restores into a
-multi-process run too: every process reads the packed arrays whole (plain numpy, at most
-:data:`PACK_MAX_BYTES`) and places only its addressable shards (:func:`unpack_state`);
-tests/train/test_distributed.py checks the result bit for bit.
+Both layouts, and the compressed checkpoints of earlier versions, restore into either kind of run
+(a packed one into a multi-process run too: tests/train/test_distributed.py checks it bit for bit).
 
 On an object-store root (``mirror``: the step's staging location) every finished checkpoint is
 uploaded there in the background thread, after its manifest is computed and before it counts, and
@@ -76,9 +68,9 @@ from tidal.integrity.hashing import build_manifest, verify_manifest
 from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST, shards
-from tidal.train.distributed import host_array
-from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained
 from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
+from tidal.train.tree_hash import tree_sha256
 
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
 
@@ -263,24 +255,14 @@ class Checkpointer:
         """The background half of a multi-process save to the bucket: this process's shards, then (process 0)
         the sidecars, the manifest once every process's record is there, and retention in the bucket."""
         try:
-            location = self.mirror.location
-            sent = time.perf_counter()
-            shards.write_shards(location, step, host, process=jax.process_index(), create_metadata=self.primary)
+            extra = {"fingerprint": fingerprint, **({"trainer": self._trainer} if self._trainer is not None else {})}
+            manifest = shards.save(self.mirror, step, host, primary=self.primary, wait_s=self.commit_wait_s,
+                                   extra=extra, sidecars=self._sidecars, log=self.log,
+                                   retain=lambda there: retained(there, self.keep, self.permanent_every))
             self._written = time.perf_counter() - start
-            if not self.primary:
-                self.mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
+            if manifest is None:
                 self.last_manifest = {"step": step}
                 return
-            for name, data in self._sidecars.items():
-                uris.write_bytes(uris.join(location, name), data)
-            extra = {"fingerprint": fingerprint, **({"trainer": self._trainer} if self._trainer is not None else {})}
-            manifest = shards.commit(location, step, host, processes=jax.process_count(),
-                                     wait_s=self.commit_wait_s, extra=extra)
-            self.mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
-            self.log.info("checkpoint %d counts: in the bucket at %s (%d objects written by %d processes, %d bytes, "
-                          "%.2f s)", step, location, len(manifest["files"]), manifest["processes"],
-                          manifest["total_bytes"], time.perf_counter() - sent)
-            self.mirror.prune(lambda there: retained(there, self.keep, self.permanent_every))
             _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
             self.last_manifest = manifest
             if self.on_manifest is not None:
@@ -455,12 +437,12 @@ class Checkpointer:
 
     def _restore_sharded(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """Multi-process, from the bucket: process 0 chooses the newest sharded checkpoint that counts and is
-        whole (:meth:`_choose_sharded`), every process reads its own shards of it in ``abstract_state``'s
-        layout (:func:`tidal.train.shards.restore`: any mesh, any process count). None: there is none, or
-        the newest checkpoint that counts is an orbax one (restored as before)."""
+        whole (:func:`tidal.train.shards.newest_whole`), every process reads its own shards of it in
+        ``abstract_state``'s layout (:func:`tidal.train.shards.restore`: any mesh, any process count).
+        None: there is none, or the newest checkpoint that counts is an orbax one (restored as before)."""
         from jax.experimental import multihost_utils
 
-        chosen = self._choose_sharded() if self.primary else None
+        chosen = shards.newest_whole(self.mirror, self.log) if self.primary else None
         agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
         if agreed < 0:
             return None
@@ -479,27 +461,6 @@ class Checkpointer:
             _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
         self.last_manifest = manifest
         return agreed, state, manifest
-
-    def _choose_sharded(self) -> int | None:
-        """Process 0: the newest checkpoint in the bucket that counts, if it is a sharded one whose objects are
-        all there at their sizes (one listing). Arrays of a save cut short (no manifest) and checkpoints that
-        fail that check are deleted (WARNING), so the re-done steps save again under the same numbers."""
-        location = self.mirror.location
-        for step in shards.uncounted(location):
-            self.log.warning("checkpoint %d at %s has arrays but no manifest (a save cut short): never counted, "
-                             "deleted", step, location)
-            uris.delete_dir(uris.join(location, CHECKPOINT_DIR, str(step)))
-        for step in reversed(self.mirror.steps()):
-            manifest = shards.read_manifest(location, step)
-            if manifest is None:
-                return None
-            problems = shards.problems(location, manifest)
-            if not problems:
-                return step
-            self.log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", step, location,
-                             "; ".join(problems[:5]))
-            self.mirror.delete(step)
-        return None
 
     def _fetch_newest(self) -> None:
         """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
@@ -557,32 +518,3 @@ class Checkpointer:
                 if not self._save_failed:
                     raise
                 self.log.info("orbax's close repeated the failed save's error: %s: %s", type(err).__name__, err)
-
-
-def retained(steps: set[int] | list[int], keep: int, permanent_every: int | None) -> set[int]:
-    """The checkpoints that retention keeps of ``steps``: the newest ``keep``, and every one whose step
-    is a multiple of ``permanent_every`` (None: none). The rule of orbax's preservation policy above."""
-    ordered = sorted(set(steps))
-    kept = set(ordered[-keep:]) if keep > 0 else set()
-    if permanent_every:
-        kept |= {step for step in ordered if step % permanent_every == 0}
-    return kept
-
-
-def tree_sha256(tree: Any) -> str:
-    """Content hash of a pytree of arrays, independent of how a checkpoint lays it out on disk.
-
-    orbax/OCDBT file names and ``_CHECKPOINT_METADATA`` timestamps differ between identical
-    runs, so the checkpoint manifest's root hash does too; this hash does not. It covers,
-    for every leaf in tree order, its key path, dtype, shape and raw bytes (host copy). In a
-    multi-process run every process calls it: a leaf spread over processes is gathered, one leaf
-    at a time (host memory holds one leaf, never the tree).
-    """
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        array = host_array(leaf)
-        digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape}\n".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()

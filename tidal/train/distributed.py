@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,14 +135,23 @@ def host_scalar(x: Any) -> float:
     return float(x)
 
 
-def host_array(x: Any) -> Any:
-    """One array as a full host numpy array: gathered across processes when it is not fully addressable
-    (a collective then: every process calls it for the same leaf). Host memory: that one leaf."""
+def host_blocks(x: Any, block_bytes: int = 64 * 2**20) -> Iterator[Any]:
+    """One array's values in C order as host numpy arrays, a block of rows (first axis) at a time.
+
+    A block of an array spread over processes is gathered to every host (a collective: every process
+    iterates over the same leaf), so a host holds one block of at most ``block_bytes`` (or one row), never
+    the leaf nor the tree. Shapes: each block is ``x[i:j]``; concatenated along axis 0 they are ``x``.
+    """
     import jax
     import numpy as np
 
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-        return np.asarray(jax.device_get(x))
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.ndim == 0:
+        yield np.asarray(jax.device_get(x) if not isinstance(x, jax.Array) or x.is_fully_addressable
+                         else x.addressable_data(0))
+        return
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:]))
+    rows = max(1, block_bytes // max(1, row_bytes))
+    for start in range(0, x.shape[0], rows):
+        yield np.asarray(multihost_utils.process_allgather(x[start:start + rows], tiled=True))

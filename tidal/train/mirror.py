@@ -148,4 +148,15 @@ class CheckpointMirror:
         return gone
 
 
-__all__ = ["CHECKPOINT_DIR", "MANIFEST_DIR", "CheckpointMirror"]
+def retained(steps: set[int] | list[int], keep: int, permanent_every: int | None) -> set[int]:
+    """The checkpoints that retention keeps of ``steps``: the newest ``keep``, and every one whose step
+    is a multiple of ``permanent_every`` (None: none). The rule of the Checkpointer's orbax preservation
+    policy, applied in the bucket through :meth:`CheckpointMirror.prune`."""
+    ordered = sorted(set(steps))
+    kept = set(ordered[-keep:]) if keep > 0 else set()
+    if permanent_every:
+        kept |= {step for step in ordered if step % permanent_every == 0}
+    return kept
+
+
+__all__ = ["CHECKPOINT_DIR", "MANIFEST_DIR", "CheckpointMirror", "retained"]

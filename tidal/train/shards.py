@@ -54,7 +54,7 @@ from tidal.integrity.hashing import manifest_of, manifest_text, sha256_bytes
 from tidal.settings import current
 from tidal.storage import uris
 from tidal.storage.base import StorageSettings
-from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 from tidal.train.packing import _path_key, layout_problems
 
 FORMAT = "tidal-sharded-1"
@@ -377,6 +377,59 @@ def uncounted(location: str) -> list[int]:
     return sorted(steps - counted)
 
 
+def save(mirror: CheckpointMirror, step: int, host: HostShards, *, primary: bool, wait_s: float,
+         extra: dict[str, Any], sidecars: dict[str, bytes], log: logging.Logger,
+         retain: Callable[[list[int]], set[int]]) -> dict[str, Any] | None:
+    """A multi-process save of checkpoint ``step`` at ``mirror`` (a background job): this process's chunks
+    and record; then, in process 0, ``sidecars`` (name -> bytes, beside the checkpoints), the manifest once
+    every process's record is there (:func:`commit`), and retention in the bucket (``retain``: the steps
+    to keep of those there). Each process's ``(step, bytes, seconds)`` goes to ``mirror.uploads``.
+
+    Returns:
+        The manifest (process 0), or None (the others).
+
+    Raises:
+        ShardedCommitTimeout, or what TensorStore or the bucket raise: the checkpoint does not count.
+    """
+    location, sent = mirror.location, time.perf_counter()
+    write_shards(location, step, host, process=jax.process_index(), create_metadata=primary)
+    if not primary:
+        mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
+        return None
+    for name, data in sidecars.items():
+        uris.write_bytes(uris.join(location, name), data)
+    manifest = commit(location, step, host, processes=jax.process_count(), wait_s=wait_s, extra=extra)
+    mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
+    log.info("checkpoint %d counts: in the bucket at %s (%d objects written by %d processes, %d bytes, %.2f s)",
+             step, location, len(manifest["files"]), manifest["processes"], manifest["total_bytes"],
+             time.perf_counter() - sent)
+    mirror.prune(retain)
+    return manifest
+
+
+def newest_whole(mirror: CheckpointMirror, log: logging.Logger) -> int | None:
+    """Process 0 at a restore: the newest checkpoint at ``mirror`` that counts, if it is a sharded one whose
+    objects are all there at their sizes (one listing); None if there is none, or the newest is an orbax
+    one. Arrays of a save cut short (no manifest) and checkpoints that fail that check are deleted
+    (WARNING), so the re-done steps save again under the same numbers."""
+    location = mirror.location
+    for step in uncounted(location):
+        log.warning("checkpoint %d at %s has arrays but no manifest (a save cut short): never counted, "
+                    "deleted", step, location)
+        uris.delete_dir(uris.join(location, CHECKPOINT_DIR, str(step)))
+    for step in reversed(mirror.steps()):
+        manifest = read_manifest(location, step)
+        if manifest is None:
+            return None
+        wrong = problems(location, manifest)
+        if not wrong:
+            return step
+        log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", step, location,
+                    "; ".join(wrong[:5]))
+        mirror.delete(step)
+    return None
+
+
 def restore(location: str, manifest: dict[str, Any], abstract_state: Any,
             on_mismatch: Callable[[list[str]], Exception] | None = None,
             max_inflight_bytes: int = 64 * 2**20) -> Any:
@@ -450,9 +503,11 @@ __all__ = [
     "copy_to_host",
     "kvstore",
     "leaf_name",
+    "newest_whole",
     "problems",
     "read_manifest",
     "restore",
+    "save",
     "uncounted",
     "write_shards",
 ]

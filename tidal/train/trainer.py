@@ -50,7 +50,7 @@ from tidal.train import distributed
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
-from tidal.train.checkpoints import Checkpointer, tree_sha256
+from tidal.train.checkpoints import Checkpointer
 from tidal.train.config import ConfigError, parse_step_config
 from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
@@ -64,6 +64,7 @@ from tidal.train.mirror import MANIFEST_DIR, CheckpointMirror
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
 from tidal.train.trace import StepTrace, parse_steps
+from tidal.train.tree_hash import tree_sha256
 from tidal.train.watchdog import Watchdog
 
 METRICS = "metrics.jsonl"
@@ -423,7 +424,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
         "seq_len": run.seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
-        "params_sha256": tree_sha256(session.state["params"]),  # leaf by leaf: one leaf on a host at a time
+        "params_sha256": tree_sha256(session.state["params"]),  # a block of rows on a host at a time
         "environment_fingerprint": json.dumps(session.fingerprint, sort_keys=True),
         "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
