@@ -3,7 +3,7 @@ cluster networks): a file created with ``O_EXCL`` holds the owner's pid; one who
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,25 +22,28 @@ def alive(pid: int) -> bool:
 
 def reserve(directory: Path, name: str, on_stale: Callable[[], None] | None = None) -> bool:
     """Reserve ``name`` under ``directory`` for this process; True when it is ours now. A reservation whose
-    owner has exited is taken over, ``on_stale`` called first (to clean up what the dead owner left)."""
+    owner has exited is taken over, ``on_stale`` called first (to clean up what the dead owner left).
+
+    The check and the write happen under an exclusive ``flock`` of ``directory/.lock``: without it, two
+    processes starting together (two xdist workers' clusters) could both read a reservation file before its
+    owner wrote its pid into it, take it for stale, and both hold the name.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    for _ in range(2):
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                owner = int(path.read_text() or "0")
-            except (OSError, ValueError):
-                return False
-            if owner and alive(owner):
+            owner = int(path.read_text() or "0")
+        except FileNotFoundError:
+            owner = None
+        except (OSError, ValueError):
+            return False
+        if owner is not None:
+            if owner == os.getpid() or (owner and alive(owner)):
                 return False
             if on_stale is not None:
                 on_stale()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        tmp = directory / f".{name}.{os.getpid()}"
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, path)  # the file appears with its pid in it, never empty
         return True
-    return False

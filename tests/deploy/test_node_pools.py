@@ -113,6 +113,15 @@ def test_a_multi_host_slice_gets_one_pod_per_host_from_the_job_controller(kube, 
                          "--wait=false")
 
 
+def _taints(kube) -> dict[str, int]:
+    """How many nodes carry each taint key (what an "untolerated taint" message leaves out)."""
+    counts: dict[str, int] = {}
+    for node in kube.get_json("nodes")["items"]:
+        for taint in node["spec"].get("taints", []) or [{"key": "(none)"}]:
+            counts[taint["key"]] = counts.get(taint["key"], 0) + 1
+    return counts
+
+
 def test_a_workload_no_pool_can_hold_stays_pending_as_unschedulable(kube, installed):
     namespace = installed["training"]["namespace"]
     pod = workload(config({"accelerator": {"kind": "cpu"}, "launcher": "gke", "memory": "4000Gi"}, namespace),
@@ -127,7 +136,7 @@ def test_a_workload_no_pool_can_hold_stays_pending_as_unschedulable(kube, instal
                 break
             time.sleep(0.5)
         assert scheduled and scheduled[0]["reason"] == "Unschedulable", status
-        assert "Insufficient memory" in scheduled[0]["message"], scheduled[0]
+        assert "Insufficient memory" in scheduled[0]["message"], (scheduled[0], _taints(kube))
         assert status["phase"] == "Pending"
     finally:
         kube.kubectl("delete", "pod", "too-big", "-n", namespace, "--wait=false")
