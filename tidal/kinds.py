@@ -102,7 +102,7 @@ PLANS = "tidal.core.plans"
 KINDS: dict[str, KindSpec] = {  # in planning order (tidal.core.planner.build_graph)
     "fetch": KindSpec("tidal.data.fetch", 3, location_keys=("path",), pin_key="snapshot_sha256",
                       config="tidal.data.fetch_config.FetchConfig", plan=f"{PLANS}.plan_fetch"),
-    "clean": KindSpec("tidal.data.clean", 6, beam=True, config="tidal.data.clean.config.CleanConfig",
+    "clean": KindSpec("tidal.data.clean", 7, beam=True, config="tidal.data.clean.config.CleanConfig",
                       plan=f"{PLANS}.plan_clean", run="tidal.data.clean.step.run"),
     "decontaminate": KindSpec("tidal.data.decontaminate", 1,
                               config="tidal.data.decontaminate_config.DecontaminateConfig",

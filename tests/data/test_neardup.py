@@ -19,8 +19,8 @@ from tidal.data.neardup import (
     jaccard,
     shingles,
     signature,
-    star_clusters,
 )
+from tidal.data.neardup_clusters import star_clusters
 
 # 200 distinct words: "w0 w1 ... " with letters so every filter passes.
 BASE = [f"word{chr(97 + i % 26)}{i}" for i in range(200)]
@@ -70,9 +70,12 @@ def test_signature_and_bands_are_deterministic_and_seeded():
     assert band_keys(swapped, cfg)[0] != keys[1] and band_keys(swapped, cfg)[1] != keys[0]
 
 
-def test_bucket_pairs_all_pairs_or_a_star_when_large():
-    assert bucket_pairs(["c", "a", "b", "a"], 64) == [("a", "b"), ("a", "c"), ("b", "c")]
-    assert bucket_pairs(["c", "a", "b", "d"], 3) == [("a", "b"), ("a", "c"), ("a", "d")]
+def test_bucket_pairs_all_pairs_or_a_star_from_the_survivor_when_large():
+    refs = {"c": "s:1", "a": "s:10", "b": "s:2", "d": "s:3"}
+    assert bucket_pairs({k: refs[k] for k in "cab"}, 64) == [("a", "b"), ("a", "c"), ("b", "c")]
+    # over the cap: the star starts at the lowest ref ("s:1" < "s:2" < "s:3" < "s:10", natural order)
+    assert bucket_pairs(refs, 3) == [("a", "c"), ("b", "c"), ("c", "d")]
+    assert bucket_pairs({"b": "s:5", "a": "s:5"}, 1) == [("a", "b")]  # equal refs: the lower id
 
 
 def test_star_clusters_never_merge_an_unverified_chain():
@@ -142,8 +145,9 @@ def test_band_entries_and_partition_pairs_collapse_exact_copies():
     by_partition: dict = {}
     for batch in batches:  # entries of several batches meet in their partitions, as after the shuffle
         for part, chunk in band_entries(batch, cfg, partitions=4).items():
-            keys, members, ids = chunk
+            keys, members, ids, refs = chunk
             assert set((keys % 4).tolist()) == {part} and keys.dtype.name == "uint64" and ids.shape[1:] == (32,)
+            assert refs.shape == (len(ids),)
             assert members.max() < len(ids)
             by_partition.setdefault(part, []).append(chunk)
     pairs = sorted({p for chunks in by_partition.values() for p in partition_pairs(chunks, 64)})

@@ -4,7 +4,8 @@
 Every document is one template of 120 words with 1 word changed, so all of them share most shingles
 and meet in the same LSH buckets; a fifth are exact copies. The clean step (near-dedup on, the real Beam
 pipeline in a fresh interpreter) must keep its peak memory within 1.2x of the same corpus a quarter
-the size, and count the oversized buckets and the pairs they did not propose.
+the size, count the oversized buckets and the pairs they did not propose, and remove all but the survivor
+at both sizes.
 """
 
 from __future__ import annotations
@@ -57,9 +58,12 @@ def test_templated_near_duplicates_keep_memory_bounded_and_count_what_the_cap_sk
         counts = result["counts"]
         assert counts["in"] == n
         assert counts["duplicates_by_kind"]["exact"] == n - n * 4 // 5
-        # star pairs of oversized buckets verify (Jaccard ~0.91); how many documents that removes depends on
-        # which member each bucket's star starts from (a known recall cost of the cap, reported, not asserted)
-        assert counts["neardup"]["verified_pairs"] > 0 and counts["duplicates_by_kind"]["near"] > 0
+        # every distinct document is a near duplicate of every other (Jaccard ~0.91): all but the survivor
+        # go, at either size, because an oversized bucket's star starts at its survivor (issue 38: it started
+        # at the lowest id, and 1,428 of 1,599 went at 2,000 documents, 920 of 6,399 at 8,000)
+        distinct = n * 4 // 5
+        assert counts["neardup"]["verified_pairs"] > 0
+        assert counts["duplicates_by_kind"]["near"] >= 0.99 * (distinct - 1), counts["duplicates_by_kind"]
         assert counts["neardup"]["oversized_buckets"] > 0
         assert counts["neardup"]["pairs_not_proposed"] > counts["neardup"]["candidate_pairs"]
     for result in (small, large):

@@ -22,14 +22,15 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    Jaccard threshold are FineWeb's (Penedo et al. 2024, "The FineWeb Datasets", §3.3);
    the S-curve ``1 - (1 - s^8)^14`` is 0.5 at s ~ 0.685, 0.65 at s = 0.72 and 0.92 at s = 0.8.
 4. Candidate pairs: every pair in a bucket, ordered by id; a bucket with more than
-   ``max_bucket_size`` members contributes only the pairs (lowest id, other) (a star), so a
+   ``max_bucket_size`` members contributes only the pairs (survivor, other) (a star from the member
+   first in survivor order, step 6, so the document that survives is checked against all), so a
    huge bucket cannot blow up quadratically (templated pages sharing most shingles, datatrove issue
    222); such buckets and the pairs they did not propose are counted (``neardup.oversized_buckets``,
    ``neardup.pairs_not_proposed`` in ``counts.json``). Exact copies share an id, so thousands of
    identical documents are one member. Pairs are de-duplicated.
 5. Verification: the exact Jaccard similarity of the two shingle sets; only pairs with
    ``J >= jaccard_threshold`` become edges. LSH only proposes; nothing is merged unchecked.
-6. Clustering (:func:`star_clusters`): documents in survivor order (lowest ref by
+6. Clustering (:func:`tidal.data.neardup_clusters.star_clusters`): documents in survivor order (lowest ref by
    :func:`tidal.data.sources.ref_sort_key`, then lowest id); each document not yet assigned
    becomes a cluster centre (it is kept) and takes every unassigned document with a
    verified edge *to it*. So every removed document was checked against the very document
@@ -38,12 +39,14 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
 Only documents that are in some candidate pair travel to the verification join (their ids,
 each with its partners of higher id, are a side input, as is the set of removed ids where
 the clean step applies the result), so the texts of the great majority of documents, which
-have no near-duplicate, stay in their spill files and cross no shuffle; a candidate's text is
-read once and sent to its own id and to each partner's (the ``GroupPairs`` shuffle).
-The clustering step collects the verified edges on one
-worker: edges exist only between near-duplicates, a small fraction of a corpus. At web scale (ids
-of hundreds of millions of candidates) the two side inputs become joins and the clustering a
-distributed connected-components pass (losing the per-edge guarantee of the star rule).
+have no near-duplicate, stay in their spill files and cross no shuffle; a candidate's text (of its
+copy with the lowest ref: exact copies share it) is read once and sent to its own id and to each
+partner's (the ``GroupPairs`` shuffle).
+The clustering runs per connected component of the verified edges
+(:class:`tidal.data.neardup_clusters.Clusters`: Hash-to-Min rounds keyed by document, then the star rule
+on each component), which gives exactly the survivors of one star pass over every edge, with no worker
+holding more than one component. At web scale (ids of hundreds of millions of candidates) the two side
+inputs become joins.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import numpy as np
 
 from tidal.data.filters import words
 from tidal.data.minhash import fmix64, shingle_hashes, signatures
+from tidal.data.neardup_clusters import Clusters
 from tidal.data.neardup_config import NearDupConfig
 from tidal.data.sources import ref_sort_key
 from tidal.data.spill import read_bands, read_spill, read_texts
@@ -147,46 +151,20 @@ def pairs_not_proposed(size: int, max_bucket_size: int) -> int:
     return size * (size - 1) // 2 - (size - 1) if size > max_bucket_size else 0
 
 
-def bucket_pairs(members: Iterable[str], max_bucket_size: int) -> list[tuple[str, str]]:
-    """Candidate pairs ``(lower id, higher id)`` of one bucket (see module docstring, step 4)."""
-    ids = sorted(set(members))
-    if len(ids) > max_bucket_size:
-        return [(ids[0], other) for other in ids[1:]]
-    return [(ids[i], ids[j]) for i in range(len(ids)) for j in range(i + 1, len(ids))]
+def bucket_pairs(members: dict[str, str], max_bucket_size: int) -> list[tuple[str, str]]:
+    """Candidate pairs ``(lower id, higher id)`` of one bucket (see module docstring, step 4).
 
-
-def _star_cluster_items(grouped: tuple[object, Iterable[tuple[str, str, str, str, float]]]) -> list:
-    """``(key, edges)`` -> :func:`star_clusters`' items in id order (a module function, pickled by
-    reference: a lambda would carry the launcher's source path to every worker)."""
-    return sorted(star_clusters(grouped[1]).items())
-
-
-def star_clusters(edges: Iterable[tuple[str, str, str, str, float]]) -> dict[str, tuple[str, float]]:
-    """Star clustering over verified edges ``(id_a, ref_a, id_b, ref_b, jaccard)``.
-
-    Returns:
-        ``{removed id: (survivor id, jaccard to the survivor)}``; documents not in it are
-        kept (module docstring, step 6).
+    Args:
+        members: the bucket's distinct ids, each with its lowest ref. A bucket over ``max_bucket_size``
+            gives the star of pairs from its survivor, the member first in survivor order (lowest ref by
+            :func:`tidal.data.sources.ref_sort_key`, then id), to every other: the survivor is then
+            checked against every member and takes each it verifies, whatever the corpus's size.
     """
-    refs: dict[str, str] = {}
-    neighbours: dict[str, dict[str, float]] = defaultdict(dict)
-    for id_a, ref_a, id_b, ref_b, sim in edges:
-        refs[id_a], refs[id_b] = ref_a, ref_b
-        neighbours[id_a][id_b] = sim
-        neighbours[id_b][id_a] = sim
-    order = sorted(refs, key=lambda i: (ref_sort_key(refs[i]), i))
-    rank = {doc_id: n for n, doc_id in enumerate(order)}
-    assigned: set[str] = set()
-    removed: dict[str, tuple[str, float]] = {}
-    for centre in order:
-        if centre in assigned:
-            continue
-        assigned.add(centre)
-        for other in sorted(neighbours[centre], key=rank.__getitem__):
-            if other not in assigned:
-                assigned.add(other)
-                removed[other] = (centre, neighbours[centre][other])
-    return removed
+    ids = sorted(members)
+    if len(ids) > max_bucket_size:
+        centre = min(ids, key=lambda i: (ref_sort_key(members[i]), i))
+        return sorted((min(centre, other), max(centre, other)) for other in ids if other != centre)
+    return [(ids[i], ids[j]) for i in range(len(ids)) for j in range(i + 1, len(ids))]
 
 
 # ---------------------------------------------------------------- Beam
@@ -200,10 +178,11 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
     """Bucket entries of a batch of ``(id, ref, text)`` documents, grouped for the shuffle.
 
     Returns:
-        ``{partition: (keys, members, ids)}``: ``keys`` ``uint64[m]`` bucket keys
+        ``{partition: (keys, members, ids, refs)}``: ``keys`` ``uint64[m]`` bucket keys
         (:func:`band_keys`), ``members`` ``int32[m]`` each entry's document as an index into
         ``ids``, the raw 32-byte ids (``uint8[k, 32]``) of the documents with an entry in this
-        partition. A bucket's entries all land in one partition (``key % partitions``), so
+        partition, and ``refs`` (``str[k]``) their refs (an oversized bucket's star starts at its
+        survivor, :func:`bucket_pairs`). A bucket's entries all land in one partition (``key % partitions``), so
         buckets can be completed per partition. Exact duplicates (same id) give the same keys.
         Compact on purpose: the entries cross a shuffle (about 12 bytes an entry, ``bands``
         entries a document, plus 32 bytes a document per partition it appears in).
@@ -216,6 +195,7 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
         return {}
     # uint8 rows, not numpy "S32": an "S" element loses its trailing zero bytes
     raw_ids = np.frombuffer(b"".join(bytes.fromhex(docs[i][0]) for i in has), dtype=np.uint8).reshape(-1, 32)
+    refs = np.array([docs[i][1] for i in has], dtype=np.str_)
     keys = band_keys(sigs[has], cfg).reshape(-1)
     members = np.repeat(np.arange(has.size, dtype=np.int64), cfg.bands)
     part = (keys % np.uint64(partitions)).astype(np.int64)
@@ -223,11 +203,11 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
     for p in np.unique(part).tolist():
         mask = part == p
         present, local = np.unique(members[mask], return_inverse=True)
-        out[p] = (keys[mask], local.astype(np.int32), raw_ids[present])
+        out[p] = (keys[mask], local.astype(np.int32), raw_ids[present], refs[present])
     return out
 
 
-def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
+def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
                     max_bucket_size: int, counts: dict[str, int] | None = None) -> list[tuple[str, str]]:
     """Candidate pairs of one partition's bucket entries (the values of :func:`band_entries`):
     each bucket's distinct ids through :func:`bucket_pairs`.
@@ -240,16 +220,18 @@ def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
         Sorted distinct ``(id_a, id_b)`` (hex ids) with ``id_a < id_b``.
     """
     counts = counts if counts is not None else {}
-    keys, members, ids = [], [], []
+    keys, members, ids, refs = [], [], [], []
     offset = 0
-    for chunk_keys, chunk_members, chunk_ids in chunks:
+    for chunk_keys, chunk_members, chunk_ids, chunk_refs in chunks:
         keys.append(chunk_keys)
         members.append(chunk_members.astype(np.int64) + offset)
         ids.append(chunk_ids)
+        refs.append(chunk_refs)
         offset += len(chunk_ids)
     if not keys:
         return []
-    keys, members, ids = np.concatenate(keys), np.concatenate(members), np.concatenate(ids)
+    keys, members, ids, refs = (np.concatenate(keys), np.concatenate(members), np.concatenate(ids),
+                                np.concatenate(refs))
     order = np.argsort(keys, kind="stable")
     keys, members = keys[order], members[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
@@ -257,7 +239,11 @@ def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
     big = ends - starts > 1
     pairs: set[tuple[str, str]] = set()
     for lo, hi in zip(starts[big].tolist(), ends[big].tolist(), strict=True):
-        bucket = {ids[m].tobytes().hex() for m in members[lo:hi].tolist()}
+        bucket: dict[str, str] = {}  # id -> its lowest ref in the bucket (copies of an id share its keys)
+        for m in members[lo:hi].tolist():
+            doc_id, ref = ids[m].tobytes().hex(), str(refs[m])
+            if doc_id not in bucket or ref_sort_key(ref) < ref_sort_key(bucket[doc_id]):
+                bucket[doc_id] = ref
         if len(bucket) > 1:
             pairs.update(bucket_pairs(bucket, max_bucket_size))
             if len(bucket) > max_bucket_size:
@@ -280,14 +266,23 @@ def _members(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str | None
 
 
 def _candidate_stubs(element, candidates):
-    """``(shard, spill file)`` -> ``(spill file, (id, row, ref))`` of the candidates in it."""
+    """``(shard, spill file)`` -> ``(id, (ref, spill file, row))`` of the candidates in it."""
     if not candidates:  # most sources: no file to open
         return
     path = element[1]
     columns = read_spill(path, ["id", "ref"]).to_pydict()
     for row, (doc_id, ref) in enumerate(zip(columns["id"], columns["ref"], strict=True)):
         if doc_id in candidates:
-            yield path, (doc_id, row, ref)
+            yield doc_id, (ref, path, row)
+
+
+def _lowest_copy(grouped):
+    """``(id, [(ref, spill file, row)...])`` -> ``(spill file, (id, row, ref))`` of the copy with the lowest
+    ref (the exact-dedup survivor): an id's text is read and sent to its partners once, however many
+    exact copies it has (copies share the id, so they share the text)."""
+    doc_id, copies = grouped
+    ref, path, row = min(copies, key=lambda c: (ref_sort_key(c[0]), c[0], c[1], c[2]))
+    return path, (doc_id, row, ref)
 
 
 def _partition_candidates(element, max_bucket_size: int):
@@ -323,9 +318,9 @@ def _lowest(copies) -> tuple[str, str]:
 
 class _VerifyFn(beam.DoFn):
     """``(id_b, [("text", ref, text) | ("pair", id_a, ref_a, text_a)...])`` -> verified edges
-    ``(0, (id_a, ref_a, id_b, ref_b, jaccard))`` (one key: the clustering sees them all);
-    pair counts on the ``pair_counts`` output. Each id stands for its copy with the lowest
-    ref (the exact-dedup survivor; copies of an id have the same text)."""
+    ``(id_a, ref_a, id_b, ref_b, jaccard)`` (to :class:`tidal.data.neardup_clusters.Clusters`);
+    pair counts on the ``pair_counts`` output. Each id comes once, as its copy with the lowest
+    ref (the exact-dedup survivor, :func:`_lowest_copy`)."""
 
     def __init__(self, cfg: NearDupConfig):
         self.cfg = cfg
@@ -349,7 +344,7 @@ class _VerifyFn(beam.DoFn):
             sim = jaccard(shingles(text_a, self.cfg.shingle_size), shingles_b)
             if sim >= self.cfg.jaccard_threshold:
                 verified += 1
-                yield 0, (id_a, ref_a, id_b, ref_b, round(sim, 6))
+                yield id_a, ref_a, id_b, ref_b, round(sim, 6)
         beam.metrics.Metrics.counter("tidal.clean", "neardup.candidate_pairs").inc(len(firsts))
         counts = {"neardup.candidate_pairs": len(firsts)}
         if verified:
@@ -372,8 +367,8 @@ class NearDuplicates(beam.PTransform):
     Stages: bucket partitions -> candidate pairs; pairs grouped by id -> ``{candidate id:
     partners of higher id}`` (a side input); the candidates' texts read from the spill files,
     each sent to its own id and to each partner's; grouped by id, each pair is verified
-    once, where its higher id meets the lower id's text; the verified edges -> one worker's
-    star clustering.
+    once, where its higher id meets the lower id's text; the verified edges -> their connected
+    components -> the star rule on each (:class:`tidal.data.neardup_clusters.Clusters`).
     """
 
     def __init__(self, cfg: NearDupConfig):
@@ -393,15 +388,13 @@ class NearDuplicates(beam.PTransform):
         verified = (
             inputs["docs"]
             | "CandidateStubs" >> beam.FlatMap(_candidate_stubs, candidates=candidates)
+            | "CopiesById" >> beam.GroupByKey()
+            | "LowestCopy" >> beam.Map(_lowest_copy)
             | "BySpillFile" >> beam.GroupByKey()
             | "ReadCandidates" >> beam.FlatMap(_read_candidates, candidates=candidates)
             | "GroupPairs" >> beam.GroupByKey()
             | "Verify" >> beam.ParDo(_VerifyFn(cfg)).with_outputs(PAIR_COUNTS, main="edges")
         )
-        removed = (
-            verified.edges
-            | "AllEdges" >> beam.GroupByKey()
-            | "StarClusters" >> beam.FlatMap(_star_cluster_items)
-        )
+        removed = verified.edges | "Clusters" >> Clusters()
         counts = (verified[PAIR_COUNTS], partitions[PAIR_COUNTS]) | "PairCounts" >> beam.Flatten()
         return removed, counts

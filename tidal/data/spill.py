@@ -80,24 +80,26 @@ def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
     return column.take(pa.array(list(rows), type=pa.int64())).combine_chunks()
 
 
-def write_bands(spill: OutputDir, name: str, entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> str:
+def write_bands(spill: OutputDir, name: str,
+                entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> str:
     """Write a batch's LSH bucket entries (:func:`tidal.data.neardup.band_entries`: ``{partition:
-    (keys uint64[m], members int32[m], ids uint8[k, 32])}``) to one uncompressed ``.npz`` file
-    ``name`` of ``spill``. Returns its location."""
+    (keys uint64[m], members int32[m], ids uint8[k, 32], refs str[k])}``) to one uncompressed ``.npz``
+    file ``name`` of ``spill``. Returns its location."""
     arrays = {}
-    for partition, (keys, members, ids) in entries.items():
+    for partition, (keys, members, ids, refs) in entries.items():
         arrays[f"k{partition}"], arrays[f"m{partition}"], arrays[f"i{partition}"] = keys, members, ids
+        arrays[f"r{partition}"] = refs
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return spill.write_bytes(name, buffer.getvalue())
 
 
-def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One partition's ``(keys, members, ids)`` from a :func:`write_bands` file (only those
-    three arrays are read).
+def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One partition's ``(keys, members, ids, refs)`` from a :func:`write_bands` file (only those
+    four arrays are read).
 
     Raises:
         FileNotFoundError: if the file is gone; KeyError: if it holds no entry of ``partition``.
     """
     with np.load(str(path) if not is_uri(path) else io.BytesIO(_read(path).to_pybytes())) as npz:
-        return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"]
+        return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"], npz[f"r{partition}"]

@@ -122,7 +122,9 @@ from tidal.data.neardup import NearDuplicates
 from tidal.files.output import OutputDir
 from tidal.files.step_files import StepFiles
 
-STEP_VERSION = 6  # 6: the `fields` column (a record's own id and keep_fields); 5: near-dup shingles of folded text
+# 7: an oversized LSH bucket's star starts at its survivor; 6: the `fields` column (a record's own id and
+# keep_fields); 5: near-dup shingles of folded text
+STEP_VERSION = 7
 __all__ = ["COUNTS_FILE", "DOCUMENT_SCHEMA", "QUARANTINE_FILE", "REMOVED_FILE", "CleanConfig", "build_pipeline",
            "check_counts", "check_files", "check_outputs", "clean", "counts_from_totals", "expected_outputs",
            "flat_counts", "run", "shard_name", "shard_of", "summarize"]
