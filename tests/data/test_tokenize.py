@@ -196,17 +196,20 @@ def test_byte_fallback_ids_are_the_lone_bytes_of_unmerged_characters(steps):
 
 
 @pytest.mark.parametrize(("n_docs", "shards_in", "shards_out", "seq_len"), [(0, 2, 2, 4), (1, 1, 3, 5), (57, 3, 2, 7),
-                                                                            (200, 4, 5, 16)])
+                                                                            (200, 4, 5, 16), (900, 3, 7, 5)])
 def test_streaming_merge_writes_what_numpy_save_of_the_packed_array_writes(tmp_path, n_docs, shards_in, shards_out,
                                                                            seq_len, monkeypatch):
-    """token_spill's streaming merge against the in-memory reference (pack_sequences, then
-    write_token_shards, i.e. np.array_split + np.save): the same bytes in every output shard."""
-    from tidal.data import token_spill
+    """The output shards' writers (each from its own plan, token_writers) against the in-memory reference
+    (pack_sequences, then write_token_shards, i.e. np.array_split + np.save): the same bytes in every
+    output shard."""
+    from tidal.data import token_spill, token_writers
     from tidal.data.shards import write_token_shards
 
-    monkeypatch.setattr(token_spill, "CHUNK_ROWS", 3)  # many flushes, rows split across calls
+    monkeypatch.setattr(token_writers, "CHUNK_ROWS", 3)  # many flushes, rows split across calls
+    monkeypatch.setattr(token_writers, "INDEX_CHUNK", 5)  # index records fetched a few at a time
+    monkeypatch.setattr(token_writers, "READ_AHEAD", 64)  # and tokens
     rng = np.random.default_rng(n_docs)
-    docs = sorted((f"{rng.integers(1 << 62):032x}", rng.integers(0, 60000, rng.integers(1, 40)).astype(np.uint32))
+    docs = sorted((f"{rng.integers(1 << 62):064x}"[::-1], rng.integers(0, 60000, rng.integers(1, 40)).astype(np.uint32))
                   for _ in range(n_docs))
     eos = 65000
     docs = [(doc_id, np.append(ids, eos).astype(np.uint32)) for doc_id, ids in docs]
@@ -216,7 +219,8 @@ def test_streaming_merge_writes_what_numpy_save_of_the_packed_array_writes(tmp_p
         spills.append(token_spill.encode_shard(k, f"shard{k}", OutputDir(tmp_path / "spill"), iter([(mine, [])]),
                                                [], None))
     out = [tmp_path / f"stream-{k}.npy" for k in range(shards_out)]
-    merged = token_spill.merge_spills(spills, OutputDir(tmp_path), [p.name for p in out], seq_len, np.dtype(np.uint16))
+    merged = token_writers.merge_spills(spills, OutputDir(tmp_path), [p.name for p in out], seq_len,
+                                        np.dtype(np.uint16))
     packed, tail = tokenize_step.pack_sequences((ids for _, ids in docs), seq_len, np.uint16)
     (tmp_path / "ref").mkdir()
     names = write_token_shards(tmp_path / "ref", packed, shards_out)
@@ -227,16 +231,17 @@ def test_streaming_merge_writes_what_numpy_save_of_the_packed_array_writes(tmp_p
 
 def test_streaming_merge_refuses_ids_that_do_not_fit_and_repeated_ids(tmp_path):
     from tidal.data import token_spill
+    from tidal.data.token_writers import merge_spills
 
     big = [("a" * 64, np.array([70000, 1], dtype=np.uint32))]
     spill = token_spill.encode_shard(0, "s", OutputDir(tmp_path / "s"), iter([(big, [])]), [], None)
     with pytest.raises(ValueError, match="does not fit in uint16"):
-        token_spill.merge_spills([spill], OutputDir(tmp_path), ["o.npy"], 1, np.dtype(np.uint16))
+        merge_spills([spill], OutputDir(tmp_path), ["o.npy"], 1, np.dtype(np.uint16))
     doc = [("b" * 64, np.array([1, 2], dtype=np.uint32))]
     twice = [token_spill.encode_shard(k, "s", OutputDir(tmp_path / f"t{k}"), iter([(doc, [])]), [], None)
              for k in (0, 1)]
     with pytest.raises(ValueError, match="appears in two document shards"):
-        token_spill.merge_spills(twice, OutputDir(tmp_path), ["p.npy"], 1, np.dtype(np.uint16))
+        merge_spills(twice, OutputDir(tmp_path), ["p.npy"], 1, np.dtype(np.uint16))
 
 
 def test_encode_batches_bound_documents_and_characters(tmp_path):
@@ -251,3 +256,39 @@ def test_encode_batches_bound_documents_and_characters(tmp_path):
     assert [[doc_id for doc_id, _ in b] for b in batches] == [[ids[0]], [ids[1]], [ids[2], ids[3]], [ids[4]],
                                                                [ids[5]], [ids[6]]]
     assert [t for b in batches for _, t in b] == texts  # every document once, in id order
+
+
+def test_each_shard_writer_reads_its_own_rows_not_the_corpus(tmp_path, monkeypatch):
+    """Issue 38, item 2: the writer of an output shard fetches that shard's tokens (plus a read-ahead
+    block per spill) and the index records from the start of one id range, never the whole stream."""
+    from tidal.data import token_spill, token_writers
+    from tidal.files.step_files import StepFiles
+
+    monkeypatch.setattr(token_writers, "READ_AHEAD", 512)
+    monkeypatch.setattr(token_writers, "INDEX_CHUNK", 16)
+    rng = np.random.default_rng(5)
+    docs = sorted((f"{rng.integers(1 << 62):064x}"[::-1], np.append(rng.integers(0, 60000, rng.integers(1, 60)),
+                                                                     65000).astype(np.uint32)) for _ in range(4000))
+    spills = [token_spill.encode_shard(k, f"shard{k}", OutputDir(tmp_path / "spill"),
+                                       iter([([d for i, d in enumerate(docs) if i % 4 == k], [])]), [], None)
+              for k in range(4)]
+    fetched: dict[str, int] = {}
+    real = StepFiles.read_range
+
+    def counting(self, name, offset, length):
+        data = real(self, name, offset, length)
+        kind = "index" if name.startswith("index-") else "tokens"
+        fetched[kind] = fetched.get(kind, 0) + len(data)
+        return data
+
+    monkeypatch.setattr(StepFiles, "read_range", counting)
+    seq_len, names = 16, [f"t-{k}.npy" for k in range(8)]
+    total_tokens = sum(s["stream_tokens"] for s in spills)
+    for task in token_writers.plan_writes(spills, names, seq_len):
+        fetched.clear()
+        token_writers.write_shard(task, OutputDir(tmp_path / "out"), seq_len, np.dtype(np.uint16))
+        own = task["rows"] * seq_len * 4
+        assert fetched["tokens"] <= own + 4 * 512 + 4 * 60 * 4, (task["name"], fetched, own)
+        assert fetched["tokens"] < total_tokens * 4 / 4  # far from the stream (8 shards)
+        # index records: its own documents plus at most one id range before them (4000 / 256 ranges)
+        assert fetched["index"] <= (len(docs) / 8 + 3 * len(docs) / 256 + 4 * 16) * 72 * 1.5, fetched

@@ -24,9 +24,10 @@ Policies:
       Their rates over ``encoded_tokens`` go into the stats.
 
 Packing streams (:mod:`tidal.data.token_spill`): each document shard is encoded into a
-token spill by one worker, then one worker merges the spills in id order and writes the
-``.npy`` shards as it goes, so memory does not grow with the corpus beyond the documents'
-ids and lengths (about 100 bytes a document).
+token spill by one worker; each output ``.npy`` shard is then written by one worker, which merges
+the spills in id order from the id range where its rows begin (:mod:`tidal.data.token_writers`).
+No worker holds more than one encode batch, or a read buffer per spill and a chunk of rows; what
+meets in one place is one small summary per input shard.
 
 Config (:class:`tidal.data.tokenize_config.TokenizeConfig`): source, input (clean step name),
 tokenizer (tokenizer step name), seq_len (tokens), shards (output ``.npy`` count).
@@ -69,7 +70,8 @@ from tidal.data.shards import (
     shard_names,
     token_dtype,
 )
-from tidal.data.token_spill import encode_shard, merge_spills
+from tidal.data.token_spill import encode_shard, read_ids
+from tidal.data.token_writers import plan_writes, write_shard
 from tidal.data.tokenize_config import TokenizeConfig
 from tidal.files.output import OutputDir
 from tidal.files.step_files import StepFiles
@@ -201,9 +203,9 @@ def encode_batches(path: str | Path, max_documents: int = ENCODE_BATCH_DOCUMENTS
 
 class EncodeShardFn(beam.DoFn):
     """Beam DoFn: ``(shard number, [document shard location])`` (as
-    :func:`tidal.data.beam_options.create_spread` gives them) -> ``(0, summary)``, that shard's
-    token spill summary (:func:`tidal.data.token_spill.encode_shard`) under one key, for the
-    single merging worker. Loads the tokenizer once per worker. With a held-out split
+    :func:`tidal.data.beam_options.create_spread` gives them) -> that shard's token spill summary
+    (:func:`tidal.data.token_spill.encode_shard`), a small record (counts per id range) from which
+    the output shards' writers are planned. Loads the tokenizer once per worker. With a held-out split
     (:mod:`tidal.data.heldout`) a shard gives two summaries, ``part`` ``train`` and ``heldout``
     (the held-out spill goes to ``spill``'s ``heldout`` child).
 
@@ -234,12 +236,30 @@ class EncodeShardFn(beam.DoFn):
             for part, keep, spill in parts:
                 batches = (encode_documents(self.tokenizer, batch, self.eos_id)
                            for batch in encode_batches(path, keep=keep))
-                yield 0, {**encode_shard(index, path, spill, batches, self.fallback_ids, self.unk_id), "part": part}
+                yield {**encode_shard(index, path, spill, batches, self.fallback_ids, self.unk_id), "part": part}
 
 
-def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dict[str, Any], spill: OutputDir) -> None:
-    """Final single-worker stage: merge the spills by id into the token shards, write
-    ``failed_documents.json`` and ``meta.json`` into ``out``, then remove the ``spill`` files.
+def plan_parts(spills: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The write tasks of every part (:func:`tidal.data.token_writers.plan_writes`): the training part's
+    ``shards`` shards and, with a held-out split, its one shard; each task names its ``part``."""
+    names = [shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
+    parts = [("train", names)] + ([("heldout", [HELDOUT_TOKENS])] if settings.get("heldout") is not None else [])
+    return [{**task, "part": part}
+            for part, part_names in parts
+            for task in plan_writes([s for s in spills if s.get("part", "train") == part], part_names,
+                                    settings["seq_len"])]
+
+
+def write_part_shard(task: dict[str, Any], out: OutputDir, settings: dict[str, Any]) -> dict[str, Any]:
+    """Write one task's shard (:func:`tidal.data.token_writers.write_shard`); ``{"name", "rows", "part"}``."""
+    return {**write_shard(task, out, settings["seq_len"], token_dtype(settings["vocab_size"])), "part": task["part"]}
+
+
+def finish(spills: list[dict[str, Any]], written: list[dict[str, Any]], out: OutputDir, settings: dict[str, Any],
+           spill: OutputDir) -> None:
+    """The last stage, once every shard is written: ``failed_documents.json``, ``meta.json`` (and the
+    held-out files) from the spills' summaries and the writers' row counts, then the ``spill`` files
+    removed.
 
     The spills are removed here, inside the job, not only by :func:`run` after it: a job
     that a Beam provider launched on a cluster is committed when the job ends (see
@@ -249,12 +269,11 @@ def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dic
     failures = [{"id": doc_id, "error": error} for doc_id, error in sorted(f for s in spills for f in s["failed"])]
     out.write_text(FAILED_FILE, json.dumps(failures, indent=1, ensure_ascii=False) + "\n")
     train = [s for s in spills if s.get("part", "train") == "train"]
-    names = [shard_name(TOKENS_PREFIX, k, settings["shards"], "npy") for k in range(settings["shards"])]
-    meta = {**_merge_part(train, out, names, settings), "documents_failed": len(failures)}
+    meta = {**_part_meta(train, written, "train", settings), "documents_failed": len(failures)}
     if settings.get("heldout") is not None:
         held = [s for s in spills if s.get("part") == "heldout"]
-        held_meta = _merge_part(held, out, [HELDOUT_TOKENS], settings)
-        ids = sorted(doc_id for s in held for doc_id in _spill_ids(s))
+        held_meta = _part_meta(held, written, "heldout", settings)
+        ids = sorted(doc_id for s in held for doc_id in read_ids(s))
         out.write_text(HELDOUT_DOCUMENTS, json.dumps(ids, indent=0) + "\n")
         out.write_text(HELDOUT_META, json.dumps({**held_meta, "heldout": settings["heldout"].model_dump()},
                                                 indent=1, sort_keys=True) + "\n")
@@ -263,55 +282,68 @@ def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dic
     spill.remove()
 
 
-def _merge_part(spills: list[dict[str, Any]], out: OutputDir, names: list[str], settings: dict[str, Any]) -> dict:
-    """Merge one part's spills (training or held-out) into the shards ``names``; returns the part's
-    ``meta.json`` fields (all but ``documents_failed``)."""
-    dtype = token_dtype(settings["vocab_size"])
-    merged = merge_spills(spills, out, names, settings["seq_len"], dtype)
+def _merge_and_write(spills: list[dict[str, Any]], out: OutputDir, settings: dict[str, Any], spill: OutputDir) -> None:
+    """Plan, every shard's write and :func:`finish`, one after another in this process (what the job's
+    stages do on their workers)."""
+    written = [write_part_shard(task, out, settings) for task in plan_parts(spills, settings)]
+    finish(spills, written, out, settings, spill)
+
+
+def _part_meta(spills: list[dict[str, Any]], written: list[dict[str, Any]], part: str,
+               settings: dict[str, Any]) -> dict:
+    """One part's ``meta.json`` fields (all but ``documents_failed``), from its spills' summaries and its
+    shards' row counts."""
+    n_sequences = sum(w["rows"] for w in written if w["part"] == part)
+    stream_tokens = sum(s["stream_tokens"] for s in spills)
     return {
         "tokenizer_hash": settings["tokenizer_hash"],
         "seq_len": settings["seq_len"],
-        "dtype": dtype.name,
-        "n_sequences": merged["n_sequences"],
-        "n_tokens": merged["n_sequences"] * settings["seq_len"],
-        "n_documents": merged["n_documents"],
+        "dtype": token_dtype(settings["vocab_size"]).name,
+        "n_sequences": n_sequences,
+        "n_tokens": n_sequences * settings["seq_len"],
+        "n_documents": sum(s["documents"] for s in spills),
         "vocab_size": settings["vocab_size"],
-        "tokens_dropped_tail": merged["tokens_dropped_tail"],
+        "tokens_dropped_tail": stream_tokens - n_sequences * settings["seq_len"],
         "encoded_tokens": sum(s["encoded_tokens"] for s in spills),
         "unknown_tokens": sum(s["unknown_tokens"] for s in spills),
         "byte_fallback_tokens": sum(s["byte_fallback_tokens"] for s in spills),
     }
 
 
-def _spill_ids(spill: dict[str, Any]) -> list[str]:
-    """The document ids one spill holds (its ``ids`` file)."""
-    files, name = StepFiles.of_file(spill["ids"])
-    return json.loads(files.read_bytes(name, checked=False))["ids"]
-
-
-def _merge_grouped(element: tuple[int, Iterable[dict[str, Any]]], out: OutputDir, settings: dict[str, Any],
-                   spill: OutputDir) -> None:
-    """``(0, [spill summary...])``, every shard's summary under one key -> :func:`_merge_and_write`."""
-    _merge_and_write(list(element[1]), out, settings, spill)
+def _finish(_, spills, written, out: OutputDir, settings: dict[str, Any], spill: OutputDir) -> None:
+    finish(list(spills), list(written), out, settings, spill)
 
 
 def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str, eos_id: int,
                    special: tuple[list[int], int | None], settings: dict[str, Any], out: OutputDir,
                    spill: OutputDir) -> None:
     """Add the tokenize transforms to ``pipeline``: encode the document shards at ``paths`` (read in
-    place) with the tokenizer at ``tokenizer_dir`` into token spills under ``spill``, then one worker
-    merges them into ``out`` (a local directory or the attempt's staging prefix in the bucket).
-    ``special`` is :func:`special_token_ids`' ``(byte-fallback ids, unknown id)``; ``settings`` holds
-    ``seq_len``, ``shards``, ``vocab_size``, ``tokenizer_hash`` and ``heldout`` (the step config's
+    place) with the tokenizer at ``tokenizer_dir`` into token spills under ``spill``; plan the output
+    shards from the spills' summaries (small records: counts per id range); write each output shard on
+    the worker that gets its task, into ``out`` (a local directory or the attempt's staging prefix in the
+    bucket); then one last element writes ``meta.json`` and removes the spills. ``special`` is
+    :func:`special_token_ids`' ``(byte-fallback ids, unknown id)``; ``settings`` holds ``seq_len``,
+    ``shards``, ``vocab_size``, ``tokenizer_hash`` and ``heldout`` (the step config's
     :class:`HeldoutSplit`, handed to the workers as it is, or None). Few transforms: each is a fixed
     cost of every run."""
     fallback_ids, unk_id = special
-    (
+    spills = (
         create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
         | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id,
                                                      settings.get("heldout")))
-        | "AllSpills" >> beam.GroupByKey()  # every shard's summary (list_shards: at least one)
-        | "MergeAndWrite" >> beam.Map(_merge_grouped, out=out, settings=settings, spill=spill)
+    )
+    written = (
+        spills
+        | "Summaries" >> beam.combiners.ToList()  # one small record per input shard
+        | "PlanWrites" >> beam.FlatMap(plan_parts, settings=settings)
+        | "SpreadWrites" >> beam.Reshuffle()
+        | "WriteShards" >> beam.Map(write_part_shard, out=out, settings=settings)
+    )
+    _ = (
+        pipeline
+        | "Once" >> beam.Impulse()
+        | "Finish" >> beam.Map(_finish, beam.pvalue.AsList(spills), beam.pvalue.AsList(written), out=out,
+                               settings=settings, spill=spill)
     )
 
 
