@@ -104,3 +104,37 @@ def test_an_output_without_its_checksum_record_is_not_sealed(tmp_path, monkeypat
     with pytest.raises(staging.StagedIncomplete, match=r"no checksum record \['stray.txt'\]"):
         staging.seal_staged("clean", kind_spec("clean").parse_config(CONFIG), location, step_id="clean-web-1",
                             where="the test job")
+
+
+def test_spill_files_in_the_bucket_are_read_by_the_ranges_a_stage_needs(tmp_path, upload, s3_env):  # noqa: F811
+    """Issue 38, item 4: the stubs of a spill file cost their columns' bytes, not the texts'; one LSH
+    partition of a bands file costs that partition's arrays, not the file."""
+    import numpy as np
+
+    from tidal.data.neardup import NearDupConfig, band_entries
+    from tidal.data.spill import read_bands, read_spill, read_texts, write_bands, write_spill
+    from tidal.files.output import OutputDir
+    from tidal.files.step_files import StepFiles, bytes_fetched
+
+    spill = OutputDir(f"s3://{upload.bucket}/root/.staging/x.job/spill/")
+    texts = [" ".join(f"word{(i * 7 + k) % 997}" for k in range(400)) for i in range(300)]
+    ids = [f"{i:064x}" for i in range(300)]
+    path = write_spill(spill, "s.arrow", {"id": ids, "ref": [f"r:{i}" for i in range(300)], "source": ["t"] * 300,
+                                          "language": ["en"] * 300, "fields": [None] * 300, "text": texts})
+    size = StepFiles.open(spill.location).size("s.arrow")
+    before = bytes_fetched()
+    stubs = read_spill(path)
+    fetched = bytes_fetched() - before
+    assert stubs.column("id").to_pylist() == ids and "text" not in stubs.column_names
+    assert fetched < size / 10, (fetched, size)  # the texts are ~97% of the file
+    assert read_texts(path, [5, 2]).to_pylist() == [texts[5], texts[2]]
+
+    entries = band_entries(list(zip(ids, [f"r:{i}" for i in range(300)], texts, strict=True)),
+                           NearDupConfig(enabled=True), partitions=16)
+    bands = write_bands(spill, "b.npz", entries)
+    size = StepFiles.open(spill.location).size("b.npz")
+    before = bytes_fetched()
+    keys, members, got_ids, refs = read_bands(bands, 3)
+    fetched = bytes_fetched() - before
+    assert np.array_equal(keys, entries[3][0]) and refs.tolist() == entries[3][3].tolist()
+    assert fetched < size / 4, (fetched, size)  # one of 16 partitions (and the zip directory)

@@ -16,7 +16,8 @@ step's scratch directory (``_spill/``) on a local root, a prefix beside the atte
 location in the bucket otherwise, so a worker on any machine reads what another wrote; they are
 removed before the step commits. Every file is written whole or not at all (renamed into place
 locally, one upload to a bucket), so a retried bundle rewrites the same bytes and a reader never
-sees half a file. Locally the Arrow files are memory-mapped; from a bucket a file is one GET.
+sees half a file. Locally the Arrow files are memory-mapped; from a bucket a reader fetches the byte
+ranges of the columns (or the ``.npz`` partition) it needs, never the whole file.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", 
 STUB_COLUMNS = ("id", "ref", "source", "language", "fields")  # what the shard writer reads before the texts
 
 
-def _read(location: str | Path) -> pa.Buffer | pa.MemoryMappedFile:
-    """A spill file's bytes: memory-mapped locally, one GET from a bucket."""
+def _open(location: str | Path) -> pa.NativeFile:
+    """A spill file for random access: memory-mapped locally; from a bucket, a file that fetches only
+    the byte ranges read (:meth:`tidal.files.step_files.StepFiles.open_input`, which counts them)."""
     if not is_uri(location):
         return pa.memory_map(str(location), "r")
     files, name = StepFiles.of_file(location)
-    return pa.py_buffer(files.read_bytes(name, checked=False))
+    return files.open_input(name)
 
 
 def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) -> str:
@@ -61,12 +63,20 @@ def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) 
 
 def read_spill(path: str | Path, columns: Sequence[str] = STUB_COLUMNS) -> pa.Table:
     """``columns`` of the spill file at ``path`` (a local path, memory-mapped: the table keeps the
-    mapping open; or a bucket URI, read in one GET).
+    mapping open; or a bucket URI): only those columns' buffers are read (the IPC reader's
+    ``included_fields``), so the stubs of a file cost their bytes, not its texts'.
 
     Raises:
         FileNotFoundError: if the spill file is gone (the step's scratch was removed).
     """
-    return pa.ipc.open_file(_read(path)).read_all().select(list(columns))
+    fields = [SPILL_SCHEMA.get_field_index(name) for name in columns]
+    source = _open(path)
+    try:
+        table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
+    finally:
+        if is_uri(path):
+            source.close()  # read_all copied the ranges it fetched; a memory map stays open under the table
+    return table.select(list(columns))
 
 
 def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
@@ -101,5 +111,9 @@ def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray
     Raises:
         FileNotFoundError: if the file is gone; KeyError: if it holds no entry of ``partition``.
     """
-    with np.load(str(path) if not is_uri(path) else io.BytesIO(_read(path).to_pybytes())) as npz:
+    if not is_uri(path):
+        with np.load(str(path)) as npz:
+            return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"], npz[f"r{partition}"]
+    # from a bucket: the zip directory and this partition's four members, by byte range, not the file
+    with _open(path) as source, np.load(source) as npz:
         return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"], npz[f"r{partition}"]

@@ -338,12 +338,19 @@ def write_shard(out: OutputDir, shard: int, shards: int, kept: list[DocStub]) ->
     return out.uri_of(name)
 
 
+def near_by_shard(removed: tuple[str, tuple[str, float]], shards: int) -> tuple[int, tuple[str, tuple[str, float]]]:
+    """A near duplicate ``(id, (survivor id, jaccard))`` keyed by its shard (:func:`shard_of`), to meet
+    the shard's spill files in the shard writer's join."""
+    return shard_of(removed[0], shards), removed
+
+
 class WriteShardFn(beam.DoFn):
-    """``(shard, [spill file...])`` -> writes the shard's file, sorted by id.
+    """``(shard, {"docs": [spill file...], "near": [(id, (survivor id, jaccard))...]})`` -> writes the
+    shard's file, sorted by id.
 
     Of each id the lowest ref (:func:`tidal.data.sources.ref_sort_key`) is kept and the other
-    copies are exact duplicates of cluster ``id``; a kept id named in ``near`` (``{id:
-    (survivor id, jaccard)}``, a side input) is a near duplicate, and then its exact copies
+    copies are exact duplicates of cluster ``id``; a kept id named in ``near`` (the near duplicates of
+    this shard, joined by shard: no worker holds another shard's) is a near duplicate, and then its exact copies
     name that survivor as their cluster too (every cluster id is a kept document's). Outputs finish items
     (module docstring): the removed rows, the counts (``kept``, ``languages.<lang>``,
     ``duplicates.exact|near``) and the shard number. The stubs and then the texts of the kept
@@ -354,9 +361,12 @@ class WriteShardFn(beam.DoFn):
         self.out = out
         self.shards = shards
 
-    def process(self, element: tuple, near: dict[str, tuple[str, float]]) -> Iterable:
-        shard, paths = element
-        kept, removed, counts = dedup_shard(read_stubs(sorted(set(paths))), near)
+    def process(self, element: tuple) -> Iterable:
+        shard, joined = element
+        paths = list(joined["docs"])
+        if not paths:  # a shard no document went to: FinishFn writes it
+            return
+        kept, removed, counts = dedup_shard(read_stubs(sorted(set(paths))), dict(joined.get("near", ())))
         write_shard(self.out, shard, self.shards, kept)
         if removed:
             yield REMOVED_TAG, removed

@@ -113,6 +113,7 @@ from tidal.data.clean.fns import (
     FinishFn,
     WriteShardFn,
     counts_from_totals,
+    near_by_shard,
     raw_slices,
     shard_name,
     shard_of,
@@ -141,7 +142,7 @@ def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out: OutputDir, c
     batch's documents and bucket entries cross the shuffles, so Beam's per-element cost and the
     per-event counters are paid once per batch. Documents meet their exact duplicates where they are
     written: a document's shard is a function of its id, so the shard writer keeps the lowest
-    ref of each id (and drops the verified near duplicates, a side input). Quarantine rows,
+    ref of each id (and drops the verified near duplicates of its shard, joined by shard). Quarantine rows,
     removed rows and outcome counts meet in one final step (:class:`FinishFn`: one element,
     everything else as side inputs) that writes the small files and removes the spill files.
     Every transform and every fused stage is a fixed cost of each run (construction,
@@ -152,17 +153,17 @@ def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out: OutputDir, c
     batches = slices | "CleanBatches" >> beam.ParDo(
         CleanBatchFn(raw_location, cfg, spill, cfg.shards)).with_outputs(FINISH_TAG, BANDS_TAG, main="docs")
     finish = [batches[FINISH_TAG]]
-    near: Any = {}  # near-dedup off: no near duplicate
+    by_shard = {"docs": batches.docs}
     if cfg.near_dedup.enabled:
         removed, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
             cfg.near_dedup)
-        near = beam.pvalue.AsDict(removed)
+        by_shard["near"] = removed | "NearByShard" >> beam.Map(near_by_shard, cfg.shards)
         finish.append(pair_counts)
-    # one group per shard that holds documents (FinishFn writes the empty ones)
+    # one group per shard that holds documents (FinishFn writes the empty ones), with its near duplicates
     finish.append(
-        batches.docs
-        | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(out, cfg.shards), near=near)
+        by_shard
+        | "GroupShards" >> beam.CoGroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShardFn(out, cfg.shards))
     )
     # quarantine, removed, counts (from the data itself; the Beam counters count the same
     # events, clean() compares), spill removal: once, after every shard is written
