@@ -254,10 +254,12 @@ class PodRunner:
                 if time.monotonic() - tick > timeout_s:
                     tails = "\n".join(log.read_text()[-3000:] for _, _, log, _ in started)
                     raise RuntimeError(f"pods {names} ran over {timeout_s:.0f} s:\n{tails}")
+                # what on_output sees is already in the served log: its complete lines, read before the pump
+                seen = started[0][2].read_text(errors="replace")
                 for cri in crilogs:
                     cri.pump()
                 if on_output:
-                    on_output(started[0][2].read_text(errors="replace"))
+                    on_output(seen[:seen.rfind("\n") + 1])
                 for pod, _, _, proc in started:
                     name = pod["metadata"]["name"]
                     if proc.poll() is not None or name in deleted:

@@ -215,11 +215,13 @@ def test_band_files_round_trip(tmp_path):
     from tidal.files.output import OutputDir
 
     entries = {3: (np.array([7, 9], np.uint64), np.array([0, 1], np.int32),
-                   np.arange(64, dtype=np.uint8).reshape(2, 32), np.array(["a:1", "b.jsonl#22"], np.str_))}
+                   np.arange(64, dtype=np.uint8).reshape(2, 32), np.array(["a:1", "b.jsonl#22"], np.str_),
+                   np.array([[0, 3], [2, 0]], np.int32))}
     path = write_bands(OutputDir(tmp_path), "b.npz", entries)
-    keys, members, ids, refs = read_bands(path, 3)
+    keys, members, ids, refs, places = read_bands(path, 3)
     assert keys.dtype == np.uint64 and keys.tolist() == [7, 9] and members.tolist() == [0, 1]
     assert (ids == entries[3][2]).all() and refs.tolist() == ["a:1", "b.jsonl#22"]
+    assert places.tolist() == [[0, 3], [2, 0]]
     with pytest.raises(KeyError):
         read_bands(path, 4)
     assert not list(tmp_path.glob(".*.tmp"))

@@ -141,19 +141,25 @@ def test_band_entries_and_partition_pairs_collapse_exact_copies():
     cfg = NearDupConfig(enabled=True)
     id_a, id_b = document_id(A), document_id(B)
     other = " ".join(f"other{i}" for i in range(200))
-    batches = [[(id_a, "a:10", A), (document_id(other), "o:1", other)], [(id_b, "b:1", B), (id_a, "a:2", A)]]
+    # (id, ref, text, shard, row): batch 0 holds A's copy "a:10" at shard 1 row 0, batch 1 its copy "a:2"
+    batches = [[(id_a, "a:10", A, 1, 0), (document_id(other), "o:1", other, 0, 0)],
+               [(id_b, "b:1", B, 0, 0), (id_a, "a:2", A, 1, 4)]]
     by_partition: dict = {}
-    for batch in batches:  # entries of several batches meet in their partitions, as after the shuffle
+    for n, batch in enumerate(batches):  # entries of several batches meet in their partitions, as after the shuffle
         for part, chunk in band_entries(batch, cfg, partitions=4).items():
-            keys, members, ids, refs = chunk
+            keys, members, ids, refs, places = chunk
             assert set((keys % 4).tolist()) == {part} and keys.dtype.name == "uint64" and ids.shape[1:] == (32,)
-            assert refs.shape == (len(ids),)
+            assert refs.shape == (len(ids),) and places.shape == (len(ids), 2)
             assert members.max() < len(ids)
-            by_partition.setdefault(part, []).append(chunk)
-    pairs = sorted({p for chunks in by_partition.values() for p in partition_pairs(chunks, 64)})
+            by_partition.setdefault(part, []).append((f"spill/bands-b{n}.npz", chunk))
+    found = [partition_pairs(chunks, 64) for chunks in by_partition.values()]
+    pairs = sorted({p for part_pairs, _ in found for p in part_pairs})
     assert pairs == [tuple(sorted([id_a, id_b]))]  # A's two copies are one id; `other` meets nobody
-    assert band_entries([("e" * 64, "e:1", "")], cfg) == {}  # no shingle, no entry
+    # every partition that finds A names its lowest-ref copy, where batch 1 put it
+    copies = {doc_id: copy for _, part_copies in found for doc_id, copy in part_copies.items()}
+    assert copies == {id_a: ("a:2", "spill/s00001-b1.arrow", 4), id_b: ("b:1", "spill/s00000-b1.arrow", 0)}
+    assert band_entries([("e" * 64, "e:1", "", 0, 0)], cfg) == {}  # no shingle, no entry
     # ids ending in zero bytes survive the compact form (numpy "S" strings would strip them)
     zero_a, zero_b = "ab" * 31 + "00", "cd" * 30 + "0000"
-    chunks = band_entries([(zero_a, "z:1", A), (zero_b, "z:2", A)], cfg, partitions=1)
-    assert partition_pairs(chunks.values(), 64) == [(zero_a, zero_b)]
+    chunks = band_entries([(zero_a, "z:1", A, 0, 0), (zero_b, "z:2", A, 0, 1)], cfg, partitions=1)
+    assert partition_pairs([("bands-z.npz", c) for c in chunks.values()], 64)[0] == [(zero_a, zero_b)]

@@ -129,12 +129,15 @@ def test_spill_files_in_the_bucket_are_read_by_the_ranges_a_stage_needs(tmp_path
     assert fetched < size / 10, (fetched, size)  # the texts are ~97% of the file
     assert read_texts(path, [5, 2]).to_pylist() == [texts[5], texts[2]]
 
-    entries = band_entries(list(zip(ids, [f"r:{i}" for i in range(300)], texts, strict=True)),
+    entries = band_entries([(doc_id, f"r:{i}", text, 0, i) for i, (doc_id, text) in enumerate(zip(ids, texts,
+                                                                                                   strict=True))],
                            NearDupConfig(enabled=True), partitions=16)
     bands = write_bands(spill, "b.npz", entries)
     size = StepFiles.open(spill.location).size("b.npz")
     before = bytes_fetched()
-    keys, members, got_ids, refs = read_bands(bands, 3)
+    keys, members, got_ids, refs, places = read_bands(bands, 3)
     fetched = bytes_fetched() - before
     assert np.array_equal(keys, entries[3][0]) and refs.tolist() == entries[3][3].tolist()
+    assert np.array_equal(members, entries[3][1]) and np.array_equal(got_ids, entries[3][2])
+    assert np.array_equal(places, entries[3][4])
     assert fetched < size / 4, (fetched, size)  # one of 16 partitions (and the zip directory)

@@ -36,17 +36,17 @@ worker count, bundle boundaries or shard order. Every step below is keyed and so
    verified edge *to it*. So every removed document was checked against the very document
    that replaced it: a chain A~B~C with A !~ C removes B (into A) and keeps C.
 
-Only documents that are in some candidate pair travel to the verification join (their ids,
-each with its partners of higher id, are a side input, as is the set of removed ids where
-the clean step applies the result), so the texts of the great majority of documents, which
+Only documents that are in some candidate pair travel to the verification join: the bucket
+entries say where each document waits in its batch's spill file, so a candidate's place comes
+out of the bucket stage with its pairs, and the texts of the great majority of documents, which
 have no near-duplicate, stay in their spill files and cross no shuffle; a candidate's text (of its
 copy with the lowest ref: exact copies share it) is read once and sent to its own id and to each
-partner's (the ``GroupPairs`` shuffle).
+partner's (the ``GroupPairs`` shuffle). Every stage is keyed (by bucket partition, document or
+spill file): no side input, no single key.
 The clustering runs per connected component of the verified edges
 (:class:`tidal.data.neardup_clusters.Clusters`: Hash-to-Min rounds keyed by document, then the star rule
 on each component), which gives exactly the survivors of one star pass over every edge, with no worker
-holding more than one component. At web scale (ids of hundreds of millions of candidates) the two side
-inputs become joins.
+holding more than one component.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from tidal.data.minhash import fmix64, shingle_hashes, signatures
 from tidal.data.neardup_clusters import Clusters
 from tidal.data.neardup_config import NearDupConfig
 from tidal.data.sources import ref_sort_key
-from tidal.data.spill import read_bands, read_spill, read_texts
+from tidal.data.spill import docs_path_of, read_bands, read_texts
 
 SHINGLE_JOIN = "\x1f"  # ASCII unit separator: cannot occur inside a normalized word
 PAIR_COUNTS = "pair_counts"
@@ -173,22 +173,26 @@ BUCKET_PARTITIONS = 16  # shuffle keys of the bucket stage; any value gives the 
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
-                 partitions: int = BUCKET_PARTITIONS) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Bucket entries of a batch of ``(id, ref, text)`` documents, grouped for the shuffle.
+def band_entries(docs: Iterable[tuple[str, str, str, int, int]], cfg: NearDupConfig,
+                 partitions: int = BUCKET_PARTITIONS) -> dict[int, tuple[np.ndarray, ...]]:
+    """Bucket entries of a batch of ``(id, ref, text, shard, row)`` documents (``shard``, ``row``: where the
+    batch's spill file of that shard holds the document, :func:`tidal.data.spill.docs_path_of`), grouped
+    for the shuffle.
 
     Returns:
-        ``{partition: (keys, members, ids, refs)}``: ``keys`` ``uint64[m]`` bucket keys
+        ``{partition: (keys, members, ids, refs, places)}``: ``keys`` ``uint64[m]`` bucket keys
         (:func:`band_keys`), ``members`` ``int32[m]`` each entry's document as an index into
         ``ids``, the raw 32-byte ids (``uint8[k, 32]``) of the documents with an entry in this
-        partition, and ``refs`` (``str[k]``) their refs (an oversized bucket's star starts at its
-        survivor, :func:`bucket_pairs`). A bucket's entries all land in one partition (``key % partitions``), so
+        partition, ``refs`` (``str[k]``) their refs (an oversized bucket's star starts at its
+        survivor, :func:`bucket_pairs`) and ``places`` (``int32[k, 2]``) their spill files' shard and
+        row (a candidate's text is read from there: no lookup of every document's stub). A bucket's
+        entries all land in one partition (``key % partitions``), so
         buckets can be completed per partition. Exact duplicates (same id) give the same keys.
         Compact on purpose: the entries cross a shuffle (about 12 bytes an entry, ``bands``
         entries a document, plus 32 bytes a document per partition it appears in).
     """
     docs = list(docs)
-    hashes, counts = shingle_hashes((shingle_words(text) for _, _, text in docs), cfg.shingle_size)
+    hashes, counts = shingle_hashes((shingle_words(text) for _, _, text, _, _ in docs), cfg.shingle_size)
     sigs = signatures(hashes, counts, cfg.num_perm, cfg.seed)
     has = np.flatnonzero(counts > 0)
     if not has.size:
@@ -196,6 +200,7 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
     # uint8 rows, not numpy "S32": an "S" element loses its trailing zero bytes
     raw_ids = np.frombuffer(b"".join(bytes.fromhex(docs[i][0]) for i in has), dtype=np.uint8).reshape(-1, 32)
     refs = np.array([docs[i][1] for i in has], dtype=np.str_)
+    places = np.array([docs[i][3:5] for i in has], dtype=np.int32).reshape(-1, 2)
     keys = band_keys(sigs[has], cfg).reshape(-1)
     members = np.repeat(np.arange(has.size, dtype=np.int64), cfg.bands)
     part = (keys % np.uint64(partitions)).astype(np.int64)
@@ -203,45 +208,58 @@ def band_entries(docs: Iterable[tuple[str, str, str]], cfg: NearDupConfig,
     for p in np.unique(part).tolist():
         mask = part == p
         present, local = np.unique(members[mask], return_inverse=True)
-        out[p] = (keys[mask], local.astype(np.int32), raw_ids[present], refs[present])
+        out[p] = (keys[mask], local.astype(np.int32), raw_ids[present], refs[present], places[present])
     return out
 
 
-def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                    max_bucket_size: int, counts: dict[str, int] | None = None) -> list[tuple[str, str]]:
-    """Candidate pairs of one partition's bucket entries (the values of :func:`band_entries`):
-    each bucket's distinct ids through :func:`bucket_pairs`.
+Copy = tuple[str, str, int]  # a document's copy: (ref, spill file, row)
+
+
+def partition_pairs(chunks: Iterable[tuple[str, tuple[np.ndarray, ...]]], max_bucket_size: int,
+                    counts: dict[str, int] | None = None) -> tuple[list[tuple[str, str]], dict[str, Copy]]:
+    """Candidate pairs of one partition's bucket entries: each bucket's distinct ids through
+    :func:`bucket_pairs`.
 
     Args:
+        chunks: ``(bands file, entries)``, the entries being one partition's value of :func:`band_entries`
+            as :func:`tidal.data.spill.read_bands` reads it from that file.
         counts: receives ``neardup.oversized_buckets`` (buckets over ``max_bucket_size``, which gave
             a star) and ``neardup.pairs_not_proposed`` (:func:`pairs_not_proposed`, summed).
 
     Returns:
-        Sorted distinct ``(id_a, id_b)`` (hex ids) with ``id_a < id_b``.
+        ``(pairs, copies)``: sorted distinct ``(id_a, id_b)`` (hex ids) with ``id_a < id_b``, and for each
+        id in a pair its copy with the lowest ref (``(ref, spill file, row)``: every copy of an id has
+        the same band keys, so each partition that finds it sees all its copies).
     """
     counts = counts if counts is not None else {}
-    keys, members, ids, refs = [], [], [], []
+    keys, members, ids, refs, places, files = [], [], [], [], [], []
     offset = 0
-    for chunk_keys, chunk_members, chunk_ids, chunk_refs in chunks:
+    for bands_file, (chunk_keys, chunk_members, chunk_ids, chunk_refs, chunk_places) in chunks:
         keys.append(chunk_keys)
         members.append(chunk_members.astype(np.int64) + offset)
         ids.append(chunk_ids)
         refs.append(chunk_refs)
+        places.append(chunk_places)
+        files += [bands_file] * len(chunk_ids)
         offset += len(chunk_ids)
     if not keys:
-        return []
-    keys, members, ids, refs = (np.concatenate(keys), np.concatenate(members), np.concatenate(ids),
-                                np.concatenate(refs))
+        return [], {}
+    keys, members, ids, refs, places = (np.concatenate(keys), np.concatenate(members), np.concatenate(ids),
+                                        np.concatenate(refs), np.concatenate(places))
     order = np.argsort(keys, kind="stable")
     keys, members = keys[order], members[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     ends = np.r_[starts[1:], keys.size]
     big = ends - starts > 1
     pairs: set[tuple[str, str]] = set()
+    lowest: dict[str, tuple[tuple, int]] = {}  # id -> (sort key, entry index) of its lowest-ref copy
     for lo, hi in zip(starts[big].tolist(), ends[big].tolist(), strict=True):
-        bucket: dict[str, str] = {}  # id -> its lowest ref in the bucket (copies of an id share its keys)
+        bucket: dict[str, str] = {}  # id -> its lowest ref in the bucket
         for m in members[lo:hi].tolist():
             doc_id, ref = ids[m].tobytes().hex(), str(refs[m])
+            rank = (ref_sort_key(ref), ref, files[m], int(places[m, 0]), int(places[m, 1]))
+            if doc_id not in lowest or rank < lowest[doc_id][0]:
+                lowest[doc_id] = (rank, m)
             if doc_id not in bucket or ref_sort_key(ref) < ref_sort_key(bucket[doc_id]):
                 bucket[doc_id] = ref
         if len(bucket) > 1:
@@ -250,64 +268,62 @@ def partition_pairs(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray, n
                 counts["neardup.oversized_buckets"] = counts.get("neardup.oversized_buckets", 0) + 1
                 counts["neardup.pairs_not_proposed"] = (counts.get("neardup.pairs_not_proposed", 0)
                                                         + pairs_not_proposed(len(bucket), max_bucket_size))
-    return sorted(pairs)
+    copies = {}
+    for doc_id in {i for pair in pairs for i in pair}:
+        m = lowest[doc_id][1]
+        copies[doc_id] = (str(refs[m]), docs_path_of(files[m], int(places[m, 0])), int(places[m, 1]))
+    return sorted(pairs), copies
 
 
 TEXT, PAIR = "text", "pair"  # the two kinds of values the verification groups (first item)
 
 
-def _members(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str | None]]:
-    """Candidate pairs ``(id_a, id_b)`` -> ``(id_a, id_b)`` and ``(id_b, None)``: grouped by id,
-    every candidate with its partners of higher id (and ``None`` entries to skip; a pair that
-    two bucket partitions both found comes twice)."""
-    for id_a, id_b in pairs:
-        yield id_a, id_b
-        yield id_b, None
-
-
-def _candidate_stubs(element, candidates):
-    """``(shard, spill file)`` -> ``(id, (ref, spill file, row))`` of the candidates in it."""
-    if not candidates:  # most sources: no file to open
-        return
-    path = element[1]
-    columns = read_spill(path, ["id", "ref"]).to_pydict()
-    for row, (doc_id, ref) in enumerate(zip(columns["id"], columns["ref"], strict=True)):
-        if doc_id in candidates:
-            yield doc_id, (ref, path, row)
-
-
-def _lowest_copy(grouped):
-    """``(id, [(ref, spill file, row)...])`` -> ``(spill file, (id, row, ref))`` of the copy with the lowest
-    ref (the exact-dedup survivor): an id's text is read and sent to its partners once, however many
-    exact copies it has (copies share the id, so they share the text)."""
-    doc_id, copies = grouped
-    ref, path, row = min(copies, key=lambda c: (ref_sort_key(c[0]), c[0], c[1], c[2]))
-    return path, (doc_id, row, ref)
+PARTNER, COPY = "partner", "copy"  # what the candidates' grouping by id receives (first item)
 
 
 def _partition_candidates(element, max_bucket_size: int):
-    """``(partition, [bands file...])`` -> :func:`_members` of the partition's candidate pairs, and on
-    the ``pair_counts`` output the oversized buckets' counts (also Beam counters), when there are any."""
+    """``(partition, [bands file...])`` -> for each candidate pair ``(id_a, ("partner", id_b))``, for each
+    candidate ``(id, ("copy", ref, spill file, row))`` (:func:`partition_pairs`), and on the
+    ``pair_counts`` output the oversized buckets' counts (also Beam counters), when there are any."""
     partition, paths = element
     counts: dict[str, int] = {}
-    pairs = partition_pairs((read_bands(path, partition) for path in sorted(set(paths))), max_bucket_size, counts)
-    yield from _members(pairs)
+    pairs, copies = partition_pairs(((path, read_bands(path, partition)) for path in sorted(set(paths))),
+                                    max_bucket_size, counts)
+    for id_a, id_b in pairs:
+        yield id_a, (PARTNER, id_b)
+    for doc_id, copy in sorted(copies.items()):
+        yield doc_id, (COPY, *copy)
     if counts:
         for name, n in sorted(counts.items()):
             beam.metrics.Metrics.counter("tidal.clean", name).inc(n)
         yield beam.pvalue.TaggedOutput(PAIR_COUNTS, counts)
 
 
-def _read_candidates(element, candidates):
-    """``(spill file, [(id, row, ref)...])`` -> the texts read from the spill file, keyed for
+def _locate(grouped):
+    """``(id, [("partner", id_b) | ("copy", ref, spill file, row)...])`` -> ``(spill file, (id, row, ref,
+    partners))``: the candidate's lowest-ref copy (exact copies share the text, so it is read and sent once)
+    and its distinct partners of higher id (a pair two partitions found comes twice)."""
+    doc_id, values = grouped
+    partners, copies = set(), set()
+    for value in values:
+        if value[0] == PARTNER:
+            partners.add(value[1])
+        else:
+            copies.add(value[1:])
+    ref, path, row = min(copies, key=lambda c: (ref_sort_key(c[0]), c))
+    return path, (doc_id, row, ref, tuple(sorted(partners)))
+
+
+def _read_candidates(element):
+    """``(spill file, [(id, row, ref, partners)...])`` -> the texts read from the spill file, keyed for
     the verification: ``(id, ("text", ref, text))``, and ``(id_b, ("pair", id, ref, text))`` for
-    each distinct partner ``id_b`` of ``id`` (``candidates``: id -> grouped :func:`_members`)."""
+    each partner ``id_b`` of ``id``."""
     path, wanted = element
-    wanted = sorted(set(wanted), key=lambda w: w[1])
+    wanted = sorted(wanted, key=lambda w: w[1])
     texts = read_texts(path, [w[1] for w in wanted]).to_pylist()
-    for (doc_id, _, ref), text in zip(wanted, texts, strict=True):
+    for (doc_id, _, ref, partners), text in zip(wanted, texts, strict=True):
         yield doc_id, (TEXT, ref, text)
-        for id_b in sorted({p for p in candidates[doc_id] if p is not None}):
+        for id_b in partners:
             yield id_b, (PAIR, doc_id, ref, text)
 
 
@@ -354,44 +370,42 @@ class _VerifyFn(beam.DoFn):
 
 
 class NearDuplicates(beam.PTransform):
-    """LSH bucket entries and document spill files -> ``(removed, pair_counts)``.
+    """LSH bucket entries -> ``(removed, pair_counts)``.
 
-    Input: a dict ``{"bands": (partition, bands file) per batch and partition (the file holds
-    :func:`band_entries`' arrays, :func:`tidal.data.spill.write_bands`), "docs": (shard,
-    spill file)}``, the documents' ids, refs and texts waiting in the spill files
-    (:mod:`tidal.data.spill`); exact duplicates collapse onto their id with the lowest ref.
+    Input: ``(partition, bands file)`` per batch and partition (the file holds :func:`band_entries`'
+    arrays, :func:`tidal.data.spill.write_bands`, which say where each document waits in the batch's
+    spill files, :mod:`tidal.data.spill`); exact duplicates collapse onto their id with the lowest ref.
     Output: ``removed``, ``(removed id, (survivor id, jaccard))`` (module
     docstring), and ``pair_counts``, dicts ``{"neardup.candidate_pairs": n[,
     "neardup.verified_pairs": m]}`` (also Beam counters of namespace ``tidal.clean``).
 
-    Stages: bucket partitions -> candidate pairs; pairs grouped by id -> ``{candidate id:
-    partners of higher id}`` (a side input); the candidates' texts read from the spill files,
-    each sent to its own id and to each partner's; grouped by id, each pair is verified
-    once, where its higher id meets the lower id's text; the verified edges -> their connected
-    components -> the star rule on each (:class:`tidal.data.neardup_clusters.Clusters`).
+    Stages: bucket partitions -> candidate pairs and the candidates' lowest-ref copies; grouped by id,
+    each candidate with its partners of higher id and where its text is; grouped by spill file, the
+    candidates' texts read (only those rows' text column), each sent to its own id and to each
+    partner's; grouped by id, each pair is verified once, where its higher id meets the lower id's
+    text; the verified edges -> their connected components -> the star rule on each
+    (:class:`tidal.data.neardup_clusters.Clusters`).
     """
 
     def __init__(self, cfg: NearDupConfig):
         super().__init__()
         self.cfg = cfg
 
-    def expand(self, inputs):
+    def expand(self, bands):
         cfg = self.cfg
         partitions = (
-            inputs["bands"]
+            bands
             | "GroupPartitions" >> beam.GroupByKey()
             | "PartitionPairs" >> beam.FlatMap(_partition_candidates, cfg.max_bucket_size).with_outputs(
-                PAIR_COUNTS, main="members")
+                PAIR_COUNTS, main="candidates")
         )
-        candidates = beam.pvalue.AsDict(partitions.members | "GroupMembers" >> beam.GroupByKey())
-        # only candidate documents' texts are read back from the spill files
+        # only candidate documents' texts are read back from the spill files, where the bands say they are
         verified = (
-            inputs["docs"]
-            | "CandidateStubs" >> beam.FlatMap(_candidate_stubs, candidates=candidates)
-            | "CopiesById" >> beam.GroupByKey()
-            | "LowestCopy" >> beam.Map(_lowest_copy)
+            partitions.candidates
+            | "GroupCandidates" >> beam.GroupByKey()
+            | "Locate" >> beam.Map(_locate)
             | "BySpillFile" >> beam.GroupByKey()
-            | "ReadCandidates" >> beam.FlatMap(_read_candidates, candidates=candidates)
+            | "ReadCandidates" >> beam.FlatMap(_read_candidates)
             | "GroupPairs" >> beam.GroupByKey()
             | "Verify" >> beam.ParDo(_VerifyFn(cfg)).with_outputs(PAIR_COUNTS, main="edges")
         )

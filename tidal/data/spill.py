@@ -35,6 +35,7 @@ from tidal.files.step_files import StepFiles, is_uri
 SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
                           ("language", pa.string()), ("fields", pa.string()), ("text", pa.string())])
 STUB_COLUMNS = ("id", "ref", "source", "language", "fields")  # what the shard writer reads before the texts
+BAND_ARRAYS = "kmirp"  # a bands file's arrays per partition: keys, members, ids, refs, places
 
 
 def _open(location: str | Path) -> pa.NativeFile:
@@ -44,6 +45,16 @@ def _open(location: str | Path) -> pa.NativeFile:
         return pa.memory_map(str(location), "r")
     files, name = StepFiles.of_file(location)
     return files.open_input(name)
+
+
+def docs_path_of(bands_file: str, shard: int) -> str:
+    """The spill file of shard ``shard`` written by the batch that wrote ``bands_file``: the clean step names
+    a batch's files ``bands-<batch>.npz`` and ``s<shard>-<batch>.arrow`` side by side
+    (:class:`tidal.data.clean.fns.CleanBatchFn`)."""
+    head, _, name = str(bands_file).rpartition("/")
+    if not (name.startswith("bands-") and name.endswith(".npz")):
+        raise ValueError(f"{bands_file}: not a bands file (bands-<batch>.npz)")
+    return f"{head}/s{shard:05d}-{name[len('bands-'):-len('.npz')]}.arrow"
 
 
 def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) -> str:
@@ -90,30 +101,29 @@ def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
     return column.take(pa.array(list(rows), type=pa.int64())).combine_chunks()
 
 
-def write_bands(spill: OutputDir, name: str,
-                entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> str:
+def write_bands(spill: OutputDir, name: str, entries: dict[int, tuple[np.ndarray, ...]]) -> str:
     """Write a batch's LSH bucket entries (:func:`tidal.data.neardup.band_entries`: ``{partition:
-    (keys uint64[m], members int32[m], ids uint8[k, 32], refs str[k])}``) to one uncompressed ``.npz``
-    file ``name`` of ``spill``. Returns its location."""
+    (keys uint64[m], members int32[m], ids uint8[k, 32], refs str[k], places int32[k, 2])}``) to one
+    uncompressed ``.npz`` file ``name`` of ``spill``. Returns its location."""
     arrays = {}
-    for partition, (keys, members, ids, refs) in entries.items():
-        arrays[f"k{partition}"], arrays[f"m{partition}"], arrays[f"i{partition}"] = keys, members, ids
-        arrays[f"r{partition}"] = refs
+    for partition, entry in entries.items():
+        for letter, array in zip(BAND_ARRAYS, entry, strict=True):
+            arrays[f"{letter}{partition}"] = array
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return spill.write_bytes(name, buffer.getvalue())
 
 
-def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One partition's ``(keys, members, ids, refs)`` from a :func:`write_bands` file (only those
-    four arrays are read).
+def read_bands(path: str | Path, partition: int) -> tuple[np.ndarray, ...]:
+    """One partition's ``(keys, members, ids, refs, places)`` from a :func:`write_bands` file (only those
+    five arrays are read).
 
     Raises:
         FileNotFoundError: if the file is gone; KeyError: if it holds no entry of ``partition``.
     """
     if not is_uri(path):
         with np.load(str(path)) as npz:
-            return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"], npz[f"r{partition}"]
-    # from a bucket: the zip directory and this partition's four members, by byte range, not the file
+            return tuple(npz[f"{letter}{partition}"] for letter in BAND_ARRAYS)
+    # from a bucket: the zip directory and this partition's members, by byte range, not the file
     with _open(path) as source, np.load(source) as npz:
-        return npz[f"k{partition}"], npz[f"m{partition}"], npz[f"i{partition}"], npz[f"r{partition}"]
+        return tuple(npz[f"{letter}{partition}"] for letter in BAND_ARRAYS)

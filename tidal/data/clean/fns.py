@@ -227,7 +227,14 @@ class CleanBatchFn(beam.DoFn):
             yield shard, write_spill(self.spill, f"s{shard:05d}-{name}.arrow",
                                      {column: [getattr(d, column) for d in mine] for column in SPILL_SCHEMA.names})
         if self.cfg.near_dedup.enabled and docs:
-            entries = band_entries(((d.id, d.ref, d.text) for d in docs), self.cfg.near_dedup)
+            rows: Counter = Counter()  # a document's row in its shard's spill file of this batch
+            places = []
+            for d in docs:
+                shard = shard_of(d.id, self.shards)
+                places.append((shard, rows[shard]))
+                rows[shard] += 1
+            entries = band_entries(((d.id, d.ref, d.text, *place) for d, place in zip(docs, places, strict=True)),
+                                   self.cfg.near_dedup)
             if entries:
                 path = write_bands(self.spill, f"bands-{name}.npz", entries)
                 for partition in sorted(entries):

@@ -155,8 +155,7 @@ def build_pipeline(pipeline: beam.Pipeline, raw_location: str, out: OutputDir, c
     finish = [batches[FINISH_TAG]]
     by_shard = {"docs": batches.docs}
     if cfg.near_dedup.enabled:
-        removed, pair_counts = {"bands": batches[BANDS_TAG], "docs": batches.docs} | "NearDuplicates" >> NearDuplicates(
-            cfg.near_dedup)
+        removed, pair_counts = batches[BANDS_TAG] | "NearDuplicates" >> NearDuplicates(cfg.near_dedup)
         by_shard["near"] = removed | "NearByShard" >> beam.Map(near_by_shard, cfg.shards)
         finish.append(pair_counts)
     # one group per shard that holds documents (FinishFn writes the empty ones), with its near duplicates
