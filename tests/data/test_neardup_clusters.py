@@ -60,6 +60,7 @@ def test_per_component_clusters_remove_what_one_star_pass_over_every_edge_remove
     expected = sorted(star_clusters(edges).items())
     assert len(expected) > 300  # the graph has real clusters to get wrong
     _run(edges, expected=expected)
+    _run(edges, rounds=0, expected=expected)  # one group: what a one-worker runner uses
 
 
 def test_a_chain_too_long_for_the_rounds_fails_with_what_happened():

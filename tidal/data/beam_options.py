@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 BEAM_ARGS_ENV = "TIDAL_BEAM_ARGS"
 DEFAULT_ARGS = ("--runner=FnApiRunner", "--direct_num_workers=1")
@@ -101,6 +101,18 @@ def flink_args(flink_master: str, parallelism: int, job_server_jar: str,
 
 
 TEMP_DIR, STAGING_DIR = "beam-temp", "beam-staging"  # under a staged job's own prefix (….job/)
+
+
+IN_PROCESS_RUNNERS = (None, "DirectRunner", "FnApiRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+
+
+def one_worker(options: PipelineOptions) -> bool:
+    """Whether a pipeline with ``options`` runs in this process on one worker (the in-process runner with
+    ``direct_num_workers`` 1, tidal's default): there every stage is the same process, and a stage that
+    spreads work over workers only adds the runner's fixed cost per stage."""
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
+    return name in IN_PROCESS_RUNNERS and options.view_as(DirectOptions).direct_num_workers == 1
 
 
 def given(args: Sequence[str], option: str) -> bool:

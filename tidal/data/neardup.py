@@ -60,9 +60,10 @@ from collections.abc import Iterable, Sequence
 import apache_beam as beam
 import numpy as np
 
+from tidal.data.beam_options import one_worker
 from tidal.data.filters import words
 from tidal.data.minhash import fmix64, shingle_hashes, signatures
-from tidal.data.neardup_clusters import Clusters
+from tidal.data.neardup_clusters import CLUSTER_ROUNDS, Clusters
 from tidal.data.neardup_config import NearDupConfig
 from tidal.data.sources import ref_sort_key
 from tidal.data.spill import docs_path_of, read_bands, read_texts
@@ -409,6 +410,7 @@ class NearDuplicates(beam.PTransform):
             | "GroupPairs" >> beam.GroupByKey()
             | "Verify" >> beam.ParDo(_VerifyFn(cfg)).with_outputs(PAIR_COUNTS, main="edges")
         )
-        removed = verified.edges | "Clusters" >> Clusters()
+        rounds = 0 if one_worker(bands.pipeline.options) else CLUSTER_ROUNDS
+        removed = verified.edges | "Clusters" >> Clusters(rounds)
         counts = (verified[PAIR_COUNTS], partitions[PAIR_COUNTS]) | "PairCounts" >> beam.Flatten()
         return removed, counts
