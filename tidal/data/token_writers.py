@@ -50,7 +50,9 @@ def plan_writes(spills: Sequence[dict[str, Any]], names: Sequence[str], seq_len:
         ``[{"name", "rows", "first_token", "last" (the last shard: goes on to the spills' end),
         "position" (stream position of the range it starts at), "spills": [{"index", "source",
         "tokens", "ids", "document" (the first document of that range in the spill), "token"
-        (that document's first token in the spill)}]}]``; positions and tokens count ``uint32`` tokens.
+        (that document's first token in the spill), "read_documents", "read_tokens" (how many of each it reads
+        from there: up to the end of the range holding its last token; each read is at most that
+        large)}]}]``; positions and tokens count ``uint32`` tokens.
 
     Raises:
         ValueError: if ``seq_len`` < 1.
@@ -66,13 +68,19 @@ def plan_writes(spills: Sequence[dict[str, Any]], names: Sequence[str], seq_len:
     tok_before = np.concatenate([np.zeros((len(spills), 1), np.int64), np.cumsum(tokens, axis=1)], axis=1)
     tasks, first_row = [], 0
     for k, rows in enumerate(shard_rows(n_sequences, len(names))):
-        first_token = first_row * seq_len
+        first_token, last = first_row * seq_len, k == len(names) - 1
         start = int(np.searchsorted(range_start[:RANGES], first_token, side="right")) - 1  # range holding it
+        # the range holding its last token (the last shard: the last range, for the tail)
+        stop = RANGES - 1 if last else int(np.searchsorted(range_start[:RANGES], first_token + rows * seq_len - 1,
+                                                           side="right")) - 1
+        stop = max(stop, start) if rows or last else start - 1  # a shard of no rows reads nothing
         tasks.append({
-            "name": names[k], "rows": rows, "first_token": first_token, "last": k == len(names) - 1,
+            "name": names[k], "rows": rows, "first_token": first_token, "last": last,
             "position": int(range_start[start]),
             "spills": [{"index": s["index"], "source": s["source"], "tokens": s["tokens"], "ids": s["ids"],
-                        "document": int(doc_before[i, start]), "token": int(tok_before[i, start])}
+                        "document": int(doc_before[i, start]), "token": int(tok_before[i, start]),
+                        "read_documents": int(doc_before[i, stop + 1] - doc_before[i, start]),
+                        "read_tokens": int(tok_before[i, stop + 1] - tok_before[i, start])}
                        for i, s in enumerate(spills)]})
         first_row += rows
     return tasks
@@ -107,13 +115,19 @@ class _Ranges:
 
 
 def _documents(spill: dict[str, Any]) -> Iterator[tuple[bytes, int, int]]:
-    """``(id, spill index, tokens)`` of a spill's documents from its task's ``document`` on, in id order."""
-    reader = _Ranges(spill["ids"], spill["document"] * INDEX_DTYPE.itemsize, INDEX_CHUNK * INDEX_DTYPE.itemsize)
+    """``(id, spill index, tokens)`` of the task's ``read_documents`` documents of a spill from its
+    ``document`` on, in id order."""
+    if not spill["read_documents"]:
+        return
+    chunk = min(INDEX_CHUNK, spill["read_documents"]) * INDEX_DTYPE.itemsize
+    reader = _Ranges(spill["ids"], spill["document"] * INDEX_DTYPE.itemsize, chunk)
+    left = spill["read_documents"]
     try:
-        while True:
-            data = reader.read(INDEX_CHUNK * INDEX_DTYPE.itemsize)
+        while left:
+            data = reader.read(min(INDEX_CHUNK, left) * INDEX_DTYPE.itemsize)
             if not data:
                 return
+            left -= len(data) // INDEX_DTYPE.itemsize
             records = np.frombuffer(data, dtype=INDEX_DTYPE)
             for doc_id, length in zip(records["id"].tolist(), records["tokens"].tolist(), strict=True):
                 yield doc_id, spill["index"], length
@@ -140,7 +154,8 @@ def write_shard(task: dict[str, Any], out: OutputDir, seq_len: int, dtype: np.dt
     with contextlib.ExitStack() as stack, out.file(task["name"]) as path, path.open("wb") as f:
         readers = {}
         for s in task["spills"]:
-            readers[s["index"]] = _Ranges(s["tokens"], s["token"] * ID_DTYPE.itemsize, READ_AHEAD)
+            block = max(1, min(READ_AHEAD // ID_DTYPE.itemsize, s["read_tokens"])) * ID_DTYPE.itemsize
+            readers[s["index"]] = _Ranges(s["tokens"], s["token"] * ID_DTYPE.itemsize, block)
             stack.callback(readers[s["index"]].close)
         np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                  "fortran_order": False, "shape": (task["rows"], seq_len)})
