@@ -107,8 +107,9 @@ def test_an_output_without_its_checksum_record_is_not_sealed(tmp_path, monkeypat
 
 
 def test_spill_files_in_the_bucket_are_read_by_the_ranges_a_stage_needs(tmp_path, upload, s3_env):  # noqa: F811
-    """Issue 38, item 4: the stubs of a spill file cost their columns' bytes, not the texts'; one LSH
-    partition of a bands file costs that partition's arrays, not the file."""
+    """Issue 38, item 4: the stubs of a spill file cost their columns' bytes, not the texts'; some rows'
+    texts cost their record batch's text column; one LSH partition of a bands file costs that
+    partition's arrays, not the file."""
     import numpy as np
 
     from tidal.data.neardup import NearDupConfig, band_entries
@@ -128,6 +129,9 @@ def test_spill_files_in_the_bucket_are_read_by_the_ranges_a_stage_needs(tmp_path
     assert stubs.column("id").to_pylist() == ids and "text" not in stubs.column_names
     assert fetched < size / 10, (fetched, size)  # the texts are ~97% of the file
     assert read_texts(path, [5, 2]).to_pylist() == [texts[5], texts[2]]
+    before = bytes_fetched()
+    assert read_texts(path, [290, 260, 299]).to_pylist() == [texts[290], texts[260], texts[299]]
+    assert bytes_fetched() - before < size / 4  # the record batch of rows 256-299 only
 
     entries = band_entries([(doc_id, f"r:{i}", text, 0, i) for i, (doc_id, text) in enumerate(zip(ids, texts,
                                                                                                    strict=True))],

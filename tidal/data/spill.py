@@ -24,17 +24,22 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tidal.files.output import OutputDir
 from tidal.files.step_files import StepFiles, is_uri
 
 SPILL_SCHEMA = pa.schema([("id", pa.string()), ("ref", pa.string()), ("source", pa.string()),
                           ("language", pa.string()), ("fields", pa.string()), ("text", pa.string())])
+FILE_SCHEMA = SPILL_SCHEMA.append(pa.field("text_bytes", pa.int64()))  # what a spill file holds
 STUB_COLUMNS = ("id", "ref", "source", "language", "fields")  # what the shard writer reads before the texts
+TEXT_BYTES = "text_bytes"  # a column the file adds: each text's UTF-8 bytes, so stubs never read a text
+BATCH_ROWS = 256  # rows per record batch: a reader of some rows' texts fetches only their batches
 BAND_ARRAYS = "kmirp"  # a bands file's arrays per partition: keys, members, ids, refs, places
 
 
@@ -66,9 +71,10 @@ def write_spill(spill: OutputDir, name: str, columns: dict[str, Sequence[str]]) 
         KeyError: if a column of :data:`SPILL_SCHEMA` is missing.
     """
     table = pa.table({name: list(columns[name]) for name in SPILL_SCHEMA.names}, schema=SPILL_SCHEMA)
+    table = table.append_column(TEXT_BYTES, pc.binary_length(table.column("text")).cast(pa.int64()))
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, SPILL_SCHEMA) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=BATCH_ROWS)
     return spill.write_bytes(name, sink.getvalue().to_pybytes())
 
 
@@ -80,7 +86,7 @@ def read_spill(path: str | Path, columns: Sequence[str] = STUB_COLUMNS) -> pa.Ta
     Raises:
         FileNotFoundError: if the spill file is gone (the step's scratch was removed).
     """
-    fields = [SPILL_SCHEMA.get_field_index(name) for name in columns]
+    fields = [FILE_SCHEMA.get_field_index(name) for name in columns]
     source = _open(path)
     try:
         table = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(included_fields=fields)).read_all()
@@ -92,13 +98,28 @@ def read_spill(path: str | Path, columns: Sequence[str] = STUB_COLUMNS) -> pa.Ta
 
 def read_texts(path: str | Path, rows: Sequence[int]) -> pa.Array:
     """The texts at ``rows`` of spill file ``path``, in the order of ``rows``, as an Arrow
-    string array (no Python string per document: callers take, concatenate and write it).
+    string array (no Python string per document: callers take, concatenate and write it). Only the
+    record batches holding those rows are read, and of them only the text column.
 
     Raises:
         FileNotFoundError: if the spill file is gone (the step's scratch was removed).
     """
-    column = read_spill(path, ["text"]).column("text")
-    return column.take(pa.array(list(rows), type=pa.int64())).combine_chunks()
+    rows = list(rows)
+    if not rows:
+        return pa.array([], type=pa.string())
+    wanted = sorted({row // BATCH_ROWS for row in rows})
+    source = _open(path)
+    try:
+        reader = pa.ipc.open_file(source, options=pa.ipc.IpcReadOptions(
+            included_fields=[FILE_SCHEMA.get_field_index("text")]))
+        batches = {b: reader.get_batch(b).column(0) for b in wanted}
+    finally:
+        if is_uri(path):
+            source.close()
+    column = pa.chunked_array([batches[b] for b in wanted], type=pa.string())
+    starts = dict(zip(wanted, [0, *list(accumulate(len(batches[b]) for b in wanted))[:-1]], strict=True))
+    index = [starts[row // BATCH_ROWS] + row % BATCH_ROWS for row in rows]
+    return column.take(pa.array(index, type=pa.int64())).combine_chunks()
 
 
 def write_bands(spill: OutputDir, name: str, entries: dict[int, tuple[np.ndarray, ...]]) -> str:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
@@ -37,6 +36,7 @@ from tidal.data.sources import ref_sort_key
 from tidal.data.spill import (
     SPILL_SCHEMA,
     STUB_COLUMNS,
+    TEXT_BYTES,
     read_spill,
     read_texts,
     write_bands,
@@ -255,12 +255,12 @@ def read_stubs(paths: Iterable[str]) -> list[DocStub]:
     stubs: list[DocStub] = []
     shared: dict[str, str] = {}  # one string object per distinct source / language value
     for path in paths:
-        table = read_spill(path, [*STUB_COLUMNS, "text"])
+        table = read_spill(path, [*STUB_COLUMNS, TEXT_BYTES])  # no text read
         ids, refs = table.column("id").to_pylist(), table.column("ref").to_pylist()
         sources = [shared.setdefault(v, v) for v in table.column("source").to_pylist()]
         languages = [shared.setdefault(v, v) for v in table.column("language").to_pylist()]
         fields = table.column("fields").to_pylist()
-        nbytes = pc.binary_length(table.column("text")).to_pylist()  # the offsets only: no text read
+        nbytes = table.column(TEXT_BYTES).to_pylist()
         stubs.extend(map(DocStub, ids, refs, sources, languages, fields, repeat(path), count(), nbytes))
     return stubs
 
