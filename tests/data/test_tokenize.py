@@ -292,3 +292,26 @@ def test_each_shard_writer_reads_its_own_rows_not_the_corpus(tmp_path, monkeypat
         assert fetched["tokens"] < total_tokens * 4 / 4  # far from the stream (8 shards)
         # index records: its own documents plus at most one id range before them (4000 / 256 ranges)
         assert fetched["index"] <= (len(docs) / 8 + 3 * len(docs) / 256 + 4 * 16) * 72 * 1.5, fetched
+
+
+def test_a_spill_in_the_shards_dtype_is_half_the_bytes_and_writes_the_same_shards(tmp_path):
+    """Spills in uint16 (a vocabulary under 65,536, the output shards' dtype) hold 2 bytes a token, not 4,
+    and the writers read them into the same shard bytes; an id over the dtype is refused while encoding."""
+    from tidal.data import token_spill, token_writers
+
+    rng = np.random.default_rng(3)
+    docs = sorted((f"{rng.integers(1 << 62):064x}"[::-1],
+                   np.append(rng.integers(0, 60000, 30), 65000).astype(np.uint32)) for _ in range(200))
+    out = {}
+    for dtype in (np.uint32, np.uint16):
+        name = np.dtype(dtype).name
+        spill = token_spill.encode_shard(0, "s", OutputDir(tmp_path / name), iter([(docs, [])]), [], None,
+                                         np.dtype(dtype))
+        size = (tmp_path / name / "tokens-00000.bin").stat().st_size
+        assert size == spill["stream_tokens"] * np.dtype(dtype).itemsize
+        token_writers.merge_spills([spill], OutputDir(tmp_path / f"out-{name}"), ["t.npy"], 7, np.dtype(np.uint16))
+        out[name] = (tmp_path / f"out-{name}" / "t.npy").read_bytes()
+    assert out["uint16"] == out["uint32"]
+    big = [("c" * 64, np.array([70000, 1], dtype=np.uint32))]
+    with pytest.raises(ValueError, match="token id 70000 does not fit in uint16"):
+        token_spill.encode_shard(0, "s", OutputDir(tmp_path / "big"), iter([(big, [])]), [], None, np.dtype(np.uint16))

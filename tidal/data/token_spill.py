@@ -29,7 +29,7 @@ RANGES = 256  # id ranges (first two hex digits) a spill counts its documents an
 
 
 def encode_shard(index: int, path: str, spill: OutputDir, encode_batches: Iterator[tuple[list, list]],
-                 fallback_ids: Sequence[int], unk_id: int | None) -> dict[str, Any]:
+                 fallback_ids: Sequence[int], unk_id: int | None, dtype: np.dtype = ID_DTYPE) -> dict[str, Any]:
     """Write shard ``index``'s spill from its encoded batches.
 
     Args:
@@ -39,15 +39,19 @@ def encode_shard(index: int, path: str, spill: OutputDir, encode_batches: Iterat
         encode_batches: ``(encoded, failed)`` per batch in id order, as
             :func:`tidal.data.tokenize.encode_documents` returns them.
         fallback_ids, unk_id: as :func:`tidal.data.tokenize.special_token_ids`.
+        dtype: the spill's token dtype (the output shards', :func:`tidal.data.shards.token_dtype`: a
+            ``uint16`` spill is half the bytes to write and read back).
 
     Returns:
-        ``{"index", "source" (``path``), "tokens" (spill path), "ids" (index file path: :data:`INDEX_DTYPE`
-        records), "documents", "stream_tokens" (with end-of-text ids), "encoded_tokens" (without),
-        "unknown_tokens", "byte_fallback_tokens", "failed": [(id, error)], "range_documents",
-        "range_tokens" (documents and stream tokens per id range, :func:`id_range`, :data:`RANGES` each)}``.
+        ``{"index", "source" (``path``), "tokens" (spill path, ``dtype`` tokens), "ids" (index file path:
+        :data:`INDEX_DTYPE` records), "dtype", "documents", "stream_tokens" (with end-of-text ids),
+        "encoded_tokens" (without), "unknown_tokens", "byte_fallback_tokens", "failed": [(id, error)],
+        "range_documents", "range_tokens" (documents and stream tokens per id range, :func:`id_range`,
+        :data:`RANGES` each)}``.
 
     Raises:
-        ValueError: a document id that does not start with two hex digits.
+        ValueError: a document id that does not start with two hex digits, or a token id that does not
+            fit in ``dtype``.
     """
     tokens_name, index_name = f"tokens-{index:05d}.bin", f"index-{index:05d}.bin"
     fallback = np.asarray(sorted(fallback_ids), dtype=ID_DTYPE)
@@ -69,7 +73,9 @@ def encode_shard(index: int, path: str, spill: OutputDir, encode_batches: Iterat
                 counts["byte_fallback_tokens"] += int((np.isin(stream, fallback) & body).sum())
             if unk_id is not None:
                 counts["unknown_tokens"] += int(((stream == unk_id) & body).sum())
-            out.write(stream.tobytes())
+            if stream.size and int(stream.max()) > np.iinfo(dtype).max:
+                raise ValueError(f"token id {int(stream.max())} does not fit in {np.dtype(dtype).name}")
+            out.write(stream.astype(dtype, copy=False).tobytes())
             ids += [doc_id for doc_id, _ in encoded]
             lengths += sizes.tolist()
     records = np.empty(len(ids), dtype=INDEX_DTYPE)
@@ -80,7 +86,7 @@ def encode_shard(index: int, path: str, spill: OutputDir, encode_batches: Iterat
     np.add.at(range_tokens, ranges, np.asarray(lengths, dtype=np.int64))
     index_location = spill.write_bytes(index_name, records.tobytes())
     return {"index": index, "source": str(path), "tokens": spill.uri_of(tokens_name), "ids": index_location,
-            "documents": len(ids), "stream_tokens": int(sum(lengths)), "failed": failed,
+            "documents": len(ids), "stream_tokens": int(sum(lengths)), "failed": failed, "dtype": np.dtype(dtype).name,
             "range_documents": range_documents.tolist(), "range_tokens": range_tokens.tolist(), **counts}
 
 

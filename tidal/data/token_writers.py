@@ -78,6 +78,7 @@ def plan_writes(spills: Sequence[dict[str, Any]], names: Sequence[str], seq_len:
             "name": names[k], "rows": rows, "first_token": first_token, "last": last,
             "position": int(range_start[start]),
             "spills": [{"index": s["index"], "source": s["source"], "tokens": s["tokens"], "ids": s["ids"],
+                        "dtype": s.get("dtype", ID_DTYPE.name),
                         "document": int(doc_before[i, start]), "token": int(tok_before[i, start]),
                         "read_documents": int(doc_before[i, stop + 1] - doc_before[i, start]),
                         "read_tokens": int(tok_before[i, stop + 1] - tok_before[i, start])}
@@ -152,10 +153,11 @@ def write_shard(task: dict[str, Any], out: OutputDir, seq_len: int, dtype: np.dt
     sources = {s["index"]: s["source"] for s in task["spills"]}
     position, previous, pending, pending_tokens, written = task["position"], None, [], 0, 0
     with contextlib.ExitStack() as stack, out.file(task["name"]) as path, path.open("wb") as f:
-        readers = {}
+        readers, types = {}, {}
         for s in task["spills"]:
-            block = max(1, min(READ_AHEAD // ID_DTYPE.itemsize, s["read_tokens"])) * ID_DTYPE.itemsize
-            readers[s["index"]] = _Ranges(s["tokens"], s["token"] * ID_DTYPE.itemsize, block)
+            types[s["index"]] = spill_type = np.dtype(s["dtype"])
+            block = max(1, min(READ_AHEAD // spill_type.itemsize, s["read_tokens"])) * spill_type.itemsize
+            readers[s["index"]] = _Ranges(s["tokens"], s["token"] * spill_type.itemsize, block)
             stack.callback(readers[s["index"]].close)
         np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                  "fortran_order": False, "shape": (task["rows"], seq_len)})
@@ -167,12 +169,13 @@ def write_shard(task: dict[str, Any], out: OutputDir, seq_len: int, dtype: np.dt
             if position >= end and not task["last"]:
                 break
             lo, hi = max(first, position), min(end, position + length)
+            size = types[index].itemsize
             if hi <= lo:
-                readers[index].skip(length * ID_DTYPE.itemsize)
+                readers[index].skip(length * size)
             else:
-                readers[index].skip((lo - position) * ID_DTYPE.itemsize)
-                pending.append(np.frombuffer(readers[index].read((hi - lo) * ID_DTYPE.itemsize), dtype=ID_DTYPE))
-                readers[index].skip((position + length - hi) * ID_DTYPE.itemsize)
+                readers[index].skip((lo - position) * size)
+                pending.append(np.frombuffer(readers[index].read((hi - lo) * size), dtype=types[index]))
+                readers[index].skip((position + length - hi) * size)
                 pending_tokens += hi - lo
                 if pending_tokens >= CHUNK_ROWS * seq_len or hi == end:
                     rows, pending = _write_rows(f, pending, seq_len, dtype, limit)

@@ -214,8 +214,9 @@ class EncodeShardFn(beam.DoFn):
     (``tokenizer_dir`` is the tokenizer step's location too)."""
 
     def __init__(self, tokenizer_dir: str, eos_id: int, spill: OutputDir, fallback_ids: list[int], unk_id: int | None,
-                 heldout: HeldoutSplit | None = None):
+                 heldout: HeldoutSplit | None = None, dtype: str = "uint32"):
         self.heldout = heldout
+        self.dtype = np.dtype(dtype)  # the output shards' token dtype: spills in it are half the bytes
         self.tokenizer_dir = tokenizer_dir
         self.eos_id = eos_id
         self.spill = spill
@@ -236,7 +237,8 @@ class EncodeShardFn(beam.DoFn):
             for part, keep, spill in parts:
                 batches = (encode_documents(self.tokenizer, batch, self.eos_id)
                            for batch in encode_batches(path, keep=keep))
-                yield {**encode_shard(index, path, spill, batches, self.fallback_ids, self.unk_id), "part": part}
+                yield {**encode_shard(index, path, spill, batches, self.fallback_ids, self.unk_id, self.dtype),
+                       "part": part}
 
 
 def plan_parts(spills: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -330,7 +332,7 @@ def build_pipeline(pipeline: beam.Pipeline, paths: list[str], tokenizer_dir: str
     spills = (
         create_spread(pipeline, "DocumentShards", list(enumerate(paths)))
         | "EncodeShards" >> beam.ParDo(EncodeShardFn(tokenizer_dir, eos_id, spill, fallback_ids, unk_id,
-                                                     settings.get("heldout")))
+                                                     settings.get("heldout"), token_dtype(settings["vocab_size"]).name))
     )
     written = (
         spills
