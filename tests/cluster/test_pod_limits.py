@@ -5,6 +5,8 @@ the kernel kills it, the status says OOMKilled, the cause names the limit; a pod
 
 from __future__ import annotations
 
+import time
+
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.pod_failures import PodEvicted, PodOOMKilled, explain
@@ -49,9 +51,18 @@ def test_a_pods_container_gets_its_specs_env_only_and_its_log_is_served(cluster,
     declared = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     seen_live: list[str] = []
 
-    def read_live(log: str) -> None:  # while the pod runs
-        if "training output" in log and not seen_live:
-            seen_live.append(kube.kubectl("logs", pod["metadata"]["name"], "-n", namespace, check=False).stdout)
+    def read_live(log: str) -> None:  # while the pod runs (the runner waits for this call)
+        if "training output" not in log or seen_live:
+            return
+        # the line is in the container log file; KWOK serves it once it has seen the pod's Logs object,
+        # which on a loaded machine can take a few seconds after the pod starts: ask until it does
+        deadline = time.monotonic() + 30
+        while True:
+            served = kube.kubectl("logs", pod["metadata"]["name"], "-n", namespace, check=False).stdout
+            if "training output" in served or time.monotonic() > deadline:
+                seen_live.append(served)
+                return
+            time.sleep(0.5)
 
     run = run_pod(cluster, kube, namespace, tmp_path, pod, resources, on_output=read_live).run
     env = {line.split()[1] for line in run.log.splitlines() if line.startswith("ENV ")}
