@@ -255,16 +255,17 @@ def partition_pairs(chunks: Iterable[tuple[str, tuple[np.ndarray, ...]]], max_bu
     pairs: set[tuple[str, str]] = set()
     lowest: dict[str, tuple[tuple, int]] = {}  # id -> (sort key, entry index) of its lowest-ref copy
     for lo, hi in zip(starts[big].tolist(), ends[big].tolist(), strict=True):
-        bucket: dict[str, str] = {}  # id -> its lowest ref in the bucket
+        bucket: dict[str, tuple[tuple, str]] = {}  # id -> (sort key, ref) of its lowest ref in the bucket
         for m in members[lo:hi].tolist():
             doc_id, ref = ids[m].tobytes().hex(), str(refs[m])
-            rank = (ref_sort_key(ref), ref, files[m], int(places[m, 0]), int(places[m, 1]))
+            key = ref_sort_key(ref)  # once per entry: this loop runs over every entry of a shared bucket
+            rank = (key, ref, files[m], int(places[m, 0]), int(places[m, 1]))
             if doc_id not in lowest or rank < lowest[doc_id][0]:
                 lowest[doc_id] = (rank, m)
-            if doc_id not in bucket or ref_sort_key(ref) < ref_sort_key(bucket[doc_id]):
-                bucket[doc_id] = ref
+            if doc_id not in bucket or key < bucket[doc_id][0]:
+                bucket[doc_id] = (key, ref)
         if len(bucket) > 1:
-            pairs.update(bucket_pairs(bucket, max_bucket_size))
+            pairs.update(bucket_pairs({doc_id: ref for doc_id, (_, ref) in bucket.items()}, max_bucket_size))
             if len(bucket) > max_bucket_size:
                 counts["neardup.oversized_buckets"] = counts.get("neardup.oversized_buckets", 0) + 1
                 counts["neardup.pairs_not_proposed"] = (counts.get("neardup.pairs_not_proposed", 0)
