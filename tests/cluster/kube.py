@@ -49,6 +49,7 @@ from tests.storage.servers import free_port
 
 ADMIN_TOKEN = "tidal-test-admin"  # static token of the admin user (system:masters) in tokens.csv
 SERVICE_CIDR = "10.96.0.0/16"
+KUBELET_IP = "127.0.0.1"  # KWOK serves every node's kubelet API here (--node-ip)
 KWOK_SELECTOR = "type=kwok"  # the label of the Node objects KWOK manages
 # Controllers a training workload needs: Jobs make pods, pods get their namespace's default service
 # account, owned objects are collected, and node-lifecycle lifts the not-ready taint of new nodes.
@@ -229,6 +230,10 @@ class KubeServer:
         self._spawn("kube-controller-manager", [
             str(self.tools["KUBE_CONTROLLER_MANAGER"]), *auth, f"--secure-port={free_port()}",
             f"--cert-dir={self.directory / 'controller-manager-certs'}", "--use-service-account-credentials=false",
+            # KWOK renews 60-odd node leases from one process; on 2 loaded cores a renewal came late past the 50 s
+            # default and the controller tainted nodes unreachable mid-suite. No test here loses a node that way
+            # (node loss is a node's processes killed), so a lapse must be long before it counts
+            "--node-monitor-grace-period=180s",
             f"--controllers={','.join(CONTROLLERS)}"])
         # KWOK's Logs kind says which file a pod's container log is; its CRD must be there before KWOK watches it
         self.kubectl("apply", "--server-side", "-f", str(self.tools["KWOK_LOGS_CRD"]))
@@ -238,8 +243,8 @@ class KubeServer:
                              f"--config={self.tools['KWOK_STAGES']}", "--enable-crds=Logs",
                              f"--manage-nodes-with-label-selector={KWOK_SELECTOR}",
                              "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
-                             "--node-ip=127.0.0.1", f"--node-port={kubelet_port}",
-                             f"--server-address=127.0.0.1:{kubelet_port}"])
+                             f"--node-ip={KUBELET_IP}", f"--node-port={kubelet_port}",
+                             f"--server-address={KUBELET_IP}:{kubelet_port}"])
 
     def _start_jobset_controller(self, timeout_s: float = 60) -> None:
         """Apply the JobSet CRD, start the JobSet controller (webhooks on a loopback port with a

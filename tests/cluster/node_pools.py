@@ -13,10 +13,17 @@ specs, so a pod lands on one only if its selectors and tolerations match what GK
 * Spot pool: label ``cloud.google.com/gke-spot=true`` and the taint
   ``cloud.google.com/gke-spot=true:NoSchedule`` that keeps other pods off it
   (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms).
+
+Each node also carries the addresses a kubelet registers (``InternalIP`` = KWOK's kubelet API address,
+``Hostname`` = its name). KWOK's own ``node-initialize`` stage writes ``addresses:`` whenever one of
+the two is missing, and it has no node name to fill ``Hostname`` with: a node whose lease lapsed on a
+loaded machine (Ready went Unknown) was re-initialized with ``addresses: null``, after which the API
+server could not reach its kubelet (``kubectl logs``: "no preferred addresses found").
 """
 
 from __future__ import annotations
 
+from tests.cluster.kube import KUBELET_IP
 from tidal.launch.resources import (
     GPU_ACCELERATOR_LABEL,
     GPU_RESOURCE,
@@ -67,5 +74,7 @@ def node_pool(resources: ResourceConfig, pool: str) -> list[dict]:
                       "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name},
                                    "annotations": {"kwok.x-k8s.io/node": "fake"}},
                       "spec": {"taints": taints},
-                      "status": {"allocatable": allocatable, "capacity": allocatable}})
+                      "status": {"allocatable": allocatable, "capacity": allocatable,
+                                 "addresses": [{"type": "InternalIP", "address": KUBELET_IP},
+                                               {"type": "Hostname", "address": name}]}})
     return nodes

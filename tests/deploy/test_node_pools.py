@@ -140,3 +140,20 @@ def test_a_workload_no_pool_can_hold_stays_pending_as_unschedulable(kube, instal
         assert status["phase"] == "Pending"
     finally:
         kube.kubectl("delete", "pod", "too-big", "-n", namespace, "--wait=false")
+
+
+def test_a_node_whose_ready_lapses_keeps_its_addresses_and_serves_logs(kube, installed):
+    """A node whose lease lapsed (Ready Unknown) is re-initialized by KWOK; it must keep the addresses
+    the API server reaches its kubelet by (the full suite once lost them: ``kubectl logs`` then said
+    "no preferred addresses found")."""
+    resources = config({"accelerator": {"kind": "cpu"}, "launcher": "gke"}, installed["training"]["namespace"])
+    [node] = node_pool(resources, "lapse")
+    name = node["metadata"]["name"]
+    kube.add_nodes([node])
+    before = kube.get_json("node", name)["status"]
+    conditions = [{**c, "status": "Unknown"} if c["type"] == "Ready" else c for c in before["conditions"]]
+    kube.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+                 "-p", json.dumps({"status": {"conditions": conditions}}))
+    kube.wait_nodes_ready([name])  # KWOK's node-initialize stage made it Ready again
+    after = kube.get_json("node", name)["status"]
+    assert {a["type"]: a["address"] for a in after["addresses"]} == {"InternalIP": "127.0.0.1", "Hostname": name}
