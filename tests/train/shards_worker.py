@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tidal.train.checkpoints import Checkpointer, CheckpointSaveFailed
-from tidal.train.shards import addressable_bytes
+from tidal.train.shard_arrays import addressable_bytes
 
 # leaf -> (shape with the scaled first dim, dtype, partition over ("fsdp", "tensor"))
 LEAVES = {
@@ -134,7 +134,7 @@ def _raw_put(location: str, state: dict, process: int) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     from tidal.storage import uris
-    from tidal.train.shards import copy_to_host
+    from tidal.train.shard_arrays import copy_to_host
 
     host = copy_to_host(state, copy=False)
     bucket, key = uris.split(uris.join(location, "raw-put", str(process)))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tidal.integrity.hashing import verify_manifest
-from tidal.train import shards
+from tidal.train import shard_arrays, shards
 from tidal.train.checkpoints import Checkpointer, CheckpointMismatch
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR
 
@@ -27,7 +27,7 @@ def state() -> dict:
 
 
 def save(location: Path, step: int, tree: dict) -> dict:
-    host = shards.copy_to_host(tree)
+    host = shard_arrays.copy_to_host(tree)
     shards.write_shards(str(location), step, host, process=0, create_metadata=True)
     return shards.commit(str(location), step, host, processes=1, extra={"fingerprint": {"x": 1}})
 
@@ -53,10 +53,10 @@ def test_each_object_is_its_shards_bytes_and_the_manifest_names_them(tmp_path):
 
 
 def test_a_shard_larger_than_the_chunk_limit_is_split_into_objects_of_at_most_it(tmp_path):
-    assert shards.chunk_shape((6, 4), 4, target_bytes=32) == (3, 2)  # 96 B: the longest axis first
-    assert shards.chunk_shape((7,), 4, target_bytes=8) == (1,) and shards.chunk_shape((), 4, 1) == ()
+    assert shard_arrays.chunk_shape((6, 4), 4, target_bytes=32) == (3, 2)  # 96 B: the longest axis first
+    assert shard_arrays.chunk_shape((7,), 4, target_bytes=8) == (1,) and shard_arrays.chunk_shape((), 4, 1) == ()
     saved = state()
-    host = shards.copy_to_host(saved, chunk_bytes=32)
+    host = shard_arrays.copy_to_host(saved, chunk_bytes=32)
     shards.write_shards(str(tmp_path), 3, host, process=0, create_metadata=True)
     manifest = shards.commit(str(tmp_path), 3, host, processes=1)
     names = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("params.w/"))
@@ -83,7 +83,7 @@ def test_a_missing_object_and_a_missing_manifest_are_seen(tmp_path):
     manifest = save(tmp_path, 5, state())
     (tmp_path / CHECKPOINT_DIR / "5" / "params.w" / "0.0").unlink()
     assert shards.problems(str(tmp_path), manifest) == ["params.w/0.0: missing"]
-    host = shards.copy_to_host(state())
+    host = shard_arrays.copy_to_host(state())
     shards.write_shards(str(tmp_path), 7, host, process=0, create_metadata=True)  # killed before the commit
     assert shards.uncounted(str(tmp_path)) == [7] and shards.read_manifest(str(tmp_path), 7) is None
 
@@ -118,9 +118,9 @@ def test_a_committed_sharded_checkpoint_restores_through_the_checkpointer(tmp_pa
 
 def test_kvstore_specs_follow_the_storage_settings(monkeypatch):
     monkeypatch.setenv("TIDAL_S3_ENDPOINT_URL", "http://10.0.0.1:9000/")
-    assert shards.kvstore("s3://b/a/c") == {"driver": "s3", "bucket": "b", "path": "a/c/", "aws_region": "us-east-1",
-                                            "endpoint": "http://10.0.0.1:9000"}
-    assert shards.kvstore("gs://b/x") == {"driver": "gcs", "bucket": "b", "path": "x/"}
-    assert shards.kvstore("/tmp/x") == {"driver": "file", "path": "/tmp/x/"}
+    assert shard_arrays.kvstore("s3://b/a/c") == {"driver": "s3", "bucket": "b", "path": "a/c/",
+                                                  "aws_region": "us-east-1", "endpoint": "http://10.0.0.1:9000"}
+    assert shard_arrays.kvstore("gs://b/x") == {"driver": "gcs", "bucket": "b", "path": "x/"}
+    assert shard_arrays.kvstore("/tmp/x") == {"driver": "file", "path": "/tmp/x/"}
     with pytest.raises(ValueError, match="needs a local path, s3:// or gs://"):
-        shards.kvstore("hdfs://x/y")
+        shard_arrays.kvstore("hdfs://x/y")

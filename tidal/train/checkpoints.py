@@ -67,7 +67,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from tidal.integrity.hashing import build_manifest, verify_manifest
 from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
-from tidal.train import CHECKPOINT_MANIFEST, shards
+from tidal.train import CHECKPOINT_MANIFEST, shard_arrays, shards
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained
 from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
 from tidal.train.tree_hash import tree_sha256
@@ -214,7 +214,7 @@ class Checkpointer:
         self._trainer = trainer
         start = time.perf_counter()
         if self.sharded:  # every process writes its own shards to the bucket (tidal.train.shards)
-            host = shards.copy_to_host(state, copy=not self.host_state)
+            host = shard_arrays.copy_to_host(state, copy=not self.host_state)
             self._job = self._worker.submit(self._save_sharded, step, host, fingerprint, start)
             self._pending = (step, time.perf_counter() - start)
             return
@@ -250,7 +250,7 @@ class Checkpointer:
             return
         self._finish(step, fingerprint, start)
 
-    def _save_sharded(self, step: int, host: shards.HostShards, fingerprint: dict[str, Any] | None,
+    def _save_sharded(self, step: int, host: shard_arrays.HostShards, fingerprint: dict[str, Any] | None,
                       start: float) -> None:
         """The background half of a multi-process save to the bucket: this process's shards, then (process 0)
         the sidecars, the manifest once every process's record is there, and retention in the bucket."""
@@ -454,7 +454,7 @@ class Checkpointer:
                                      "the same checkpoint")
         where = uris.join(location, CHECKPOINT_DIR, str(agreed))
         state = shards.restore(location, manifest, abstract_state, self._mismatch(where))
-        read = shards.addressable_bytes(state)
+        read = shard_arrays.addressable_bytes(state)
         self.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,
                       read, manifest["total_bytes"])
         if self.primary:

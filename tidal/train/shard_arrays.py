@@ -1,0 +1,309 @@
+"""Sharded checkpoints, the arrays: a process's shards to and from one zarr v2 array per leaf through TensorStore.
+
+What a process holds (:func:`copy_to_host`: its addressable shards whose ``replica_id`` is 0, split into
+chunks of at most :data:`CHUNK_BYTES`), how it writes them (:func:`write_arrays`: one object per chunk, raw
+C-order little-endian bytes, uncompressed, each with its size and sha256) and how it reads a saved state
+back in another layout (:func:`read_arrays`: only the chunks that overlap its own devices' shards of the
+target sharding). The bucket protocol around them (records, the manifest written last, what counts) is
+:mod:`tidal.train.shards`. Sources: Levanter's tensorstore_serialization (one array per leaf, per-process
+writes); jax.experimental.array_serialization (replica-0 writes, reads by target index, chunk shapes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from tidal.context import is_uri
+from tidal.settings import current
+from tidal.storage import uris
+from tidal.storage.base import StorageSettings
+from tidal.train.packing import _path_key, layout_problems
+
+
+def kvstore(location: str, settings: StorageSettings | None = None) -> dict[str, Any]:
+    """The TensorStore kvstore spec of a directory ``location``: ``file`` for a local path, ``s3`` for
+    ``s3://bucket/prefix`` (the endpoint of ``TIDAL_S3_ENDPOINT_URL`` or ``storage.endpoint_url``, the
+    region of the storage settings, default ``us-east-1``; credentials from ``AWS_*`` as boto3 reads them),
+    ``gcs`` for ``gs://bucket/prefix`` (TensorStore's own GCS client: Application Default Credentials).
+
+    Raises:
+        ValueError: another scheme.
+    """
+    if not is_uri(location):
+        return {"driver": "file", "path": location.removeprefix("file://").rstrip("/") + "/"}
+    parsed = urlparse(location)
+    path = parsed.path.strip("/") + "/"
+    if parsed.scheme == "gs":
+        return {"driver": "gcs", "bucket": parsed.netloc, "path": path}
+    if parsed.scheme != "s3":
+        raise ValueError(f"{location}: a sharded checkpoint needs a local path, s3:// or gs://")
+    settings = settings or StorageSettings()
+    spec: dict[str, Any] = {"driver": "s3", "bucket": parsed.netloc, "path": path,
+                            "aws_region": settings.region or "us-east-1"}
+    endpoint = current().s3_endpoint_url or settings.endpoint_url
+    if endpoint:
+        spec["endpoint"] = str(endpoint).rstrip("/")  # path-style: {endpoint}/{bucket}/{key}
+    return spec
+
+
+def leaf_name(path: Any) -> str:
+    """A leaf's folder in the checkpoint: its key path with dots (``opt_state.1.0.mu.w``)."""
+    return _path_key(path).replace("/", ".")
+
+
+def _chunk_key(index: tuple[slice, ...], chunks: tuple[int, ...]) -> str:
+    """The zarr v2 key of the chunk a shard fills (``dimension_separator`` ``.``; ``0`` for a scalar)."""
+    if not chunks:
+        return "0"
+    return ".".join(str((s.start or 0) // c) for s, c in zip(index, chunks, strict=True))
+
+
+def _array_spec(store: dict[str, Any], name: str, shape: tuple[int, ...], dtype: Any,
+                chunks: tuple[int, ...]) -> dict[str, Any]:
+    return {"driver": "zarr", "kvstore": {**store, "path": f"{store['path']}{name}/"},
+            # an all-zero shard (fresh Adam moments) is written too, not elided as the fill value
+            "store_data_equal_to_fill_value": True,
+            "metadata": {"shape": list(shape), "chunks": [max(1, c) for c in chunks],
+                         "dtype": _zarr_dtype(dtype), "compressor": None, "fill_value": None, "order": "C"}}
+
+
+def _context() -> ts.Context:
+    """One TensorStore context for every array of a save or restore: one HTTP connection pool and request
+    limit for all of them, and no chunk cache (each byte is written or read once)."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}, "s3_request_concurrency": {"limit": 32}})
+
+
+def _zarr_dtype(dtype: Any) -> str:
+    """zarr v2's dtype string: numpy's little-endian one (``<f4``), or TensorStore's name for the
+    ml_dtypes types numpy has no code for (``bfloat16``, the float8s)."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype.kind == "V" else dtype.newbyteorder("<").str
+
+
+@dataclass
+class HostShards:
+    """One process's part of a checkpoint, copied to host memory by :func:`copy_to_host`.
+
+    Attributes:
+        leaves: ``[(name, global shape, dtype, chunk shape)]`` of every leaf, in tree order.
+        shards: ``[(leaf name, chunk key, global index, host array)]`` of the chunks this process writes
+            (views of its shards' host copies).
+    """
+
+    leaves: list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]
+    shards: list[tuple[str, str, tuple[slice, ...], np.ndarray]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for *_, a in self.shards)
+
+
+CHUNK_BYTES = 64 * 2**20  # the largest object of a checkpoint (a shard is split into chunks of at most this)
+
+
+def chunk_shape(shard_shape: tuple[int, ...], itemsize: int, target_bytes: int = CHUNK_BYTES) -> tuple[int, ...]:
+    """The zarr chunk of a leaf whose shards have ``shard_shape``: the shard, divided along its longest
+    axes by their smallest prime factors until it holds at most ``target_bytes`` (or cannot be divided).
+    A chunk never spans two shards, so each object has one writer; and a read of another layout holds at
+    most the chunks it overlaps. Rule after jax.experimental.array_serialization's chunk-shape choice."""
+    chunk = list(shard_shape)
+    while chunk and int(np.prod(chunk)) * itemsize > target_bytes:
+        axes = [a for a in sorted(range(len(chunk)), key=lambda a: -chunk[a]) if chunk[a] > 1]
+        if not axes:
+            break
+        axis = axes[0]
+        factor = next(f for f in range(2, chunk[axis] + 1) if chunk[axis] % f == 0)
+        chunk[axis] //= factor
+    return tuple(chunk)
+
+
+def _blocks(index: tuple[slice, ...], chunks: tuple[int, ...]) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]]:
+    """The chunks of a shard at ``index`` (global slices): ``(global index, index within the shard)`` each."""
+    ranges = [range(s.start, s.stop, c) for s, c in zip(index, chunks, strict=True)]
+    out = []
+    for starts in np.ndindex(*(len(r) for r in ranges)) if ranges else [()]:
+        glob = tuple(slice(r[i], min(r[i] + c, s.stop)) for r, i, c, s in zip(ranges, starts, chunks, index,
+                                                                             strict=True))
+        out.append((glob, tuple(slice(g.start - s.start, g.stop - s.start) for g, s in zip(glob, index,
+                                                                                             strict=True))))
+    return out
+
+
+def copy_to_host(state: Any, *, copy: bool = True, chunk_bytes: int = CHUNK_BYTES) -> HostShards:
+    """The shards of ``state`` this process writes (addressable, ``replica_id == 0``), on the host, as the
+    chunks they are written in (:func:`chunk_shape`).
+
+    Args:
+        state: pytree of ``jax.Array`` (or numpy arrays: one process, unsharded).
+        copy: copy each shard (the caller may donate or overwrite the arrays after this returns);
+            False keeps references (the trainer's ``host_state``: arrays never mutated or donated).
+        chunk_bytes: the largest chunk (object) of a leaf.
+    """
+    leaves, shards = [], []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        name = leaf_name(path)
+        shape, dtype = tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype)
+        if isinstance(leaf, jax.Array):
+            shard_shape = tuple(int(c) for c in leaf.sharding.shard_shape(leaf.shape))
+            owned = [(s.index, s.data) for s in leaf.addressable_shards if s.replica_id == 0]
+        else:
+            shard_shape = shape
+            owned = [(tuple(slice(0, d) for d in shape), leaf)]
+        chunks = chunk_shape(shard_shape, dtype.itemsize, chunk_bytes)
+        leaves.append((name, shape, dtype.name, chunks))
+        for index, data in owned:
+            index = tuple(slice(s.start or 0, s.stop if s.stop is not None else d) for s, d in
+                          zip(index, shape, strict=True))
+            host = np.array(data, copy=copy) if copy else np.asarray(data)
+            for glob, local in _blocks(index, chunks):
+                shards.append((name, _chunk_key(glob, chunks), glob, host[local]))
+    return HostShards(leaves, shards)
+
+
+def sha256_of(data: np.ndarray) -> str:
+    """sha256 of an array's raw bytes (C order), as its uncompressed zarr chunk holds them."""
+    return hashlib.sha256(data.reshape(-1).view(np.uint8)).hexdigest()
+
+
+def addressable_bytes(state: Any) -> int:
+    """Bytes of ``state`` this process holds, each distinct shard once (a leaf replicated over this
+    process's devices counts once): what a restore read for it."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(state):
+        if isinstance(leaf, jax.Array):
+            seen = {tuple((s.start, s.stop) for s in shard.index): shard.data.nbytes
+                    for shard in leaf.addressable_shards}
+            total += sum(seen.values())
+        else:
+            total += np.asarray(leaf).nbytes
+    return total
+
+
+def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers: int = 8) -> dict[str, list]:
+    """Write this process's chunks (``host``) of the checkpoint at ``base`` (a directory: local path, s3://
+    or gs://).
+
+    Args:
+        create_metadata: write each leaf's ``.zarray`` (process 0; the others open without I/O).
+        workers: chunks written at a time (TensorStore's own requests run beside them).
+
+    Returns:
+        ``{object key under base: [bytes, sha256]}`` of every object written (the ``.zarray`` files too
+        when ``create_metadata``).
+
+    Raises:
+        Whatever TensorStore raises (ValueError on a refused write, an unreachable endpoint).
+    """
+    store = kvstore(base)
+    context = _context()
+    stores = {}
+    for name, shape, dtype, chunks in host.leaves:
+        spec = _array_spec(store, name, shape, dtype, chunks)
+        opened = (ts.open(spec, create=True, open=True, context=context) if create_metadata
+                  else ts.open(spec, open=True, assume_metadata=True, context=context))
+        stores[name] = opened
+    stores = {name: future.result() for name, future in stores.items()}
+    record: dict[str, list] = {}
+
+    def one(shard: tuple[str, str, tuple[slice, ...], np.ndarray]) -> tuple[str, list]:
+        name, key, index, data = shard
+        data = np.require(data, requirements="C")  # not ascontiguousarray: it makes a scalar 1-D
+        # the host copy is ours (or a state nobody mutates: host_state), so TensorStore may send from it
+        # without a copy of its own
+        stores[name][index].write(data, can_reference_source_data_indefinitely=True).result()
+        return f"{name}/{key}", [int(data.nbytes), sha256_of(data)]
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
+        record.update(pool.map(one, host.shards))
+    if create_metadata:
+        for name, *_ in host.leaves:
+            meta = uris.read_bytes(uris.join(base, name, ".zarray"))
+            record[f"{name}/.zarray"] = [len(meta), hashlib.sha256(meta).hexdigest()]
+    return record
+
+
+def read_arrays(base: str, leaves: list, abstract_state: Any,
+            on_mismatch: Callable[[list[str]], Exception] | None = None,
+            max_inflight_bytes: int = 64 * 2**20) -> Any:
+    """Read the saved state at ``base`` (its ``leaves``: ``[[name, shape, dtype, chunk shape]]`` as a
+    manifest lists them) into the layout of ``abstract_state``.
+
+    Args:
+        abstract_state: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` (each process reads only
+            the chunks overlapping its devices' shards of that sharding), or of arrays / structs without
+            one (read whole into host numpy arrays).
+        on_mismatch: builds the exception raised when the tree, a shape or a dtype differs (default
+            ValueError).
+        max_inflight_bytes: bytes of this process's shards read before they are placed (at least one
+            leaf's). A read of a shard that spans saved chunks holds those whole chunks for a moment (up
+            to 2x the shard when the split changed by 2 along one axis), so this process's memory beyond
+            its share of the state is about twice this, or twice its largest leaf's share.
+
+    Returns:
+        The state: ``jax.Array`` leaves placed by ``abstract_state``'s shardings (numpy without one).
+
+    Raises:
+        ValueError (or ``on_mismatch``'s): the checkpoint's leaves differ from ``abstract_state``'s.
+    """
+    saved = {name: (tuple(shape), dtype) for name, shape, dtype, _ in leaves}
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
+    wanted = {leaf_name(path): (tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
+              for path, leaf in flat}
+    mismatch = layout_problems(saved, wanted)
+    if mismatch:
+        raise (on_mismatch or (lambda lines: ValueError("; ".join(lines))))(mismatch)
+    store = kvstore(base)
+    chunks = {name: tuple(c) for name, _, _, c in leaves}
+    context = _context()
+    opened = {name: ts.open(_array_spec(store, name, saved[name][0], saved[name][1], chunks[name]), open=True,
+                            context=context) for name in wanted}
+    opened = {name: future.result() for name, future in opened.items()}
+    out: list[Any] = []
+    pending: list[tuple[Any, Any, list]] = []
+    inflight = 0
+
+    def drain() -> None:
+        for leaf, sharding, parts in pending:
+            if sharding is None:
+                out.append(np.asarray(parts[0][1].result()))
+                continue
+            arrays = [jax.device_put(future.result(), device) for device, future in parts]
+            out.append(jax.make_array_from_single_device_arrays(tuple(leaf.shape), sharding, arrays))
+        pending.clear()
+
+    for path, leaf in flat:
+        name = leaf_name(path)
+        sharding = getattr(leaf, "sharding", None)
+        views = ([(None, opened[name])] if sharding is None else
+                 [(device, opened[name][index])
+                  for device, index in sharding.addressable_devices_indices_map(leaf.shape).items()])
+        pending.append((leaf, sharding, [(device, view.read()) for device, view in views]))
+        inflight += sum(np.dtype(saved[name][1]).itemsize * int(np.prod(view.shape)) for _, view in views)
+        if inflight >= max_inflight_bytes:  # bound the reads in flight: host memory is the state's share
+            drain()
+            inflight = 0
+    drain()
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+__all__ = [
+    "CHUNK_BYTES",
+    "HostShards",
+    "addressable_bytes",
+    "chunk_shape",
+    "copy_to_host",
+    "kvstore",
+    "leaf_name",
+    "read_arrays",
+    "sha256_of",
+    "write_arrays",
+]
