@@ -24,7 +24,8 @@ from tidal.recipe import BEAM_RUNNERS, RecipeError, parse_recipe
 
 DATAFLOW = {"launcher": "provider", "runner": "DataflowRunner",
             "pipeline_options": {"project": "my-project", "region": "europe-west4", "temp_location": "gs://b/tmp",
-                                 "sdk_container_image": "REGISTRY/tidal-beam:TAG", "max_num_workers": 8}}
+                                 "sdk_container_image": "REGISTRY/tidal-beam:TAG", "max_num_workers": 8,
+                                 "experiments": ["use_runner_v2", "enable_prime"]}}  # a list: a repeated option
 FLINK = {"launcher": "provider", "runner": "FlinkRunner",
          "pipeline_options": {"flink_master": "flink-jobmanager:8081", "environment_type": "LOOPBACK"}}
 PREPARED = {"status": "run", "out": "/store/.scratch/x", "config": "/store/.scratch/x.job/config.json",

@@ -37,10 +37,11 @@ class BeamConfig(Strict):
     )
     runner: str = Field(
         default="FnApiRunner", description=f"Beam runner (launcher: provider): {', '.join(BEAM_RUNNERS)}")
-    pipeline_options: dict[str, str | bool | int | float] = Field(
+    pipeline_options: dict[str, str | bool | int | float | list[str]] = Field(
         default_factory=dict,
         description="Beam pipeline options for the runner (launcher: provider), e.g. project, region, "
-        "temp_location, sdk_container_image, flink_master",
+        "temp_location, sdk_container_image, flink_master; a list gives a repeated option (experiments, "
+        "job_server_jvm_properties), one flag per item",
     )
 
     @field_validator("runner")
