@@ -59,7 +59,7 @@ def slice_recipe(tmp: Path, name: str = "tiny_sn", scale: int = 1, **changes: ob
         *parents, leaf = dotted.split(".")
         node = data
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[leaf] = value
     data.pop("storage_root", None)  # the root comes from TIDAL_STORAGE_ROOT, as in a deployment
     return yaml.safe_dump(data, sort_keys=False)
@@ -234,21 +234,25 @@ class ClusterRun:
 
 
 def run_on_nodes(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
-                 run_key: str) -> ClusterRun:
+                 run_key: str, split_each: bool = True) -> ClusterRun:
     """Every step on fresh nodes, in plan order; the nodes share only the cluster's services. Beam steps
     and training run as prepare / launch / commit on three nodes (:func:`run_split`), the others as
-    ``tidal run --step`` on one. Returns wall times, the XComs, and the bytes each step's nodes fetched
-    from the bucket (counted by a proxy in front of it)."""
+    ``tidal run --step`` on one; with ``split_each`` False only the first step of each such kind is split
+    (a kind's hand-over is the same code for each of its steps; the rest run on one node each). Returns
+    wall times, the XComs, and the bytes each step's nodes fetched from the bucket (counted by a proxy in
+    front of it)."""
     result = ClusterRun(root, 0.0)
     tick = time.perf_counter()
     moto_port = int(cluster.s3_endpoint.rsplit(":", 1)[1])
+    split_kinds_seen: set[str] = set()
     for index, (name, _, kind) in enumerate(steps):
         # counts what this step's nodes fetch from the bucket
         proxy = FaultProxy(moto_port, host=cluster.service_host).start()
         env = {"TIDAL_S3_ENDPOINT_URL": proxy.endpoint}
         try:
             start = time.perf_counter()
-            if kind in SPLIT_KINDS:
+            if kind in SPLIT_KINDS and (split_each or kind not in split_kinds_seen):
+                split_kinds_seen.add(kind)
                 result.outputs[name], result.xcoms[name] = run_split(cluster, recipe_text, name, kind, root=root,
                                                                      run_key=run_key, index=index, env=env)
                 result.nodes += 3 if result.xcoms[name]["status"] == "run" else 2

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.timeout(2400)
 RECIPE, MINUTELY, GKE, HOSTS = "tiny_af", "tiny_af_minutely", "tiny_af_gke", "tiny_af_hosts"
 DAG_ID, MINUTELY_DAG, GKE_DAG, HOSTS_DAG = f"tidal_{RECIPE}", f"tidal_{MINUTELY}", f"tidal_{GKE}", f"tidal_{HOSTS}"
 GKE_POOL = "spot-cpu"
+LEASE_TTL_S = 30
 DATA_STEP = "clean-gcide"  # the slice's largest data step
 CHECKPOINT_DAG = f"{DAG_ID}__checkpoints"
 BROKEN_DAG, HOSTILE_DAG = "tidal_broken_zz_broken", "tidal_broken_zz_hostile"
@@ -65,7 +66,9 @@ def _lose_the_node_running(af: AirflowCluster, run_id: str, task_id: str, *, aft
 @pytest.fixture(scope="module")
 def airflow(cluster, kube, installed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("airflow-celery")
-    text = sc.slice_recipe(tmp, RECIPE)
+    # a step lease lives 30 s without a heartbeat, not 120: the retry of a task whose node was lost takes the lease
+    # over after at most that (the steps and their bytes do not depend on it: storage settings are not hashed)
+    text = sc.slice_recipe(tmp, RECIPE, **{"storage.lease_ttl_s": LEASE_TTL_S})
     # the same data, another training on a GKE Spot CPU pod (resources are not hashed: steps are); long
     # enough after its first checkpoint (190 steps, seconds) that the pod is deleted before it ends
     resources = {"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"}, "priority_class": "tidal-train-spot",

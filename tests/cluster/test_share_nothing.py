@@ -1,7 +1,8 @@
 """Share nothing but the bucket (docs/architecture.md §0), proven on the test cluster.
 
-A slice of the tiny recipe runs with an ``s3://`` root, every step on fresh nodes (Beam steps and
-training as prepare / launch / commit on three nodes, handing over only the prepare's XCom); then
+A slice of the tiny recipe runs with an ``s3://`` root, every step on fresh nodes (the first step of
+each Beam kind and training as prepare / launch / commit on three nodes, handing over only the
+prepare's XCom; bench/share_nothing.py splits every one); then
 ``tidal report``, ``failures``, ``verify`` and ``lineage`` run on another node and see everything;
 a gate failed on purpose on one node is visible, with its evidence, from another; every committed
 output has the manifest root hash of a local-root run in one process.
@@ -33,7 +34,8 @@ def shared_run(cluster, local_root, tmp_path_factory):
     text = sc.slice_recipe(tmp)
     steps = sc.step_names(text, tmp)
     root = f"s3://tidal/sn-{uuid.uuid4().hex[:8]}"
-    run = sc.run_on_nodes(cluster, text, steps, root=root, run_key="sn-run")
+    # one step of each kind split over three nodes (bench/share_nothing.py splits every one)
+    run = sc.run_on_nodes(cluster, text, steps, root=root, run_key="sn-run", split_each=False)
     local_root, _ = sc.run_local(text, tmp, _host_env(), local_root)
     return {"text": text, "steps": steps, "run": run, "root": root, "local_root": local_root, "tmp": tmp}
 
@@ -45,7 +47,7 @@ def test_every_step_on_its_own_node_gives_the_bytes_of_a_local_run(cluster, shar
     differ = sc.differences(cluster, shared_run["root"], shared_run["local_root"], steps)
     assert not differ, f"the cluster run differs from the local run: {differ}"
     # every hand-over between the split tasks is a bucket URI, never a path on the writer's disk
-    assert run.xcoms, "no step ran as prepare / launch / commit"
+    assert {kind for name, _, kind in steps if name in run.xcoms} == set(sc.SPLIT_KINDS), run.xcoms.keys()
     for name, xcom in run.xcoms.items():
         locations = sc.xcom_locations(xcom)
         assert locations and all(loc.startswith(shared_run["root"] + "/") for loc in locations), (name, xcom)
