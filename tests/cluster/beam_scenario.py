@@ -27,7 +27,7 @@ BEAM_KINDS = ("clean", "tokenize")
 UPSTREAM_KINDS = ("fetch", "tokenizer")
 
 
-FLINK_SOURCES = ("brown", "gcide")  # two of the slice's four: every Beam step kind, half the Flink jobs
+FLINK_SOURCES = ("gcide",)  # the slice's largest source (near duplicates in it): every Beam step kind, 2 Flink jobs
 
 
 def flink_recipe(tmp: Path, flink: FlinkCluster, *, name: str = "tiny_flink", scale: int = 1,
