@@ -77,9 +77,6 @@ def pytest_xdist_make_scheduler(config, log):
     return TierGroups(config, log)
 
 
-XLA_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
 def pytest_configure(config):
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (by folder, tests/tiers.py)")
@@ -93,7 +90,9 @@ def pytest_configure(config):
         import tempfile
 
         config._tidal_xla_cache = tempfile.mkdtemp(prefix="tidal-xla-cache-")
-        os.environ.update({"JAX_COMPILATION_CACHE_DIR": config._tidal_xla_cache, **XLA_CACHE_ENV})
+        os.environ.update({"JAX_COMPILATION_CACHE_DIR": config._tidal_xla_cache,  # every compile, however small
+                           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
 
 
 def pytest_unconfigure(config):

@@ -60,17 +60,12 @@ def write_tokens(directory: Path, n_seq: int, seed: int, meta_name: str, tokeniz
 
 @pytest.fixture(scope="module", autouse=True)
 def fast_subprocesses(tmp_path_factory):
-    """Share compiled bytecode and XLA executables between the entrypoint subprocesses.
-
-    Speed only: a cached XLA executable is the same program, so results are unchanged.
-    """
+    """Share compiled bytecode between the entrypoint subprocesses (XLA executables are shared by the
+    run's cache, tests/conftest.py). Speed only."""
     cache = tmp_path_factory.mktemp("caches")
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
         mp.setenv("PYTHONPYCACHEPREFIX", str(cache / "pycache"))
-        mp.setenv("JAX_COMPILATION_CACHE_DIR", str(cache / "xla"))
-        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        mp.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         yield
 
 
