@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.storage.conftest import bucket, moto_server, s3_env  # noqa: F401 - fixtures used here
+from tests.storage.conftest import bucket, moto_server, proxy, s3_env  # noqa: F401 - fixtures used here
 
 
 @pytest.fixture

@@ -181,3 +181,51 @@ def test_local_copy_downloads_one_file_and_checks_the_manifest(step_dir, upload,
     with pytest.raises(OSError, match="manifest.json says"):
         StepFiles.open(uri).local_copy("meta.json", tmp_path / "bad")
     assert not list((tmp_path / "bad").iterdir())  # no partial or unchecked copy left
+
+
+def test_small_reads_survive_5xx_answers_that_the_sdk_gives_up_on(step_dir, upload, proxy):
+    """A ranged GET shorter than S3's XML error body: pyarrow's SDK fails it as INTERNAL_FAILURE
+    ("Failed to flush response stream") without retrying; tidal/files/retry.py retries it."""
+    from tidal.files import retry
+
+    uri = upload(step_dir, "step-503")
+    proxy.plan.every, proxy.plan.statuses = 4, (503, 500)  # one request in 4: far above a real store's rate
+    remote, local = StepFiles.open(uri), StepFiles.open(step_dir)
+    before = retry.retried
+    name = "tokens-00001-of-00003.npy"
+    raw = (step_dir / name).read_bytes()
+    for offset in range(0, 30 * 97, 97):  # 30-byte reads: each error body overflows them
+        assert remote.read_range(name, offset, 30) == raw[offset:offset + 30]
+    assert remote.array(name)[5:9].tolist() == local.array(name)[5:9].tolist()  # npy header + rows, small reads
+    docs = shard_names(remote, "documents", "parquet")[0]
+    with remote.open_input(docs) as handle, local.open_input(docs) as mine:  # parquet footer: 8-byte reads
+        assert pq.read_table(handle).equals(pq.read_table(mine))
+    assert proxy.plan.injected.get(503, 0) >= 5 and proxy.plan.injected.get(500, 0) >= 5, proxy.plan.injected
+    assert retry.retried - before >= 10
+
+
+def test_a_missing_object_is_not_retried(step_dir, upload, proxy):
+    uri = upload(step_dir, "step-404")
+    remote = StepFiles.open(uri)
+    before = len(proxy.plan.log)
+    with pytest.raises(FileNotFoundError, match="step-404/nope.npy"):
+        remote.read_range("nope.npy", 0, 10)
+    assert len(proxy.plan.log) - before <= 3  # the open and the existence check, no retry loop
+
+
+def test_retries_are_bounded_and_only_for_transient_errors():
+    from tidal.files.retry import is_transient, with_retries
+
+    calls, waits = [], []
+
+    def flaky() -> bytes:
+        calls.append(1)
+        raise OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate.")
+
+    with pytest.raises(OSError, match="SLOW_DOWN"):
+        with_retries(flaky, what="s3://b/k bytes 0+10", attempts=3, sleep=waits.append)
+    assert len(calls) == 3 and len(waits) == 2 and all(0 <= w <= 0.1 for w in waits)
+    assert not is_transient(OSError("AWS Error ACCESS_DENIED during GetObject operation"))
+    assert not is_transient(ValueError("INTERNAL_FAILURE"))
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        with_retries(flaky, what="x", attempts=0)

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from tidal.files.npy import NpyRows
+from tidal.files.retry import with_retries
 from tidal.settings import current as current_settings
 from tidal.storage.layout import MANIFEST_JSON
 
@@ -113,8 +114,8 @@ class _CountingReader:
     again.
     """
 
-    def __init__(self, raw: pa.NativeFile):
-        self._raw = raw
+    def __init__(self, raw: pa.NativeFile, name: str = ""):
+        self._raw, self.name = raw, name
         self._size = raw.size()
         self._tail: tuple[int, bytes] | None = None
         self.closed = False
@@ -132,7 +133,12 @@ class _CountingReader:
 
     def _fetch(self, nbytes: int | None) -> bytes:
         position = self._raw.tell()
-        data = self._raw.read(None if nbytes is None or nbytes < 0 else nbytes)
+
+        def attempt() -> bytes:
+            self._raw.seek(position)
+            return self._raw.read(None if nbytes is None or nbytes < 0 else nbytes)
+
+        data = with_retries(attempt, what=f"{self.name} bytes {position}+{nbytes}")
         _count(len(data))
         if position + len(data) == self._size and len(data) <= TAIL_CACHE_BYTES:
             self._tail = (position, data)
@@ -442,7 +448,7 @@ class StepFiles:
             if not self.exists(name):
                 raise self._missing(name) from None
             raise
-        return pa.PythonFile(_CountingReader(raw), mode="r") if self.remote else raw
+        return pa.PythonFile(_CountingReader(raw, self.uri_of(name)), mode="r") if self.remote else raw
 
     def _handle(self, name: str) -> pa.NativeFile:
         with self._handle_lock:
@@ -468,7 +474,9 @@ class StepFiles:
             raise ValueError(f"{self.uri_of(name)}: range offset {offset} length {length} must be >= 0")
         if length == 0:
             return b""
-        data = self._handle(name).read_at(length, offset)
+        handle = self._handle(name)
+        data = with_retries(lambda: handle.read_at(length, offset),
+                            what=f"{self.uri_of(name)} bytes {offset}+{length}")
         if self.remote:
             _count(len(data))
         return data
