@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     train_peer_timeout_s: Annotated[int, Field(gt=0)] = _env(
         "TIDAL_TRAIN_PEER_TIMEOUT_S", "seconds without a heartbeat before a multi-process run declares a "
         "process gone (jax.distributed heartbeat_timeout_seconds)", default=100)
+    train_lease_ttl_s: Annotated[float, Field(gt=0)] = _env(
+        "TIDAL_TRAIN_LEASE_TTL_S", "seconds a trainer's lease on its step lives without a heartbeat; a second "
+        "trainer of the step waits 1.5x this, then exits 3 (tidal/train/fence.py)", default=60.0)
     train_profile_steps: str | None = _env(
         "TIDAL_TRAIN_PROFILE_STEPS", "FIRST:LAST training steps to trace with jax.profiler (profile_trace/)",
         default=None)

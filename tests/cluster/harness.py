@@ -377,6 +377,9 @@ class Cluster:
             "TIDAL_ARCHIVE_CACHE": archives,
             "MLFLOW_TRACKING_URI": self.mlflow_uri,
             "TIDAL_GIT_SHA": self.image.git_sha if self.image else "unknown",  # the image has no .git
+            # a trainer killed with its node holds its step's training lease until this expires: its retry
+            # waits that long (tidal/train/fence.py; 60 s by default, shorter than GKE's rescheduling)
+            "TIDAL_TRAIN_LEASE_TTL_S": "10",
         }
 
     # --- services ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import yaml
 
 from tests.cluster.harness import BUCKET, Cluster
 from tests.e2e.slices import write_slice_recipe
-from tests.storage.servers import FaultProxy
+from tests.storage.servers import FaultPlan, FaultProxy
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = 'cat > recipe.yaml && exec "$@"'
@@ -231,23 +231,26 @@ class ClusterRun:
     outputs: dict[str, str] = field(default_factory=dict)
     xcoms: dict[str, dict] = field(default_factory=dict)  # split steps: what prepare handed over
     nodes: int = 0  # fresh nodes booted
+    injected: dict[int, int] = field(default_factory=dict)  # HTTP status -> errors the proxy answered instead of S3
 
 
 def run_on_nodes(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
-                 run_key: str, split_each: bool = True) -> ClusterRun:
+                 run_key: str, split_each: bool = True, faults_every: int = 0) -> ClusterRun:
     """Every step on fresh nodes, in plan order; the nodes share only the cluster's services. Beam steps
     and training run as prepare / launch / commit on three nodes (:func:`run_split`), the others as
     ``tidal run --step`` on one; with ``split_each`` False only the first step of each such kind is split
     (a kind's hand-over is the same code for each of its steps; the rest run on one node each). Returns
     wall times, the XComs, and the bytes each step's nodes fetched from the bucket (counted by a proxy in
-    front of it)."""
+    front of it). With ``faults_every`` N > 0 that proxy answers every N-th request with S3's 500
+    InternalError or 503 SlowDown instead of forwarding it (N = 20: 5 % of the bucket's calls fail once),
+    as object stores do routinely; the counts are in ``injected``."""
     result = ClusterRun(root, 0.0)
     tick = time.perf_counter()
     moto_port = int(cluster.s3_endpoint.rsplit(":", 1)[1])
     split_kinds_seen: set[str] = set()
     for index, (name, _, kind) in enumerate(steps):
         # counts what this step's nodes fetch from the bucket
-        proxy = FaultProxy(moto_port, host=cluster.service_host).start()
+        proxy = FaultProxy(moto_port, FaultPlan(every=faults_every), host=cluster.service_host).start()
         env = {"TIDAL_S3_ENDPOINT_URL": proxy.endpoint}
         try:
             start = time.perf_counter()
@@ -265,6 +268,8 @@ def run_on_nodes(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str,
         finally:
             proxy.stop()
         result.fetched[name] = proxy.plan.get_bytes
+        for status, count in proxy.plan.injected.items():
+            result.injected[status] = result.injected.get(status, 0) + count
     result.seconds = time.perf_counter() - tick
     return result
 

@@ -6,7 +6,9 @@ subprocess (:mod:`tidal.launch.local`), in a Kubernetes pod and, once per host, 
 multi-host JobSet (the environment says how to join: :mod:`tidal.train.distributed`).
 
 ``STEP_DIR`` may be a bucket URI, the step's staging location (:mod:`tidal.storage.staging`):
-then ``spec.json`` is downloaded from it, training runs in a local work directory of this process
+then process 0 first takes the step's training lease in the bucket (:mod:`tidal.train.fence`: one
+trainer per step at a time, across nodes; checked before every checkpoint upload), ``spec.json`` is
+downloaded from it, training runs in a local work directory of this process
 (``$TIDAL_STORAGE_CACHE/.resume/{step_id}``, emptied first: nothing an earlier process left on
 this machine is trusted), inputs are read in place from the bucket, every checkpoint is uploaded
 to the staging location as it is saved (in a multi-process run every process writes its own shards
@@ -22,7 +24,9 @@ the summary, so nothing is committed.
 
 Exit codes: 0 done (``summary.json`` written, or stopped by ``--stop-after``, or profiled);
 2 bad config or input data, or a checkpoint that does not fit the model (one
-``tidal.train: error: ...`` line naming the file and the rule); 75 preempted by SIGTERM after
+``tidal.train: error: ...`` line naming the file and the rule); 3 another process trains this step (one
+line naming it; it held the training lease for 1.5x ``TIDAL_TRAIN_LEASE_TTL_S``, or took it over from this
+one); 75 preempted by SIGTERM after
 checkpointing the current step (rerun to resume); 76 no step finished for
 ``TIDAL_TRAIN_WATCHDOG_S`` seconds (stacks dumped; :mod:`tidal.train.watchdog`); 1 a checkpoint could not be saved (one
 ``tidal.train: error:`` line naming it and the cause; rerun to resume from the newest one that
@@ -93,7 +97,9 @@ def _multi_process() -> bool:
 
 def _exit_code(args: argparse.Namespace) -> int:
     """Train or profile; map each known failure to its exit code and one ``error:`` line."""
+    from tidal.storage.lease import LeaseLost
     from tidal.train.checkpoints import CheckpointMismatch, CheckpointSaveFailed
+    from tidal.train.fence import EXIT_HELD, TrainingHeld
     from tidal.train.preemption import EXIT_PREEMPTED, Preempted
     from tidal.train.profile import profile
     from tidal.train.trainer import load_spec, train
@@ -111,7 +117,13 @@ def _exit_code(args: argparse.Namespace) -> int:
     except Preempted as err:
         print(f"tidal.train: {err}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
+    except (TrainingHeld, LeaseLost) as err:
+        print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_HELD
     except CheckpointSaveFailed as err:
+        if isinstance(err.__cause__, LeaseLost):  # fenced: another process took the step over
+            print(f"tidal.train: error: {err.__cause__}", file=sys.stderr, flush=True)
+            return EXIT_HELD
         global _save_failed
         _save_failed = True
         print(f"tidal.train: error: {err}", file=sys.stderr, flush=True)
@@ -135,6 +147,25 @@ def _exit_code(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
     """Train or profile ``args.step_dir`` under the entry point's settings."""
     location = args.step_dir
+    fence = _hold(location) if is_uri(location) and args.profile is None else None
+    try:
+        return _train_or_profile(args, location, fence, load_spec, profile, train)
+    finally:
+        if fence is not None:
+            fence.release()
+
+
+def _hold(location: str):
+    """Process 0 of the run takes the step's training lease (:mod:`tidal.train.fence`) before anything
+    is written; None in the other processes."""
+    from tidal.train import distributed
+    from tidal.train.fence import hold
+
+    distributed.start_once()
+    return hold(location) if distributed.is_primary() else None
+
+
+def _train_or_profile(args: argparse.Namespace, location: str, fence, load_spec, profile, train) -> int:
     step_dir = _local_work_dir(location) if is_uri(location) else Path(location)
     spec = load_spec(step_dir)
     if args.profile is not None:
@@ -142,7 +173,10 @@ def _run(args: argparse.Namespace, load_spec, profile, train) -> int:
         print(f"profile: {json.dumps({k: v for k, v in result.items() if k != 'environment_fingerprint'})}",
               flush=True)
         return 0
-    train(step_dir, spec, stop_after=args.stop_after, mirror=location if is_uri(location) else None)
+    train(step_dir, spec, stop_after=args.stop_after, mirror=location if is_uri(location) else None,
+          fence=fence.check if fence is not None else None)
+    if fence is not None:
+        fence.check()  # still this process's step before its outputs are staged
     if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
         from tidal.train.shards import committed_entries  # heavy (TensorStore), like _exit_code's imports
 

@@ -103,6 +103,8 @@ class Checkpointer:
             checkpoint is uploaded there and counts only once its manifest is; a restore takes the
             newest checkpoint there that verifies. In a multi-process run every process writes its own
             shards there (:mod:`tidal.train.shards`) and nothing is gathered or staged on a disk.
+        fence: with a mirror, called before every upload that makes a checkpoint count (the training
+            lease's check, :mod:`tidal.train.fence`); what it raises fails that save.
         commit_wait_s: multi-process with a mirror: how long process 0 waits for every process's record of
             a checkpoint before that save fails (a peer gone).
         host_state: the saved arrays live in host memory and the caller neither mutates nor
@@ -116,7 +118,8 @@ class Checkpointer:
     def __init__(self, step_dir: str | Path, keep: int, log: logging.Logger | None = None, *,
                  permanent_every: int | None = None, async_save: bool = True, primary: bool = True,
                  on_manifest: Callable[[dict[str, Any]], None] | None = None,
-                 host_state: bool = False, mirror: str | None = None, commit_wait_s: float = 600.0):
+                 host_state: bool = False, mirror: str | None = None, commit_wait_s: float = 600.0,
+                 fence: Callable[[], None] | None = None):
         if keep < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
         if permanent_every is not None and permanent_every < 1:
@@ -130,7 +133,7 @@ class Checkpointer:
         # and for the orbax checkpoints it may still restore (fetched whole) it is an orbax domain of its own
         # (no cross-process barrier in orbax)
         self.sharded = mirror is not None and jax.process_count() > 1
-        self.mirror = CheckpointMirror(mirror, self.log) if mirror is not None else None
+        self.mirror = CheckpointMirror(mirror, self.log, fence=fence) if mirror is not None else None
         for tmp in sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
             self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
         policies = [pp.LatestN(keep)] + ([pp.EveryNSteps(permanent_every)] if permanent_every else [])

@@ -52,15 +52,25 @@ class CheckpointMirror:
     Args:
         location: the step's staging location (``s3://…/.staging/{step_id}/`` or ``gs://…``).
         log: logger for skipped and deleted checkpoints (WARNING).
+        fence: called before every upload that makes a checkpoint count (its files, sidecars and
+            manifest) and before retention deletes any; raises when this process may no longer write
+            here (:meth:`tidal.train.fence.Fence.check`). None: no check.
 
     Attributes:
         uploads: ``(step, bytes, seconds)`` of every checkpoint uploaded by this process.
     """
 
-    def __init__(self, location: str, log: logging.Logger | None = None):
+    def __init__(self, location: str, log: logging.Logger | None = None,
+                 fence: Callable[[], None] | None = None):
         self.location = location.rstrip("/") + "/"
         self.log = log or logging.getLogger("tidal.train.checkpoints")
+        self.fence = fence
         self.uploads: list[tuple[int, int, float]] = []
+
+    def check_fence(self) -> None:
+        """Call the fence (if any): raises when this process may no longer write checkpoints here."""
+        if self.fence is not None:
+            self.fence()
 
     def _checkpoint(self, step: int) -> str:
         return uris.join(self.location, CHECKPOINT_DIR, str(step))
@@ -80,10 +90,12 @@ class CheckpointMirror:
         Raises:
             StorageError / StorageUnreachable: an upload failed (the checkpoint does not count).
         """
+        self.check_fence()
         start = time.perf_counter()
         sent = uris.upload_dir(local_dir, self._checkpoint(step), [e["path"] for e in manifest["files"]])
         for name, data in sidecars.items():
             uris.write_bytes(uris.join(self.location, name), data)
+        self.check_fence()  # the upload took a while: still this process's step?
         uris.write_bytes(self._manifest(step), manifest_text(manifest).encode())
         self.uploads.append((step, sent, time.perf_counter() - start))
 
@@ -140,6 +152,7 @@ class CheckpointMirror:
         """Apply retention in the bucket: delete every counted checkpoint not in ``retain(steps)``, where
         ``steps`` are all the checkpoints that count there (an earlier process's too; the caller adds the
         ones orbax keeps locally: :func:`tidal.train.checkpoints.retained`). Returns the steps deleted."""
+        self.check_fence()
         there = self.steps()
         kept = retain(there)
         gone = [step for step in there if step not in kept]

@@ -204,12 +204,14 @@ def save(mirror: CheckpointMirror, step: int, host: HostShards, *, primary: bool
         ShardedCommitTimeout, or what TensorStore or the bucket raise: the checkpoint does not count.
     """
     location, sent = mirror.location, time.perf_counter()
+    mirror.check_fence()  # process 0's training lease (the others have no fence: its manifest fences them)
     write_shards(location, step, host, process=jax.process_index(), create_metadata=primary)
     if not primary:
         mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
         return None
     for name, data in sidecars.items():
         uris.write_bytes(uris.join(location, name), data)
+    mirror.check_fence()
     manifest = commit(location, step, host, processes=jax.process_count(), wait_s=wait_s, extra=extra)
     mirror.uploads.append((step, host.nbytes, time.perf_counter() - sent))
     log.info("checkpoint %d counts: in the bucket at %s (%d objects written by %d processes, %d bytes, %.2f s)",

@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,13 @@ def _make_guard(run: Run, step_dir: Path, primary: bool, log: logging.Logger) ->
 
 
 def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger,
-                 mirror: str | None = None) -> Session:
+                 mirror: str | None = None, fence: Callable[[], None] | None = None) -> Session:
     """Start live metrics, open the checkpoints and restore the newest verified one (or init).
 
     With ``mirror`` (the step's staging location in the bucket) checkpoints go to the bucket and
     the newest one there that verifies is restored, with the metrics written up to it
     (:data:`SIDECARS`), so a process on a fresh node continues the same curve and MLflow run.
+    ``fence`` is called before every upload that makes a checkpoint count (:mod:`tidal.train.fence`).
 
     Raises:
         CheckpointMismatch: the newest verified checkpoint belongs to another model shape
@@ -165,7 +167,7 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     # background thread while the next steps run
     ckpt = Checkpointer(step_dir, run.cfg.keep_checkpoints, log, permanent_every=run.cfg.checkpoint_permanent_every,
                         primary=primary, on_manifest=on_manifest, host_state=jax.default_backend() == "cpu",
-                        mirror=mirror)
+                        mirror=mirror, fence=fence)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             run.abstract, run.shardings)
     session = Session(run, step_dir, log, primary, fingerprint, live, ckpt, abstract=abstract,
@@ -289,7 +291,8 @@ def training_hooks(session: Session, term: SigtermFlag, metrics_file: Any,
 
 
 def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None = None,
-          log: logging.Logger | None = None, mirror: str | None = None) -> dict[str, Any] | None:
+          log: logging.Logger | None = None, mirror: str | None = None,
+          fence: Callable[[], None] | None = None) -> dict[str, Any] | None:
     """Train (or resume training) as ``spec`` says, writing into ``step_dir``.
 
     Args:
@@ -300,6 +303,9 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
             this step (after its checkpoint, if one is due), without writing a summary.
         mirror: the step's staging location in the bucket: checkpoints are written there and
             resumed from there (:mod:`tidal.train.mirror`); None: only ``step_dir``.
+        fence: with ``mirror``, called before every upload that makes a checkpoint count; raises
+            :class:`tidal.storage.lease.LeaseLost` once another process trains the step
+            (:meth:`tidal.train.fence.Fence.check`).
 
     Returns:
         The summary (also written to ``summary.json`` by process 0), see :func:`summarise`.
@@ -320,7 +326,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
     with goodput.timing("startup"):
         run = build(spec, where=step_dir / SPEC)
     with goodput.timing("restore"):
-        session = open_session(step_dir, spec, run, log, mirror)
+        session = open_session(step_dir, spec, run, log, mirror, fence)
     session.goodput = goodput
     if session.primary:  # a fresh start drops every line, step 0's too: it is evaluated again below
         _truncate_metrics(session.metrics_path, session.start if session.start else -1)
