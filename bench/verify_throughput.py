@@ -5,12 +5,15 @@ bytes) through the runner (so it has the manifest, step.json and a signature), t
 
 * ``commit``: the runner's manifest hashing while committing (SHA-256, hashlib, 1 MiB reads);
 * ``verify``: :func:`tidal.audit.verify.verify_step` (every file re-hashed, root hash, step id, HMACs);
+* ``dependent check``: :func:`tidal.core.inputs.verify_inputs` of a step reading this one, the check
+  every dependent makes by content at every run (issue 43 item 4: no cache), as ``dependent_check_MBps``;
 * ``sha256sum``: the coreutils binary over the same files, one process (the baseline);
 * ``hashlib``: SHA-256 of an in-memory 256 MiB buffer (the hash alone, no I/O).
 
 Each timed figure is the median of ``--repeats`` runs with the files in the page cache (a
 second read of freshly written files), so it measures hashing, not the disk. Ends with
-``RESULT verify_s_per_GB=… ratio_vs_sha256sum=…`` (ratio > 1: verify is slower).
+``RESULT verify_s_per_GB=… ratio_vs_sha256sum=… … dependent_check_MBps=… dependent_check_vs_sha256sum=…``
+(ratio > 1: slower than sha256sum).
 
 Usage: ``.venv/bin/python bench/verify_throughput.py [--gb 1] [--files 8] [--repeats 3] [--dir DIR]``
 """
@@ -107,6 +110,10 @@ def main() -> None:
         manifest_s = median_time(lambda: build_manifest(out, exclude=("step.json", "_SUCCESS", "signature.json",
                                                                       "manifest.json")), args.repeats)
         mem_s = median_time(lambda: hashlib.sha256(buffer).hexdigest(), args.repeats)
+        from tidal.core.inputs import verify_inputs
+
+        dependent = Step("reader", "bench_blob", {"files": 1, "bytes_per_file": 1, "seed": 2}, inputs=(step,))
+        dependent_s = median_time(lambda: verify_inputs(dependent, storage), args.repeats)
         cpu_flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
         print(f"step {step.step_id}: {len(data)} files, {size:,} bytes ({gb:.3f} GB), written and committed in "
               f"{total_s:.1f} s")
@@ -116,6 +123,7 @@ def main() -> None:
               f"{gb / verify_s:.2f} GB/s")
         print(f"verify, 1 thread:                   {verify1_s:.3f} s  {gb / verify1_s:.2f} GB/s")
         print(f"manifest build (commit's hashing):  {manifest_s:.3f} s  {gb / manifest_s:.2f} GB/s")
+        print(f"dependent's input check (inputs.py): {dependent_s:.3f} s  {gb / dependent_s:.2f} GB/s")
         print(f"sha256sum (coreutils, baseline):     {sum_s:.3f} s  {gb / sum_s:.2f} GB/s")
         print(f"hashlib sha256, 256 MiB in memory:   {mem_s:.3f} s  {0.268435456 / mem_s:.2f} GB/s")
         hash_share = (mem_s / 0.268435456) / (verify1_s / gb)  # pure SHA-256 time / verify time, per GB
@@ -123,7 +131,9 @@ def main() -> None:
               f"so a hash N times faster would save at most {100 * hash_share:.0f} % x (1 - 1/N)")
         print(f"RESULT verify_s_per_GB={verify_s / gb:.3f} ratio_vs_sha256sum={verify_s / sum_s:.3f} "
               f"verify_1thread_s_per_GB={verify1_s / gb:.3f} sha256sum_s_per_GB={sum_s / gb:.3f} "
-              f"hashlib_GB_per_s={0.268435456 / mem_s:.2f} threads={DEFAULT_WORKERS}")
+              f"hashlib_GB_per_s={0.268435456 / mem_s:.2f} threads={DEFAULT_WORKERS} "
+              f"dependent_check_MBps={size / 1e6 / dependent_s:.0f} "
+              f"dependent_check_vs_sha256sum={dependent_s / sum_s:.3f}")
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -115,10 +116,19 @@ def tiny_data() -> dict:
 def seal(out: Path) -> str:
     """Commit a step directory a test wrote by hand as a real commit would: ``manifest.json`` over its
     files, then ``_SUCCESS`` holding the root hash (steps check their inputs against both,
-    tidal/core/inputs.py). Returns the root hash."""
+    tidal/core/inputs.py) and, with a signing key configured, ``step.json``'s signing record and
+    ``signature.json``. Returns the root hash."""
     from tidal.integrity.hashing import write_manifest
+    from tidal.integrity.signing import load_key, signing_record, write_signature
 
     out = Path(out)
     manifest = write_manifest(out, exclude=("step.json", "_SUCCESS", "signature.json"))
     (out / "_SUCCESS").write_text(manifest["root_hash"] + "\n")
+    key = load_key()
+    if key is not None:  # signed as a commit signs it: dependents then require it (tidal/core/inputs.py)
+        record = out / "step.json"
+        if not record.is_file():
+            record.write_text(json.dumps({"step_id": out.name, "manifest_root_hash": manifest["root_hash"],
+                                          "signing": signing_record(key)}))
+        write_signature(out, key)
     return manifest["root_hash"]

@@ -159,9 +159,7 @@ def test_force_recomputes(tmp_path):
 
 def test_a_hand_edited_committed_input_is_refused_before_the_step_runs(tmp_path, monkeypatch):
     """Issue 22, item 2: a dependent step used to read a hand-edited committed input (and commit on it,
-    "signature valid"). Now the input is checked against its manifest first; once verified at its root
-    hash, a rerun hashes nothing again."""
-    from tidal.core import inputs
+    "signature valid"). Now the input is checked against its manifest first, by content, at every run."""
     from tidal.core.inputs import InputMismatch, verify_inputs
 
     storage = LocalStorage(tmp_path)
@@ -176,10 +174,13 @@ def test_a_hand_edited_committed_input_is_refused_before_the_step_runs(tmp_path,
     assert not storage.is_committed(downstream.step_id)
     part.write_bytes(original)
     assert run_step(downstream, storage).status == "run"
-    # verified once at this root hash: checking again hashes nothing (one stat)
-    hashed = []
-    monkeypatch.setattr(inputs, "verify_manifest", lambda *a: hashed.append(a) or [])
-    assert verify_inputs(downstream, storage) == 0 and hashed == []
+    # issue 43, item 4: after a successful run the same edit is refused again (no cache to hide it), and
+    # a forced rerun of the dependent, which reads the input again, refuses it too
+    part.write_bytes(original.replace(b"part", b"PART"))
+    with pytest.raises(InputMismatch, match=r"part-1.txt: sha256 differs from manifest"):
+        verify_inputs(downstream, storage)
+    with pytest.raises(InputMismatch, match=r"part-1.txt"):
+        run_step(downstream, storage, force=True)
 
 
 def test_a_resigned_input_is_refused_when_a_key_is_configured(tmp_path, monkeypatch):
@@ -202,3 +203,23 @@ def test_a_resigned_input_is_refused_when_a_key_is_configured(tmp_path, monkeypa
     assert json.loads((folder / "manifest.json").read_text())["root_hash"] == manifest["root_hash"]
     with pytest.raises(InputMismatch, match="manifest.json: HMAC differs from signature.json"):
         verify_inputs(downstream, storage)
+
+
+@pytest.mark.parametrize("change", ["unsigned", "another key"])
+def test_an_input_unsigned_or_signed_with_another_key_is_refused_when_a_key_is_configured(
+        tmp_path, monkeypatch, change):
+    """Issue 43, item 4: `tidal verify` requires a signature with the configured key; so does a dependent."""
+    from tidal.core.inputs import InputMismatch
+
+    storage = LocalStorage(tmp_path)
+    upstream = make_step(parts=2)
+    downstream = Step("reader", "fixture", {"parts": 1}, inputs=(upstream,))
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", ("cd" if change == "another key" else "") * 32)
+    run_step(upstream, storage)  # unsigned (no key), or signed with key cd…
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    rule = "unsigned .no signature.json" if change == "unsigned" else "signature.json names key"
+    with pytest.raises(InputMismatch, match=rule):
+        run_step(downstream, storage)
+    assert not storage.is_committed(downstream.step_id)
+    monkeypatch.setenv("TIDAL_SIGNING_KEY", ("cd" if change == "another key" else "") * 32)
+    assert run_step(downstream, storage).status == "run"  # under the key it was committed with, it runs

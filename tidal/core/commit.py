@@ -101,7 +101,7 @@ def needs_run(step: Step, storage: Storage, *, force: bool = False, keep_until_c
     missing = [dep.step_id for dep in step.inputs if not storage.is_committed(dep.step_id)]
     if missing:
         raise StepBlocked(f"step {step.step_id} cannot run: inputs not committed: {missing}")
-    verify_inputs(step, storage)  # a hand-edited input is refused, not read (cached by root hash)
+    verify_inputs(step, storage)  # a hand-edited, re-signed or unsigned input is refused, not read
     return True
 
 
