@@ -309,8 +309,7 @@ class StepFiles:
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 raise self._missing(name) from None
         try:
-            with self._fs.open_input_stream(self._path(name)) as stream:
-                data = stream.read()
+            data = with_retries(lambda: self._read_whole(name), what=self.uri_of(name))
         except OSError:
             if not self.exists(name):
                 raise self._missing(name) from None
@@ -320,6 +319,10 @@ class StepFiles:
             self._verify(name, len(data), hashlib.sha256(data).hexdigest())
         return data
 
+    def _read_whole(self, name: str) -> bytes:
+        with self._fs.open_input_stream(self._path(name)) as stream:
+            return stream.read()
+
     def sha256(self, name: str) -> tuple[str, int]:
         """``(hex sha256, bytes hashed)`` of file ``name`` as stored now, streamed: a local file in
         :data:`LOCAL_HASH_CHUNK_BYTES` reads, a bucket object in :data:`COPY_CHUNK_BYTES` ranged GETs,
@@ -328,15 +331,19 @@ class StepFiles:
         Raises:
             FileNotFoundError: naming ``{uri}/{name}``.
         """
-        digest, size = hashlib.sha256(), 0
         chunk_bytes = COPY_CHUNK_BYTES if self.remote else LOCAL_HASH_CHUNK_BYTES
-        with self.open_stream(name) as stream:
-            while chunk := stream.read(chunk_bytes):
-                if self.remote:
-                    _count(len(chunk))
-                digest.update(chunk)
-                size += len(chunk)
-        return digest.hexdigest(), size
+
+        def attempt() -> tuple[str, int]:  # a retry starts the stream and the hash over
+            digest, size = hashlib.sha256(), 0
+            with self.open_stream(name) as stream:
+                while chunk := stream.read(chunk_bytes):
+                    if self.remote:
+                        _count(len(chunk))
+                    digest.update(chunk)
+                    size += len(chunk)
+            return digest.hexdigest(), size
+
+        return with_retries(attempt, what=self.uri_of(name)) if self.remote else attempt()
 
     def open_stream(self, name: str) -> Any:
         """A sequential reader of ``name`` (a plain file on a local root, a buffered stream from a
@@ -374,8 +381,7 @@ class StepFiles:
         if self._manifest is None:
             self._manifest = {}
             if name_size := self._info_size(MANIFEST_JSON):
-                with self._fs.open_input_stream(self._path(MANIFEST_JSON)) as stream:
-                    data = stream.read()
+                data = with_retries(lambda: self._read_whole(MANIFEST_JSON), what=self.uri_of(MANIFEST_JSON))
                 _count(len(data))
                 try:
                     self._manifest = {e["path"]: e for e in json.loads(data)["files"]}
@@ -411,8 +417,9 @@ class StepFiles:
         target = Path(dest_dir) / name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        digest, size = hashlib.sha256(), 0
-        try:
+
+        def attempt() -> tuple[int, str]:  # a retry starts the download over
+            digest, size = hashlib.sha256(), 0
             try:
                 stream = self._fs.open_input_stream(self._path(name))
             except OSError:
@@ -425,7 +432,10 @@ class StepFiles:
                     digest.update(chunk)
                     size += len(chunk)
                     out.write(chunk)
-            self._verify(name, size, digest.hexdigest())
+            return size, digest.hexdigest()
+
+        try:
+            self._verify(name, *with_retries(attempt, what=self.uri_of(name)))
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
