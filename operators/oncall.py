@@ -80,7 +80,12 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         from tidal.core.report import downstream as downstream_of
 
         try:
-            downstream = downstream_of(json.loads(pipe.storage.read_text(pipe.graph["eval"].step_id, "results.json")))
+            from tidal.files.step_files import StepFiles
+
+            eval_id = pipe.graph["eval"].step_id
+            location = pipe.storage.step_uri(eval_id)  # a local root: the step's directory
+            # checked against the step's manifest: a results.json edited after its commit is a note, not figures
+            downstream = downstream_of(json.loads(StepFiles.open(location).read_verified("results.json")))
         except (OSError, ValueError) as err:  # a damaged file is a note on this recipe, not a broken page
             downstream_error = f"{pipe.graph['eval'].step_id}/results.json: {type(err).__name__}: {str(err)[:300]}"
     from tidal.tracking import experiments_link, safe_uri

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from operators.oncall import recipe_status, render_page
-from tests.conftest import REPO
+from tests.conftest import REPO, seal
 from tidal.core.load import load_pipeline
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -45,7 +45,7 @@ def _commit_eval(root, results: bytes) -> None:
     step_dir = root / pipe.graph["eval"].step_id
     step_dir.mkdir(parents=True)
     (step_dir / "results.json").write_bytes(results)
-    (step_dir / "_SUCCESS").write_text("{}")
+    seal(step_dir)  # manifest.json and _SUCCESS, as its commit wrote them
 
 
 @pytest.mark.parametrize("results", [
@@ -73,3 +73,18 @@ def test_a_good_results_json_still_shows(tmp_path, monkeypatch):
     st = recipe_status(REPO / "recipes" / "tiny.yaml")
     page = render_page([st], {})
     assert "<img" not in page and "&lt;img" in page and "acc 0.5" in page
+
+
+def test_a_results_json_edited_after_its_commit_is_a_note_not_figures(tmp_path, monkeypatch):
+    """Issue 43, item 5: the page read results.json without its step's manifest, so hand-edited figures
+    were shown as the eval's."""
+    monkeypatch.setenv("TIDAL_STORAGE_ROOT", str(tmp_path))
+    _commit_eval(tmp_path, json.dumps({"tasks": {"cloze": {"metrics": {"acc": 0.25}, "n_examples": 8}}}).encode())
+    pipe = load_pipeline(REPO / "recipes" / "tiny.yaml")
+    results = tmp_path / pipe.graph["eval"].step_id / "results.json"
+    assert recipe_status(REPO / "recipes" / "tiny.yaml")["downstream"] == {"cloze": {"acc": 0.25, "n_examples": 8}}
+    results.write_text(json.dumps({"tasks": {"cloze": {"metrics": {"acc": 0.99}, "n_examples": 8}}}))
+    st = recipe_status(REPO / "recipes" / "tiny.yaml")
+    assert st["downstream"] is None and "sha256" in st["downstream_error"] and "manifest.json" in st["downstream_error"]
+    page = render_page([st], {})
+    assert "0.99" not in page and "downstream evals unreadable" in page

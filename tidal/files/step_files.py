@@ -319,6 +319,22 @@ class StepFiles:
             self._verify(name, len(data), hashlib.sha256(data).hexdigest())
         return data
 
+    def read_verified(self, name: str) -> bytes:
+        """The whole file ``name``, checked against ``manifest.json`` on any root, local too: for a
+        reader that shows or trusts the bytes outside a step run, whose inputs are checked first
+        (the on-call page's ``results.json``).
+
+        Raises:
+            FileNotFoundError: naming ``{uri}/{name}``.
+            OSError: ``name`` is not in ``manifest.json`` (or there is none), or its size or sha256
+                differ from it (names the file).
+        """
+        data = self.read_bytes(name, checked=False)
+        if name not in self._manifest_entries():
+            raise OSError(f"{self.uri_of(name)}: not listed in {MANIFEST_JSON}; not trusted")
+        self._verify(name, len(data), hashlib.sha256(data).hexdigest())
+        return data
+
     def _read_whole(self, name: str) -> bytes:
         with self._fs.open_input_stream(self._path(name)) as stream:
             return stream.read()
