@@ -196,3 +196,39 @@ def test_a_lineage_call_mlflow_refuses_keeps_the_step_run_and_holds_nothing(tmp_
     assert run.info.status == "FINISHED" and not run.inputs.dataset_inputs
     assert not list((tmp_path / "pending").glob("*.json"))
     assert tracking_client._unreachable_until == {}  # the next call is not skipped
+
+
+def _log_same_inputs(uri: str, experiment_id: str, barrier) -> str:
+    """One of several processes: a run of its own, then the shared input datasets, all at one moment."""
+    from tidal.tracking.mlflow_lineage import Lineage, StepDataset, log_datasets
+
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(experiment_id).info.run_id
+    lineage = Lineage(datasets=tuple(StepDataset(f"clean-{i}", f"clean-{i}-0123456789ab", "clean",
+                                                 f"s3://b/r/clean-{i}-0123456789ab", f"{i}" * 64) for i in range(8)))
+    barrier.wait()
+    try:
+        log_datasets(client, lambda what, fn: fn(), run_id, lineage)
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        return f"{type(err).__name__}: {str(err)[:300]}"
+    return run_id
+
+
+def test_concurrent_runs_on_one_store_all_log_their_shared_inputs(tmp_path):
+    """Issue 43, item 9: two runs on one root logged the same input datasets at once and one failed with
+    `UNIQUE constraint failed: datasets.experiment_id, datasets.name, datasets.digest`; the lost insert
+    race is made again and finds the other's row."""
+    import multiprocessing
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    experiment_id = MlflowClient(tracking_uri=uri).create_experiment("race")
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with context.Pool(4) as pool:
+            results = pool.starmap(_log_same_inputs, [(uri, experiment_id, barrier)] * 4)
+    assert all(not r.startswith(("LineageRefused", "MlflowException")) for r in results), results
+    client = MlflowClient(tracking_uri=uri)
+    for run_id in results:
+        names = sorted(d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs)
+        assert names == [f"clean-{i}" for i in range(8)], (run_id, names)

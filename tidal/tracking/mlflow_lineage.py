@@ -46,6 +46,13 @@ REFUSALS = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "PERMISSION_DENI
                       "ENDPOINT_NOT_FOUND", "RESOURCE_DOES_NOT_EXIST"})
 
 
+# What a tracking store's database says when a concurrent writer inserted the same unique row first (two
+# runs on one root logging the same input dataset, registering the same model): SQLite, PostgreSQL,
+# MySQL. MLflow answers it as BAD_REQUEST; the call is made again, and then finds the other's row.
+LOST_RACE = ("UNIQUE constraint failed", "duplicate key value violates unique constraint", "Duplicate entry")
+RACE_ATTEMPTS = 3
+
+
 class LineageRefused(RuntimeError):
     """MLflow answered a lineage call with a refusal (:data:`REFUSALS`); the message names the call and
     MLflow's reason."""
@@ -53,7 +60,7 @@ class LineageRefused(RuntimeError):
 
 def _guarded(retry: Callable[[str, Callable[[], Any]], Any]) -> Callable[[str, Callable[[], Any]], Any]:
     """``retry`` for lineage calls: a refusal (:data:`REFUSALS`) raises :class:`LineageRefused` at once
-    instead of counting as an outage."""
+    instead of counting as an outage; a lost insert race (:data:`LOST_RACE`) is made again first."""
 
     def call(what: str, fn: Callable[[], Any]) -> Any:
         from mlflow.exceptions import MlflowException
@@ -61,13 +68,17 @@ def _guarded(retry: Callable[[str, Callable[[], Any]], Any]) -> Callable[[str, C
         refused: list[MlflowException] = []
 
         def once() -> Any:
-            try:
-                return fn()
-            except MlflowException as err:
-                if err.error_code not in REFUSALS:
-                    raise
-                refused.append(err)
-                return None
+            for attempt in range(RACE_ATTEMPTS):
+                try:
+                    return fn()
+                except MlflowException as err:
+                    if attempt + 1 < RACE_ATTEMPTS and any(words in str(err.message) for words in LOST_RACE):
+                        continue  # another writer's row is there now (LOST_RACE)
+                    if err.error_code not in REFUSALS:
+                        raise
+                    refused.append(err)
+                    return None
+            return None
 
         result = retry(what, once)
         if refused:
