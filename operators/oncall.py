@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,40 @@ from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__
 def recipe_files(recipes_dir: Path) -> list[Path]:
     """Pipeline recipes in ``recipes_dir`` (scaling suites excluded), sorted by name."""
     return [p for p in sorted(Path(recipes_dir).glob("*.yaml")) if not is_suite_file(p)]
+
+
+NONE_READABLE = "No recipe to show: your Airflow permissions let you read none of the tidal DAGs."
+NO_RECIPES = "No recipe to show: the recipes folder has none."
+
+
+def recipe_dag_id(recipe_path: Path) -> str | None:
+    """The DAG id ``tidal_<name>`` of a recipe file from its top-level ``name`` alone: one YAML read, no
+    pipeline load, so the on-call page checks a user's access before it does any per-recipe work. None
+    when the file cannot be read so cheaply or has no string ``name`` (then it does not load either)."""
+    from tidal.config import RecipeError
+    from tidal.recipe.yaml_file import read_yaml
+
+    try:
+        data = read_yaml(recipe_path)
+    except RecipeError:
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return f"tidal_{name}" if isinstance(name, str) else None
+
+
+def visible_statuses(statuses: list[dict[str, Any]], can_read: Callable[[str], bool],
+                     can_read_all: bool) -> list[dict[str, Any]]:
+    """The recipes of ``statuses`` (from :func:`recipe_status`) that a user may see on the on-call page, in order.
+
+    The rule (issue 43, item 5): a user who may read every DAG (``can_read_all``: the auth manager's GET
+    permission on DAGs with no DAG named) sees every recipe. Anyone else sees a recipe only when they may
+    read its DAG (``can_read(dag_id)``), and no recipe that does not load: its entry (``{"path", "error"}``)
+    has no DAG id to check and shows a file path and an error.
+    """
+    if can_read_all:
+        return list(statuses)
+    return [st for st in statuses
+            if "error" not in st and isinstance(st.get("dag_id"), str) and can_read(st["dag_id"])]
 
 
 def recipe_status(recipe_path: Path) -> dict[str, Any]:
@@ -169,7 +204,8 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> str:
+def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], *,
+                hidden: bool = False) -> str:
     """The on-call page as one HTML document (no scripts; every value escaped).
 
     Args:
@@ -177,6 +213,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
         runs: dag_id -> latest runs ``[{"run_id", "run_type", "state", "start", "end", "failed_tasks",
             "upstream_failed", "mlflow_link", "progress"}]`` (from the Airflow DB, newest first;
             ``progress`` from :func:`runs_progress`, optional).
+        hidden: whether recipes were left out because the user may not read their DAGs
+            (:func:`visible_statuses`); with none left, the page says so in one line.
 
     A recipe whose status cannot be shown (a damaged file behind it) gets a note in its own section;
     the other recipes' sections are whole.
@@ -188,6 +226,8 @@ def render_page(statuses: list[dict[str, Any]], runs: dict[str, list[dict[str, A
            ".failed,.blocked{background:#fdd}.resolved{color:#777}.success,.skip{background:#dfd}.run,.running,.queued{background:#ffd}"
            "code{font-size:12px}h2{border-top:2px solid #246;padding-top:.5em}"),
            "</style></head><body><h1>tidal on-call</h1>"]
+    if not statuses:
+        out.append(f"<p class='none'>{e(NONE_READABLE if hidden else NO_RECIPES)}</p>")
     for st in statuses:
         if "error" in st:
             out.append(f"<h2>{e(str(st.get('path')))}</h2><p class='failed'>recipe does not load: "

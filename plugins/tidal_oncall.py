@@ -7,7 +7,15 @@ its age, and links into MLflow (operators/oncall.py builds the page). A nav entr
 
 Access: plugin apps are not protected by Airflow on their own, so every route resolves the
 caller's Airflow JWT (``Authorization: Bearer`` or the UI's ``_token`` cookie) through the
-configured auth manager and answers 401/403 without one. Recipes come from
+configured auth manager and answers 401/403 without one. A logged-in user sees only the
+recipes whose DAG (``tidal_<recipe name>``) the auth manager lets them read (GET): a user
+allowed to read all DAGs (``is_authorized_dag`` with no DAG named) sees every recipe; anyone
+else sees those whose DAG id is in ``get_authorized_dag_ids`` (the DAGs in the metadata DB, as
+Airflow's own DAG list filters; a recipe whose DAG is not parsed yet is not shown to them), and
+no recipe that does not load (its entry shows a file path and an error). The check comes before
+any per-recipe work: each recipe file's DAG id is read from its top-level ``name``, and a
+recipe the user may not read is never loaded nor its runs queried. With none readable, the page
+says so in one line (operators/oncall.py ``visible_statuses`` holds the rule). Recipes come from
 ``$TIDAL_RECIPES_DIR`` (default: ``recipes/`` next to this directory). Module import stays
 light (FastAPI only), since every Airflow component loads plugins.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -75,11 +84,36 @@ def _mlflow_links(statuses: list[dict[str, Any]]) -> dict[str, str]:
             for st in statuses for g in st.get("failures", []) if g["latest"].get("mlflow_link")}
 
 
-def collect() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    """Everything the page shows: per-recipe storage status and the latest runs from Airflow."""
-    from operators.oncall import mlflow_run_links, recipe_files, recipe_status, runs_progress
+def dag_access(user: Any) -> tuple[bool, Callable[[str], bool]]:
+    """``(can_read_all, can_read)`` of ``user`` by the configured auth manager: whether they may read every
+    DAG, and whether they may read a given DAG id (GET). Reads the metadata DB: call it off the event loop."""
+    from airflow.api_fastapi.app import get_auth_manager
 
-    statuses = [recipe_status(path) for path in recipe_files(_recipes_dir())]
+    manager = get_auth_manager()
+    if manager.is_authorized_dag(method="GET", user=user):
+        return True, lambda _dag_id: True
+    readable = manager.get_authorized_dag_ids(user=user, method="GET")  # one query, team-aware
+    return False, readable.__contains__
+
+
+def collect(user: Any) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], bool]:
+    """Everything the page shows ``user``: per-recipe storage status and the latest runs from Airflow, of the
+    recipes whose DAG they may read, and whether any recipe was left out for that."""
+    from operators.oncall import (
+        mlflow_run_links,
+        recipe_dag_id,
+        recipe_files,
+        recipe_status,
+        runs_progress,
+        visible_statuses,
+    )
+
+    can_read_all, can_read = dag_access(user)
+    paths = recipe_files(_recipes_dir())
+    allowed = paths if can_read_all else [p for p in paths if (d := recipe_dag_id(p)) is not None and can_read(d)]
+    # the rule again on what loaded (a loaded name is the YAML's, so nothing more drops but a broken recipe)
+    statuses = visible_statuses([recipe_status(path) for path in allowed], can_read, can_read_all)
+    hidden = len(statuses) < len(paths)
     runs = _latest_runs([st["dag_id"] for st in statuses if "dag_id" in st], _mlflow_links(statuses))
     for st in statuses:
         keys = [f"{st.get('dag_id')}__{run['run_id']}" for run in runs.get(st.get("dag_id"), [])]
@@ -88,7 +122,7 @@ def collect() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
         for run, key in zip(runs.get(st.get("dag_id"), []), keys, strict=True):
             run["mlflow_link"] = links.get(key, run["mlflow_link"])
             run["progress"] = progress.get(key)
-    return statuses, runs
+    return statuses, runs, hidden
 
 
 # No /docs, /redoc or /openapi.json: FastAPI serves them without the login the pages need.
@@ -100,15 +134,18 @@ async def oncall_page(user: Annotated[Any, Depends(airflow_user)]) -> HTMLRespon
     """The on-call page (HTML)."""
     from operators.oncall import render_page
 
-    statuses, runs = await asyncio.to_thread(collect)
-    return HTMLResponse(render_page(statuses, runs))
+    statuses, runs, hidden = await asyncio.to_thread(collect, user)
+    return HTMLResponse(render_page(statuses, runs, hidden=hidden))
 
 
 @app.get("/status")
 async def oncall_status(user: Annotated[Any, Depends(airflow_user)]) -> dict[str, Any]:
-    """The same content as JSON, for scripts and tests."""
-    statuses, runs = await asyncio.to_thread(collect)
-    return {"recipes": statuses, "runs": runs}
+    """The same content as JSON, for scripts and tests (``note`` when no recipe is shown)."""
+    from operators.oncall import NO_RECIPES, NONE_READABLE
+
+    statuses, runs, hidden = await asyncio.to_thread(collect, user)
+    return {"recipes": statuses, "runs": runs,
+            **({} if statuses else {"note": NONE_READABLE if hidden else NO_RECIPES})}
 
 
 class TidalOncallPlugin(AirflowPlugin):
