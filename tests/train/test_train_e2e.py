@@ -337,3 +337,31 @@ def test_a_failed_save_stops_training_at_once_with_one_error_line(tmp_path, inpu
     assert "was not saved: PermissionError" in errors[0] and "Traceback" not in proc.stderr
     assert took < 120, f"exited after {took:.0f} s"
     assert not (ctx.out_dir / "summary.json").exists()
+
+
+def test_a_disk_smaller_than_one_checkpoint_stops_with_one_error_line(tmp_path, inputs):
+    """Issue 43, item 8: the checkpoint directory on a disk smaller than one checkpoint (a 256 KiB tmpfs):
+    the run stops at the first save with one ``error:`` line naming the checkpoint and the full disk, no
+    traceback, and a short log (orbax's own error lines once at most, not 8 times in 600 lines)."""
+    import subprocess
+    import sys
+
+    ctx = make_ctx(tmp_path / "train", inputs)
+    tidal.train.write_spec(ctx)
+    checkpoints = ctx.out_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tidal-small", str(checkpoints)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (mount: {mounted.stderr.strip()})")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tidal.train", str(ctx.out_dir)], capture_output=True,
+                              text=True, timeout=280, check=False)
+    finally:
+        subprocess.run(["umount", "-l", str(checkpoints)], check=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("tidal.train: error: checkpoint of step 5 "), output[-3000:]
+    assert "No space left on device" in errors[0] and "Traceback" not in output, output[-3000:]
+    assert len(output.splitlines()) < 60, output[-3000:]

@@ -69,6 +69,7 @@ from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST, shard_arrays, shards
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained
+from tidal.train.orbax_logs import quiet_failed_saves
 from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
 from tidal.train.tree_hash import tree_sha256
 
@@ -126,6 +127,7 @@ class Checkpointer:
             raise ValueError(f"permanent_every must be >= 1 or None, got {permanent_every}")
         self.step_dir = Path(step_dir).absolute()
         self.log = log or logging.getLogger("tidal.train.checkpoints")
+        quiet_failed_saves()  # a failed save is one error line, not orbax's five tracebacks
         self.primary, self.on_manifest, self.commit_wait_s = primary, on_manifest, commit_wait_s
         self.keep, self.permanent_every = keep, permanent_every
         (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
