@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tests.cluster import scenario as sc
 from tests.cluster.harness import Cluster, stop_node
+from tests.storage.servers import FaultPlan, FaultProxy
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.MULTILINE)
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
@@ -50,6 +51,7 @@ class Attempt:
     returncode: int | None = None
     seconds: float = 0.0
     log: str = ""
+    injected: int = 0  # 500/503 answers the fault proxy gave this attempt's trainer instead of the bucket's
 
 
 def resumable(counted: list[int], fallback: int, last_step: int, every: int) -> set[int]:
@@ -86,13 +88,29 @@ def upstream(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str
 
 
 def _attempt(cluster: Cluster, index: int, step_uri: str, root: str, workdir: Path, lost: str | None,
-             target: int | None, timeout_s: float, disk_mb: int | None = None) -> Attempt:
+             target: int | None, timeout_s: float, disk_mb: int | None = None, faults_every: int = 0) -> Attempt:
     attempt = Attempt(f"train-{index}", lost, target)
     log = workdir / f"{attempt.node}.log"
     log.write_bytes(b"")
     tick = time.perf_counter()
+    env = {"TIDAL_STORAGE_ROOT": root}
+    proxy = None
+    if faults_every:  # every faults_every-th call to the bucket answered 500 or 503 (FaultPlan)
+        proxy = FaultProxy(int(cluster.s3_endpoint.rsplit(":", 1)[1]), FaultPlan(every=faults_every),
+                           host=cluster.service_host).start()
+        env["TIDAL_S3_ENDPOINT_URL"] = proxy.endpoint
+    try:
+        return _run_attempt(cluster, attempt, step_uri, log, env, tick, lost, target, timeout_s, disk_mb)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+            attempt.injected = sum(proxy.plan.injected.values())
+
+
+def _run_attempt(cluster: Cluster, attempt: Attempt, step_uri: str, log: Path, env: dict[str, str], tick: float,
+                 lost: str | None, target: int | None, timeout_s: float, disk_mb: int | None) -> Attempt:
     proc = cluster.node(attempt.node, disk_mb=disk_mb).start(["python", "-m", "tidal.train", step_uri], log=log,
-                                            env={"TIDAL_STORAGE_ROOT": root})
+                                                             env=env)
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -133,10 +151,11 @@ def _attempt(cluster: Cluster, index: int, step_uri: str, root: str, workdir: Pa
 
 def run_with_losses(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
                     run_key: str, losses: list[tuple[str, int]], workdir: Path,
-                    timeout_s: float = 600, last_disk_mb: int | None = None) -> NodeLossRun:
+                    timeout_s: float = 600, last_disk_mb: int | None = None, faults_every: int = 0) -> NodeLossRun:
     """Upstream, prepare, one trainer attempt per entry of ``losses`` (``(signal, step)``: lost there)
     then one that runs to the end (on a node with disks of ``last_disk_mb`` MiB, when given), each on a
-    fresh node, then the commit on another."""
+    fresh node, then the commit on another. With ``faults_every`` N > 0 each trainer reaches the bucket
+    through a proxy that answers every N-th request with 500 or 503 (N = 100: 1 %)."""
     name, step_id, _ = next(s for s in steps if s[2] == "train")
     upstream(cluster, recipe_text, steps, root=root, run_key=run_key)
     proc = sc.on_node_argv(cluster, "train-prep", recipe_text, ["python", "-c", sc.PREPARE, name], root=root)
@@ -145,7 +164,7 @@ def run_with_losses(cluster: Cluster, recipe_text: str, steps: list[tuple[str, s
     for index, (lost, target) in enumerate([*losses, (None, None)]):
         disk = last_disk_mb if lost is None else None
         run.attempts.append(_attempt(cluster, index, prepared["step_uri"], root, workdir, lost, target, timeout_s,
-                                     disk))
+                                     disk, faults_every))
     proc = sc.on_node_argv(cluster, "train-commit", recipe_text,
                            ["python", "-c", sc.COMMIT, name, json.dumps(prepared), run_key], root=root)
     run.commit_output = proc.stdout + proc.stderr
