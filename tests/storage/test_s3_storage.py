@@ -280,3 +280,32 @@ def test_a_staged_run_is_committed_only_when_whole(bucket, tmp_path):
     again = staged_run()
     assert commit_staged(step, storage, again, {"parts": 2}, started_at=now(), seconds=0.0).status == "skip"
     assert uris.list_sizes(again) == {}
+
+
+def test_an_input_object_rewritten_after_its_commit_is_refused_by_its_dependent(bucket, s3_env):
+    """Issue 43, item 4, on a bucket root: the kinds read inputs in place by range, so the dependent lists
+    each input once and compares every object with the manifest by size and by the time the store says it
+    was written (LastModified, which no client sets): an object rewritten after the commit's _SUCCESS, or
+    one added, is refused at every run, however the bytes were chosen."""
+    import time
+
+    from tidal.core.inputs import InputMismatch, verify_inputs
+
+    storage = open_storage(f"s3://{bucket}/t")
+    upstream = Step("writer", "fixture", {"parts": 2, "pause_s": 0.0, "fail_at": None})
+    reader = Step("reader", "concat", {}, inputs=(upstream,))
+    assert run_step(upstream, storage).status == "run"
+    assert verify_inputs(reader, storage) == 1
+    client = raw_client(s3_env.endpoint)
+    key = f"t/{upstream.step_id}/part-0.txt"
+    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    time.sleep(1.1)  # S3's LastModified has one-second resolution
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(reversed(body)))  # same size, other bytes
+    with pytest.raises(InputMismatch, match=r"part-0.txt: written after the commit's _SUCCESS"):
+        verify_inputs(reader, storage)
+    client.put_object(Bucket=bucket, Key=key, Body=body)  # the original bytes again: still not the committed object
+    with pytest.raises(InputMismatch, match=r"part-0.txt: written after"):
+        run_step(reader, storage)
+    client.put_object(Bucket=bucket, Key=f"t/{upstream.step_id}/extra.txt", Body=b"x")
+    with pytest.raises(InputMismatch, match=r"extra.txt: not in manifest.json"):
+        verify_inputs(reader, storage)

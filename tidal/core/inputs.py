@@ -15,9 +15,12 @@ HMACs of ``manifest.json`` and ``step.json`` must verify: the rule of ``tidal ve
 signature whenever a key is configured. An input signed with another key, or unsigned, is refused, as is
 one whose files and manifest were rewritten together.
 
-On an object-store root the same commit files are read (a few small GETs per input) and the signature
-is checked; the data objects are read in place by the kinds, whole files checked against the manifest
-as they are read (:meth:`tidal.files.step_files.StepFiles.read_bytes`), ranged reads not.
+On an object-store root, where the kinds read inputs in place (ranged reads that no hash covers), the
+same commit files are read and the signature checked, and one listing of each input compares every object
+with the manifest by size and by the time the store says it was last written (``LastModified``, which no
+client can set): a committed step never changes, so an object written after its ``_SUCCESS`` marker
+was rewritten after the commit and the input is refused, as is a missing or extra object. Whole files
+are also checked against the manifest as they are read (:meth:`tidal.files.step_files.StepFiles.read_bytes`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from tidal.files.step_files import StepFiles, is_uri
 from tidal.integrity.hashing import MANIFEST_NAME, verify_manifest
 from tidal.integrity.signing import SigningKey, check_signature, load_key
 from tidal.steps import Step
-from tidal.storage import Storage
+from tidal.storage import Storage, uris
 from tidal.storage.base import StorageError
-from tidal.storage.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS
+from tidal.storage.layout import COMMIT_FILES, SIGNATURE_JSON, STEP_JSON, SUCCESS
 
 __all__ = ["InputMismatch", "verify_inputs"]
 
@@ -60,7 +63,9 @@ def verify_inputs(step: Step, storage: Storage) -> int:
             manifest = json.loads(files.read_bytes(MANIFEST_NAME, checked=False))
             if manifest.get("root_hash") != marker_root:
                 problems.append(f"{MANIFEST_NAME} root_hash differs from the {SUCCESS} marker's")
-            if not remote:
+            if remote:
+                problems += _objects_problems(uris.list_objects(where), manifest)
+            else:
                 problems += verify_manifest(storage.step_dir(dep.step_id), manifest)
             if key is not None:
                 problems += _signature_problems(lambda name, f=files: f.read_bytes(name, checked=False), key)
@@ -72,6 +77,24 @@ def verify_inputs(step: Step, storage: Storage) -> int:
                 f"step {step.step_id}: its input {dep.step_id} at {where} does not match what was committed: "
                 f"{shown}; restore it, or recompute it with `tidal run RECIPE --force {dep.name}`")
     return len(step.inputs)
+
+
+def _objects_problems(objects: dict[str, tuple[int, float]], manifest: dict) -> list[str]:
+    """A committed step in a bucket against its manifest, from one listing: ``objects`` is name ->
+    ``(bytes, last modified, unix s)`` (:func:`tidal.storage.uris.list_objects`)."""
+    problems = []
+    listed = {entry["path"]: entry["bytes"] for entry in manifest["files"]}
+    for name, size in listed.items():
+        if name not in objects:
+            problems.append(f"{name}: missing")
+        elif objects[name][0] != size:
+            problems.append(f"{name}: {objects[name][0]} bytes, manifest says {size}")
+    problems += [f"{name}: not in {MANIFEST_NAME}" for name in sorted(set(objects) - set(listed) - set(COMMIT_FILES))]
+    committed_at = objects[SUCCESS][1] if SUCCESS in objects else None
+    if committed_at is not None:
+        problems += [f"{name}: written after the commit's {SUCCESS} (a committed step never changes)"
+                     for name, (_, written) in sorted(objects.items()) if written > committed_at]
+    return problems
 
 
 def _signature_problems(read: Callable[[str], bytes], key: SigningKey) -> list[str]:

@@ -152,17 +152,25 @@ def write_bytes(location: str, data: bytes, *, if_absent: bool = False) -> bool:
 
 def list_sizes(location: str) -> dict[str, int]:
     """Every file under a directory location: relative name -> bytes (paginated listing)."""
+    return {name: size for name, (size, _) in list_objects(location).items()}
+
+
+def list_objects(location: str) -> dict[str, tuple[int, float]]:
+    """Every file under a directory location: relative name -> ``(bytes, last modified)``, the time in unix
+    seconds as the store assigned it (S3's ``LastModified``, which no client can set; a local file's
+    mtime). One paginated listing."""
     if not is_uri(location):
         root = Path(location.removeprefix("file://"))
-        return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+        return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime)
+                for p in sorted(root.rglob("*")) if p.is_file()}
     bucket, key = split(location)
     head = key.rstrip("/") + "/"
     client = client_for(location)
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, float]] = {}
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=head)
     for page in _call(location, "list", lambda: list(pages)):
         for obj in page.get("Contents", []):
-            out[obj["Key"][len(head):]] = obj["Size"]
+            out[obj["Key"][len(head):]] = (obj["Size"], obj["LastModified"].timestamp())
     return out
 
 
