@@ -107,10 +107,17 @@ def test_values_files_match_the_schema(schema, values_file):
         (lambda v: v["mlflow"].update(artifactsDestination="/var/mlflow"), "mlflow.artifactsDestination"),
         (lambda v: v["mlflow"]["resources"]["requests"].update(gpu=1), "gpu"),
         (lambda v: v["mlflow"].pop("backendStoreSecret"), "backendStoreSecret"),
+        (lambda v: v["mlflow"]["auth"].update(defaultPermission="EDIT"), "mlflow.auth.defaultPermission"),
+        (lambda v: v["mlflow"]["auth"].update(adminPassword="hunter2hunter2"), "adminPassword"),
+        (lambda v: v["mlflow"]["auth"].pop("secret"), "secret"),
+        (lambda v: v["mlflow"]["auth"].update(enabled="true"), "mlflow.auth.enabled"),
+        (lambda v: v["networkPolicies"].update(enable=True), "enable"),
+        (lambda v: v["networkPolicies"]["mlflow"].update(extraFrom=[{"podSelectr": {}}]), "podSelectr"),
     ],
     ids=["typo-mlflow-key", "typo-top-level-key", "typo-nested-key", "replicas-string", "bool-string",
          "priority-float", "bad-enum", "bad-namespace", "bad-gsa", "local-artifacts", "unknown-resource",
-         "missing-secret"],
+         "missing-secret", "auth-permission", "auth-password-in-values", "auth-missing-secret", "auth-bool-string",
+         "netpol-typo", "netpol-peer-typo"],
 )
 def test_schema_rejects_typos_and_bad_types(schema, mutate, expected):
     values = chart_values("values-prod.yaml")
@@ -127,8 +134,10 @@ def test_schema_rejects_typos_and_bad_types(schema, mutate, expected):
 def test_manifests_are_valid_kubernetes(manifests, values_file, kubernetes_version):
     objects = manifests(values_file)
     kinds = sorted(obj["kind"] for obj in objects)
-    assert kinds == ["ConfigMap", "Deployment", "Namespace", "PriorityClass", "PriorityClass", "Role",
-                     "RoleBinding", "Service", "ServiceAccount", "ServiceAccount"]
+    # NetworkPolicies: MLflow's, and the bundled PostgreSQL's (values.yaml, dev) or PgBouncer's (prod)
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "NetworkPolicy",
+                     "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Service", "ServiceAccount",
+                     "ServiceAccount"]
     for obj in objects:
         try:
             kubernetes_validate.validate(obj, kubernetes_version, strict=True)
@@ -154,7 +163,8 @@ def test_helm_refuses_values_the_schema_rejects(chart, tmp_path):
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_the_dashboards_are_a_labelled_configmap_of_the_charts_files(manifests, values_file):
     values = chart_values(values_file)["dashboards"]
-    (configmap,) = by_kind(manifests(values_file), "ConfigMap")
+    (configmap,) = [cm for cm in by_kind(manifests(values_file), "ConfigMap")
+                    if cm["metadata"]["name"] == "tidal-dashboards"]  # the other: MLflow's auth settings
     assert configmap["metadata"]["namespace"] == RELEASE["Namespace"]
     assert configmap["metadata"]["labels"][values["label"]] == values["labelValue"] == "1"
     files = sorted(path.name for path in (CHART / "dashboards").glob("*.json"))
