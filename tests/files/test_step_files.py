@@ -229,3 +229,31 @@ def test_retries_are_bounded_and_only_for_transient_errors():
     assert not is_transient(ValueError("INTERNAL_FAILURE"))
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         with_retries(flaky, what="x", attempts=0)
+
+
+def test_block_reads_from_a_bucket_equal_local_and_take_a_few_gets_per_step(step_dir, upload):
+    """train.block_reads (tidal/train/blocks.py): the same batches from a bucket as from the memory maps, in
+    whole blocks: GETs per step = rows per host / rows per block (+1 where a block crosses a shard), against
+    one GET per row for shuffled single rows."""
+    from tidal.files.step_files import ranged_gets
+
+    uri = upload(step_dir, "blocks-abc")
+    local, remote = TokenShards(step_dir, tokenizer_hash=HASH), TokenShards(uri, tokenizer_hash=HASH)
+    block_bytes = 32 * SEQ_LEN * 2  # 32 rows of uint16
+    a = BatchLoader(local, 16, seed=5, block_reads=(block_bytes, 2))
+    b = BatchLoader(remote, 16, seed=5, block_reads=(block_bytes, 2))
+    assert b.blocks.order.block_rows == 32
+    before = ranged_gets()
+    steps = 4 * 64  # four windows of 2 blocks x 32 rows
+    for step in range(steps):
+        np.testing.assert_array_equal(a.batch(step), b.batch(step))
+    block_gets = ranged_gets() - before
+    rows_loader = BatchLoader(TokenShards(uri, tokenizer_hash=HASH), 16, seed=5)
+    before = ranged_gets()
+    for step in range(8):
+        rows_loader.batch(step)
+    row_gets = (ranged_gets() - before) / (8 + 4)  # the rows loader read 4 steps ahead
+    assert block_gets / steps <= 16 / 32 * 1.25, block_gets / steps  # 0.5 per step, a few blocks cross shards
+    assert row_gets >= 10, row_gets  # about one per row
+    fresh = BatchLoader(TokenShards(uri, tokenizer_hash=HASH), 16, seed=5, block_reads=(block_bytes, 2))
+    np.testing.assert_array_equal(fresh.batch(150), a.batch(150))  # a resumed run reads the same batch

@@ -365,3 +365,21 @@ def test_a_disk_smaller_than_one_checkpoint_stops_with_one_error_line(tmp_path, 
     assert len(errors) == 1 and errors[0].startswith("tidal.train: error: checkpoint of step 5 "), output[-3000:]
     assert "No space left on device" in errors[0] and "Traceback" not in output, output[-3000:]
     assert len(output.splitlines()) < 60, output[-3000:]
+
+
+def test_block_reads_train_and_resume_bitwise(tmp_path, inputs):
+    """train.block_reads: the trainer reads the mixture in shuffled blocks (96 sequences, batch 8: blocks of
+    12, one per lane, 12 steps an epoch), its loss falls, and a run stopped at step 13 (the second epoch)
+    resumes bitwise."""
+    from tidal.train.trainer import load_spec, train
+
+    config = {**CONFIG, "block_reads": {"block_bytes": 4096, "window_blocks": 1}}
+    whole, stopped = (make_ctx(tmp_path / name, inputs, config) for name in ("whole", "stopped"))
+    for ctx in (whole, stopped):
+        tidal.train.write_spec(ctx)
+    summary = train(whole.out_dir, load_spec(whole.out_dir))  # in this process: no trainer start-up
+    curve = losses(whole.out_dir)
+    assert curve[-1][1] < curve[0][1]
+    assert train(stopped.out_dir, load_spec(stopped.out_dir), stop_after=13) is None
+    resumed = train(stopped.out_dir, load_spec(stopped.out_dir))
+    assert losses(stopped.out_dir) == curve and resumed["final_train_loss"] == summary["final_train_loss"]

@@ -55,6 +55,7 @@ S3_REQUEST_TIMEOUT_S = 60.0  # honoured by the AWS SDK on some platforms only (p
 
 _lock = threading.Lock()
 _fetched = [0]
+_ranged_gets = [0]
 _filesystems: dict[tuple[str | None, str], pafs.FileSystem] = {}
 
 
@@ -63,6 +64,12 @@ def bytes_fetched() -> int:
     read returned: whole files, ranges, parquet footers and column chunks); local reads count 0.
     Take a difference around the work to measure it."""
     return _fetched[0]
+
+
+def ranged_gets() -> int:
+    """Ranged reads (:meth:`StepFiles.read_range`, one GET each) from a bucket in this process so far;
+    take a difference around the work (the trainer's GETs per step, bench/train_schedule.py)."""
+    return _ranged_gets[0]
 
 
 def _count(n: int) -> None:
@@ -505,6 +512,8 @@ class StepFiles:
                             what=f"{self.uri_of(name)} bytes {offset}+{length}")
         if self.remote:
             _count(len(data))
+            with _lock:
+                _ranged_gets[0] += 1
         return data
 
     def array(self, name: str) -> np.ndarray | NpyRows:
@@ -531,4 +540,4 @@ class StepFiles:
             handle.close()
 
 
-__all__ = ["NpyRows", "StepFiles", "bytes_fetched", "s3_filesystem"]
+__all__ = ["NpyRows", "StepFiles", "bytes_fetched", "ranged_gets", "s3_filesystem"]

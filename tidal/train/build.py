@@ -179,8 +179,13 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     context = seq_len - 1
     rows = meshlib.process_rows(meshlib.batch_sharding(mesh), cfg.batch_size)  # this host's rows of each batch
     ref = cfg.continue_from  # a continued run reads the parent's batch order on (tidal/train/continuation.py)
-    loader = BatchLoader(data.train, cfg.batch_size, seed if ref is None else ref.data_seed, vocab_size=vocab,
-                         rows=rows)
+    blocks = cfg.block_reads
+    try:
+        loader = BatchLoader(data.train, cfg.batch_size, seed if ref is None else ref.data_seed, vocab_size=vocab,
+                             rows=rows, block_reads=None if blocks is None else (blocks.block_bytes,
+                                                                                 blocks.window_blocks))
+    except ValueError as err:  # block reads of a mixture smaller than one batch
+        raise ConfigError(f"{where}: train.block_reads: {err}") from None
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()} reads rows {rows.start}:{rows.stop} "
               f"of each batch of {cfg.batch_size}", flush=True)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tidal.files.step_files import StepFiles
+from tidal.train.blocks import BlockCache, BlockOrder
 
 TOKEN_GLOB = "tokens-*.npy"
 META_NAMES = ("mixture.json", "meta.json")  # mix step, tokenize step
@@ -195,19 +196,31 @@ class BatchLoader:
         vocab_size: when given, ids are checked against it on every batch.
         rows: the rows of each global batch this process reads (its addressable shard of the batch
             in a multi-process run, :func:`tidal.train.mesh.process_rows`); None: all ``B``.
+        block_reads: ``(block_bytes, window_blocks)``: read shuffled blocks of contiguous sequences
+            (:mod:`tidal.train.blocks`, ``train.block_reads``); None: shuffled single sequences.
+
+    Raises:
+        ValueError: ``batch_size`` not positive; with block reads, fewer sequences than ``batch_size``.
     """
 
     def __init__(self, shards: TokenShards, batch_size: int, seed: int, vocab_size: int | None = None,
-                 rows: slice | None = None):
+                 rows: slice | None = None, block_reads: tuple[int, int] | None = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.shards, self.batch_size, self.seed, self.vocab_size = shards, batch_size, seed, vocab_size
         self.rows = rows if rows is not None else slice(0, batch_size)
         self._ahead: dict[int, Future] = {}
         self._reader: ThreadPoolExecutor | None = None
+        self.blocks: BlockCache | None = None
+        if block_reads is not None:
+            row_bytes = shards.seq_len * shards.shards[0].dtype.itemsize
+            order = BlockOrder(shards.n_sequences, batch_size, seed, row_bytes, *block_reads)
+            self.blocks = BlockCache(lambda first, stop: shards.rows(np.arange(first, stop), vocab_size), order)
 
     def indices(self, step: int) -> np.ndarray:
         """Global sequence indices ``[B]`` (int64) read at 0-based ``step``."""
+        if self.blocks is not None:
+            return self.blocks.order.indices(step)
         n = self.shards.n_sequences
         positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
         epochs, offsets = np.divmod(positions, n)
@@ -218,6 +231,8 @@ class BatchLoader:
         return out
 
     def _read(self, step: int) -> np.ndarray:
+        if self.blocks is not None:
+            return self.blocks.rows(step, range(self.rows.start, self.rows.stop))
         return self.shards.rows(self.indices(step)[self.rows], self.vocab_size)
 
     def batch(self, step: int) -> np.ndarray:
@@ -231,6 +246,8 @@ class BatchLoader:
         if any(s < step or s > step + PREFETCH for s in self._ahead):  # not consecutive: start over
             self._ahead.clear()
         out = ahead.result() if ahead is not None else self._read(step)
+        if self.blocks is not None:
+            self.blocks.forget_before(step)
         if self.shards.remote:
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(max_workers=PREFETCH, thread_name_prefix="tidal-batch-ahead")
