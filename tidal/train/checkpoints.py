@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
@@ -70,7 +69,7 @@ from tidal.storage.layout import atomic_write_text
 from tidal.train import CHECKPOINT_MANIFEST, shard_arrays, shards
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained
 from tidal.train.orbax_logs import quiet_failed_saves
-from tidal.train.packing import PACKED_KEY, layout_problems, pack_state, tree_layout, unpack_state
+from tidal.train.packing import pack_state
 from tidal.train.tree_hash import tree_sha256
 
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
@@ -85,7 +84,7 @@ class CheckpointSaveFailed(RuntimeError):
     checkpoint and the cause. Earlier checkpoints stay verified and restorable."""
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
@@ -173,15 +172,15 @@ class Checkpointer:
         """Directory of the checkpoint at ``step``."""
         return self.step_dir / CHECKPOINT_DIR / str(step)
 
-    def _manifest_path(self, step: int) -> Path:
+    def manifest_path(self, step: int) -> Path:
         return self.step_dir / MANIFEST_DIR / f"{step}.json"
 
     def steps(self) -> list[int]:
         """Steps with a finished orbax checkpoint, ascending."""
         self.manager.reload()
-        return sorted(set(self.manager.all_steps()) | set(self._local_sharded()))
+        return sorted(set(self.manager.all_steps()) | set(self.local_sharded()))
 
-    def _local_sharded(self) -> dict[int, dict[str, Any]]:
+    def local_sharded(self) -> dict[int, dict[str, Any]]:
         """The sharded checkpoints (:mod:`tidal.train.shards`) of a materialized step: step -> manifest."""
         found = {}
         for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
@@ -268,7 +267,7 @@ class Checkpointer:
             if manifest is None:
                 self.last_manifest = {"step": step}
                 return
-            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+            write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
             self.last_manifest = manifest
             if self.on_manifest is not None:
                 self.on_manifest(manifest)
@@ -285,7 +284,7 @@ class Checkpointer:
                     manifest["trainer"] = self._trainer
                 if self._params_sha256 is not None:
                     manifest["params_sha256"] = self._params_sha256
-                _write_json_atomic(self._manifest_path(step), manifest)
+                write_json_atomic(self.manifest_path(step), manifest)
                 live = set(self.manager.all_steps())  # orbax drops pruned steps from it at save time
                 if self.mirror is not None:  # counts once its manifest is in the bucket
                     self.mirror.upload(step, self.path(step), manifest, self._sidecars)
@@ -294,7 +293,7 @@ class Checkpointer:
                     # the bucket's own listing, not orbax's (which knows only what this process
                     # saved or fetched): an earlier process's permanent or newest-K ones stay
                     self.mirror.prune(lambda there: retained(set(there) | live, self.keep, self.permanent_every))
-                _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
+                write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
                 for path in (self.step_dir / MANIFEST_DIR).glob("*.json"):
                     if path.stem.isdigit() and int(path.stem) not in live:
                         path.unlink(missing_ok=True)
@@ -344,7 +343,7 @@ class Checkpointer:
 
     def problems(self, step: int) -> list[str]:
         """Why the checkpoint at ``step`` may not be loaded; empty when its manifest matches."""
-        mpath = self._manifest_path(step)
+        mpath = self.manifest_path(step)
         if not mpath.is_file():
             return [f"{mpath}: no manifest (save did not finish)"]
         try:
@@ -354,160 +353,30 @@ class Checkpointer:
         return verify_manifest(self.path(step), manifest)
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """Restore the newest checkpoint whose manifest verifies.
-
-        Args:
-            abstract_state: pytree of ``jax.ShapeDtypeStruct`` (with shardings, to restore
-                sharded arrays) or arrays with the state's structure.
+        """Restore the newest checkpoint whose manifest verifies (:func:`tidal.train.restore.restore_latest`).
 
         Returns:
             ``(step, state, manifest)``, or None when no checkpoint verifies (start fresh).
-            Checkpoints newer than the restored one are logged and deleted (by process 0).
 
         Raises:
-            CheckpointMismatch: the newest verified checkpoint has another tree structure,
-                shape or dtype than ``abstract_state`` (nothing is loaded).
+            CheckpointMismatch: the newest verified checkpoint does not fit ``abstract_state``.
         """
-        if self.sharded:
-            found = self._restore_sharded(abstract_state)
-            if found is not None:
-                return found
-        if self.mirror is not None:  # an orbax checkpoint (one process's, or a continuation's parent)
-            self._fetch_newest()
-        rejected: list[int] = []
-        chosen = None
-        for step in reversed(self.steps()):
-            problems = self.problems(step)
-            if not problems:
-                chosen = step
-                break
-            self.log.warning("checkpoint %s failed verification, skipped: %s",
-                             self.path(step), "; ".join(problems[:5]))
-            rejected.append(step)
-        if self.primary:
-            for step in rejected:
-                self.manager.delete(step)
-                self._manifest_path(step).unlink(missing_ok=True)
-        if chosen is None:
-            if self.primary:
-                (self.step_dir / LATEST_MANIFEST).unlink(missing_ok=True)
-            return None
-        state, manifest = self.restore(chosen, abstract_state)
-        if self.primary:
-            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
-        self.last_manifest = manifest
-        return chosen, state, manifest
+        from tidal.train import restore
+
+        return restore.restore_latest(self, abstract_state)
 
     def restore(self, chosen: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-        """Load the checkpoint of step ``chosen``, which the caller has verified (:meth:`problems` empty);
-        writes nothing (a committed step's checkpoint is read this way by ``tidal export`` / ``sample``).
-
-        Args:
-            chosen: a step of :meth:`steps`.
-            abstract_state: as for :meth:`restore_latest`.
+        """Load the verified checkpoint of step ``chosen`` (:func:`tidal.train.restore.restore`); writes nothing.
 
         Returns:
             ``(state, manifest)``.
 
         Raises:
-            CheckpointMismatch: the checkpoint has another tree structure, shape or dtype than
-                ``abstract_state`` (nothing is loaded).
+            CheckpointMismatch: the checkpoint does not fit ``abstract_state``.
         """
-        local = self._local_sharded().get(chosen)
-        if local is not None:
-            return shards.restore(str(self.step_dir), local, abstract_state, self._mismatch(self.path(chosen))), local
-        metadata = self.manager.item_metadata(chosen)
-        leaves = (getattr(metadata, "custom_metadata", None) or {}).get(PACKED_KEY)
-        if leaves is not None:
-            saved = {key: (tuple(shape), dtype) for key, shape, dtype in leaves}
-        else:
-            saved = tree_layout(getattr(metadata, "tree", None) or {})
-        mismatch = layout_problems(saved, tree_layout(abstract_state))
-        if mismatch:
-            raise self._mismatch(self.path(chosen))(mismatch)
-        if leaves is not None:
-            packed = self.manager.restore(chosen, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(
-                lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata.tree)))["packed"]
-            state = unpack_state(packed, leaves, abstract_state)
-        else:
-            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
-            state = self.manager.restore(chosen, args=ocp.args.PyTreeRestore(abstract_state, restore_args))
-        return state, json.loads(self._manifest_path(chosen).read_text())
+        from tidal.train import restore
 
-    @staticmethod
-    def _mismatch(where: Any) -> Callable[[list[str]], CheckpointMismatch]:
-        return lambda lines: CheckpointMismatch(
-            f"checkpoint {where} does not fit the model: " + "; ".join(lines) + "; rule: a checkpoint is restored "
-            "only into a state of the same tree, shapes and dtypes (use a new step directory)")
-
-    def _restore_sharded(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """Multi-process, from the bucket: process 0 chooses the newest sharded checkpoint that counts and is
-        whole (:func:`tidal.train.shards.newest_whole`), every process reads its own shards of it in
-        ``abstract_state``'s layout (:func:`tidal.train.shards.restore`: any mesh, any process count).
-        None: there is none, or the newest checkpoint that counts is an orbax one (restored as before)."""
-        from jax.experimental import multihost_utils
-
-        chosen = shards.newest_whole(self.mirror, self.log) if self.primary else None
-        agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
-        if agreed < 0:
-            return None
-        location = self.mirror.location
-        manifest = shards.read_manifest(location, agreed)
-        if manifest is None:
-            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: process 0 chose it but its manifest is "
-                                     f"unreadable on process {jax.process_index()}; rule: every process restores "
-                                     "the same checkpoint")
-        where = uris.join(location, CHECKPOINT_DIR, str(agreed))
-        state = shards.restore(location, manifest, abstract_state, self._mismatch(where))
-        read = shard_arrays.addressable_bytes(state)
-        self.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,
-                      read, manifest["total_bytes"])
-        if self.primary:
-            _write_json_atomic(self.step_dir / LATEST_MANIFEST, manifest)
-        self.last_manifest = manifest
-        return agreed, state, manifest
-
-    def _fetch_newest(self) -> None:
-        """Bring the newest checkpoint of the bucket that verifies into the local directory (a fresh
-        process, maybe on a fresh node); the ones newer than it are deleted from the bucket. In a
-        multi-process run process 0 chooses and every other process fetches that one.
-
-        Raises:
-            CheckpointMismatch: the checkpoint process 0 chose does not verify on this process.
-        """
-        if not self.sharded:
-            self._fetch_verified()
-            return
-        chosen = self._fetch_verified() if self.primary else None
-        from jax.experimental import multihost_utils
-
-        agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
-        if self.primary or agreed < 0:
-            return
-        if self._fetch_one(agreed) is None:
-            raise CheckpointMismatch(f"checkpoint {agreed} at {self.mirror.location} verified on process 0 but "
-                                     f"not on process {jax.process_index()}; rule: every process restores the "
-                                     "same verified checkpoint")
-
-    def _fetch_verified(self) -> int | None:
-        """The step of the newest checkpoint there that verifies, fetched unless already here."""
-        local = set(self.steps())
-        for step in reversed(self.mirror.steps()):
-            if step in local and not self.problems(step):
-                return step
-            if self._fetch_one(step) is not None:
-                return step
-            if self.primary:
-                self.mirror.delete(step)
-        return None
-
-    def _fetch_one(self, step: int) -> dict[str, Any] | None:
-        manifest = self.mirror.fetch(step, self.path(step))
-        if manifest is not None:
-            _write_json_atomic(self._manifest_path(step), manifest)
-            self.log.info("fetched checkpoint %d from %s (%d bytes)", step, self.mirror.location,
-                          manifest["total_bytes"])
-        return manifest
+        return restore.restore(self, chosen, abstract_state)
 
     def close(self) -> None:
         """Wait for pending work (re-raising its error) and release orbax resources. After a failed save,
