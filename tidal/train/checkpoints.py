@@ -65,27 +65,19 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from tidal.integrity.hashing import build_manifest, verify_manifest
 from tidal.storage import uris
-from tidal.storage.layout import atomic_write_text
-from tidal.train import CHECKPOINT_MANIFEST, shard_arrays, shards
-from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained
+from tidal.train import CHECKPOINT_MANIFEST, restore, shard_arrays, shards
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror, retained, write_json_atomic
 from tidal.train.orbax_logs import quiet_failed_saves
 from tidal.train.packing import pack_state
+from tidal.train.restore import CheckpointMismatch
 from tidal.train.tree_hash import tree_sha256
 
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
 
 
-class CheckpointMismatch(ValueError):
-    """A verified checkpoint does not fit the model being trained (tree, shape or dtype differ)."""
-
-
 class CheckpointSaveFailed(RuntimeError):
     """Saving a checkpoint failed (a full disk, an unreachable bucket); the message names the
     checkpoint and the cause. Earlier checkpoints stay verified and restorable."""
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 class Checkpointer:
@@ -361,8 +353,6 @@ class Checkpointer:
         Raises:
             CheckpointMismatch: the newest verified checkpoint does not fit ``abstract_state``.
         """
-        from tidal.train import restore
-
         return restore.restore_latest(self, abstract_state)
 
     def restore(self, chosen: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
@@ -374,8 +364,6 @@ class Checkpointer:
         Raises:
             CheckpointMismatch: the checkpoint does not fit ``abstract_state``.
         """
-        from tidal.train import restore
-
         return restore.restore(self, chosen, abstract_state)
 
     def close(self) -> None:
@@ -392,3 +380,6 @@ class Checkpointer:
                 if not self._save_failed:
                     raise
                 self.log.info("orbax's close repeated the failed save's error: %s: %s", type(err).__name__, err)
+
+
+__all__ = ["LATEST_MANIFEST", "CheckpointMismatch", "CheckpointSaveFailed", "Checkpointer"]

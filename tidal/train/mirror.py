@@ -46,6 +46,11 @@ CHECKPOINT_DIR = "checkpoints"
 MANIFEST_DIR = "checkpoint_manifests"
 
 
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``data`` as indented, key-sorted JSON at ``path``, replaced atomically (a manifest's local copy)."""
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 class CheckpointMirror:
     """The bucket side of a :class:`tidal.train.checkpoints.Checkpointer` (one training step).
 
@@ -172,4 +177,4 @@ def retained(steps: set[int] | list[int], keep: int, permanent_every: int | None
     return kept
 
 
-__all__ = ["CHECKPOINT_DIR", "MANIFEST_DIR", "CheckpointMirror", "retained"]
+__all__ = ["CHECKPOINT_DIR", "MANIFEST_DIR", "CheckpointMirror", "retained", "write_json_atomic"]

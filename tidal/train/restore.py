@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from tidal.storage import uris
+from tidal.train import CHECKPOINT_MANIFEST as LATEST_MANIFEST
 from tidal.train import shard_arrays, shards
-from tidal.train.checkpoints import LATEST_MANIFEST, CheckpointMismatch, write_json_atomic
-from tidal.train.mirror import CHECKPOINT_DIR
+from tidal.train.mirror import CHECKPOINT_DIR, write_json_atomic
 from tidal.train.packing import PACKED_KEY, layout_problems, tree_layout, unpack_state
 
-if TYPE_CHECKING:
-    from tidal.train.checkpoints import Checkpointer
+Checkpointer = Any  # tidal.train.checkpoints.Checkpointer, which imports this module
+
+
+class CheckpointMismatch(ValueError):
+    """A verified checkpoint does not fit the model being trained (tree, shape or dtype differ)."""
 
 
 def restore_latest(ckpt: Checkpointer, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
@@ -183,4 +186,4 @@ def _fetch_one(ckpt: Checkpointer, step: int) -> dict[str, Any] | None:
     return manifest
 
 
-__all__ = ["mismatch", "restore", "restore_latest"]
+__all__ = ["CheckpointMismatch", "mismatch", "restore", "restore_latest"]
