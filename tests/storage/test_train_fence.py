@@ -79,8 +79,14 @@ def test_a_stalled_holder_is_fenced_at_its_next_checkpoint_upload(bucket, s3_env
         other.release()
 
 
-def test_hold_refuses_what_is_not_a_staging_location(bucket, s3_env):
-    from tidal.storage import StorageError
-
-    with pytest.raises(StorageError, match="not a staging location"):
-        hold(f"s3://{bucket}/root/{STEP_ID}/", ttl_s=5)
+def test_a_step_directory_outside_staging_gets_its_lease_beside_it(bucket, s3_env):
+    """A trainer started by hand on a bucket directory (a reference run) is fenced too: the lease lives
+    under its parent's .leases/."""
+    first = hold(f"s3://{bucket}/runs/reference/", ttl_s=30)
+    try:
+        with pytest.raises(TrainingHeld, match=first.owner):
+            hold(f"s3://{bucket}/runs/reference", ttl_s=30, wait_s=0)
+        assert any(k.endswith("runs/.leases/reference.train.json")
+                   for k in listing(bucket, s3_env.endpoint, "runs/"))
+    finally:
+        first.release()

@@ -130,20 +130,28 @@ def test_steps_not_above_the_checkpoint_is_refused():
 WSD = {**CONSTANT["optimizer"], "schedule": "wsd", "min_lr_ratio": 0.0, "decay_shape": "1-sqrt"}
 
 
-def test_a_decay_branch_of_a_wsd_trunk_is_bitwise_the_run_that_decays_there(runs, tmp_path):
-    """An 8-step WSD trunk (decay over its last 2 steps) branched at its stable checkpoint 4 into a 2-step
-    decay ends bitwise where a straight 6-step WSD run that decays over its last 2 steps ends."""
-    _, storage, inputs, _, located = runs
+def branch_and_straight(storage, inputs, located, straight):
+    """An 8-step WSD trunk and its decay branch at checkpoint 4 (2 steps) through the runner, and a straight
+    6-step WSD run decaying over its last 2 steps trained into ``straight``: ``(trunk, branch, straight)``
+    (bench/train_schedule.py measures the same)."""
     trunk = train_step(inputs, train_fields(steps=8, optimizer={**WSD, "decay_fraction": 0.25}), RECIPE_SEED)
     run_step(trunk, storage)
     fields = train_fields(steps=6, optimizer=WSD, continue_from={"step": trunk.step_id, "checkpoint": 4,
                                                                   "schedule": "decay"})
     ref, resolved = resolve_continuation(fields, storage, "test.yaml")
     branch = train_step(inputs, fields, 7, resolved, ref)
-    assert run_step(branch, storage).status == "run" and branch.step_id != trunk.step_id
-    straight = tmp_path / "straight"
+    run_step(branch, storage)
     run(straight, located, dict(CONSTANT, steps=6, optimizer={**WSD, "decay_fraction": 1 / 3}),
         derive_seed(RECIPE_SEED, "train"))
+    return trunk, branch, straight
+
+
+def test_a_decay_branch_of_a_wsd_trunk_is_bitwise_the_run_that_decays_there(runs, tmp_path):
+    """An 8-step WSD trunk (decay over its last 2 steps) branched at its stable checkpoint 4 into a 2-step
+    decay ends bitwise where a straight 6-step WSD run that decays over its last 2 steps ends."""
+    _, storage, inputs, _, located = runs
+    trunk, branch, straight = branch_and_straight(storage, inputs, located, tmp_path / "straight")
+    assert branch.step_id != trunk.step_id and storage.is_committed(branch.step_id)
     out = storage.step_dir(branch.step_id)
     lr = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
     peak = pytest.approx(CONSTANT["optimizer"]["lr"], rel=1e-6)

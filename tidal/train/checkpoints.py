@@ -75,6 +75,11 @@ from tidal.train.tree_hash import tree_sha256
 LATEST_MANIFEST = CHECKPOINT_MANIFEST  # the one name: tidal/train/__init__.py (a light import)
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:2000] if text else ""
+
+
 class CheckpointSaveFailed(RuntimeError):
     """Saving a checkpoint failed (a full disk, an unreachable bucket); the message names the
     checkpoint and the cause. Earlier checkpoints stay verified and restorable."""
@@ -379,7 +384,9 @@ class Checkpointer:
             except Exception as err:
                 if not self._save_failed:
                     raise
-                self.log.info("orbax's close repeated the failed save's error: %s: %s", type(err).__name__, err)
+                # its text can hold a whole formatted traceback (seen under load): the first line says it
+                self.log.info("orbax's close repeated the failed save's error: %s: %s", type(err).__name__,
+                              _first_line(err))
 
 
 __all__ = ["LATEST_MANIFEST", "CheckpointMismatch", "CheckpointSaveFailed", "Checkpointer"]

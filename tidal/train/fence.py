@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 
 from tidal.settings import current
-from tidal.storage import StorageSettings, open_storage, staging
+from tidal.storage import StorageError, StorageSettings, open_storage, staging
 from tidal.storage.lease import Lease, LeaseTimeout
 
 EXIT_HELD = 3
@@ -73,7 +73,8 @@ def hold(location: str, *, ttl_s: float | None = None, wait_s: float | None = No
     """Acquire the training lease of the train step staged at ``location``.
 
     Args:
-        location: the step's staging URI, ``{root}/.staging/{step_id}/``.
+        location: the step's staging URI, ``{root}/.staging/{step_id}/`` (lease under ``{root}/.leases/``),
+            or any other step directory in a bucket (lease under its parent's ``.leases/``).
         ttl_s: seconds the lease lives without a heartbeat (default ``TIDAL_TRAIN_LEASE_TTL_S``, 60 s:
             a node lost with its holder delays the retry by at most this; GKE takes longer than that to
             reschedule a pod from a lost node).
@@ -82,10 +83,12 @@ def hold(location: str, *, ttl_s: float | None = None, wait_s: float | None = No
 
     Raises:
         TrainingHeld: another process held it for all of ``wait_s``; names it.
-        StorageError: ``location`` is not a staging location.
     """
-    root, step_id = staging.parse_location(location)
     name = location.rstrip("/").rsplit("/", 1)[-1]  # {step_id}, or a copy's own name: its own trainer
+    try:
+        root, step_id = staging.parse_location(location)
+    except StorageError:  # a step directory given by hand (a reference run): the lease beside it
+        root, step_id = location.rstrip("/").rsplit("/", 1)[0], name
     ttl_s = float(ttl_s if ttl_s is not None else current().train_lease_ttl_s)
     wait_s = 1.5 * ttl_s if wait_s is None else wait_s
     lease = open_storage(root, settings=StorageSettings(lease_ttl_s=ttl_s)).lease(name + SUFFIX)
