@@ -8,7 +8,7 @@ parameters and whole loss curve are bitwise those of an uninterrupted run in one
 root (the last attempt on a node whose every disk is smaller than the step's inputs), each SIGKILL
 resumed from the newest checkpoint that had reached the bucket, the SIGTERM from the step it stopped
 at, and the commit sent no checkpoint a second time. Every trainer reaches the bucket through a proxy that
-answers 1 % of its calls with 500 or 503 (issue 43: object stores do; retried, never a failure).
+answers 5 % of its calls with 500 or 503 (issue 43: object stores do; retried, never a failure).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, l
     targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
     losses = list(zip(["SIGKILL", "SIGTERM", "SIGKILL"], targets, strict=True))
     root = slice_root
-    # and every 100th call of each trainer to the bucket answered 500 or 503 (1 %): retried, same bytes
+    # and every 20th call of each trainer to the bucket answered 500 or 503 (5 %): retried, same bytes
     run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path,
-                             last_disk_mb=DISK_MB, faults_every=100)
+                             last_disk_mb=DISK_MB, faults_every=20)
     logs = "\n".join(f"--- {a.node} ({a.lost} at {a.target}) rc={a.returncode}\n{a.log[-2500:]}" for a in run.attempts)
 
     first, *resumed = run.attempts
@@ -59,7 +59,7 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, l
             # lost: the steps since it, at most checkpoint_every plus those a save in flight took
             assert 0 <= before.last_step - after.resumed_from <= 2 * EVERY, logs
     assert run.attempts[-1].returncode == 0 and run.attempts[-1].last_step == STEPS, logs
-    assert sum(a.injected for a in run.attempts) >= 5, [a.injected for a in run.attempts]  # the faults happened
+    assert sum(a.injected for a in run.attempts) >= 20, [a.injected for a in run.attempts]  # the faults happened
     inputs = sc.input_bytes(cluster, root, text, tmp_path, names=(run.step_name,))[run.step_name]
     assert inputs > DISK_MB * 2**20, inputs  # it trained on a node that could not hold its data
     assert "COMMITTED" in run.commit_output, run.commit_output[-3000:]

@@ -35,15 +35,15 @@ def shared_run(cluster, local_root, tmp_path_factory):
     steps = sc.step_names(text, tmp)
     root = f"s3://tidal/sn-{uuid.uuid4().hex[:8]}"
     # one step of each kind split over three nodes (bench/share_nothing.py splits every one)
-    # ... and every 20th call to the bucket answered with a 500 or 503 (5 %): retried, never a failure
-    run = sc.run_on_nodes(cluster, text, steps, root=root, run_key="sn-run", split_each=False, faults_every=20)
+    # ... and every 100th call to the bucket answered with a 500 or 503 (1 %): retried, never a failure
+    run = sc.run_on_nodes(cluster, text, steps, root=root, run_key="sn-run", split_each=False, faults_every=100)
     local_root, _ = sc.run_local(text, tmp, _host_env(), local_root)
     return {"text": text, "steps": steps, "run": run, "root": root, "local_root": local_root, "tmp": tmp}
 
 
 def test_every_step_on_its_own_node_gives_the_bytes_of_a_local_run(cluster, shared_run):
     steps, run = shared_run["steps"], shared_run["run"]
-    assert run.injected.get(500, 0) > 10 and run.injected.get(503, 0) > 10, run.injected  # the faults happened
+    assert sum(run.injected.values()) >= 4 and set(run.injected) == {500, 503}, run.injected  # the faults happened
     remote = sc.bucket_markers(cluster, shared_run["root"])
     assert sorted(remote) == sorted(step_id for _, step_id, _ in steps)
     differ = sc.differences(cluster, shared_run["root"], shared_run["local_root"], steps)
