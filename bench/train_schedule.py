@@ -77,6 +77,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tidal-train-schedule-"))
     server = MotoServer().start()
     try:
+        (work / "branch").mkdir()
         bitwise = decay_branch_bitwise(work / "branch")
         print(f"decay branch at 4 of an 8-step WSD trunk == straight 6-step WSD run: {bitwise}", flush=True)
 
