@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from tidal.files.counting import CountingReader, bytes_fetched, count, ranged_gets
 from tidal.files.npy import NpyRows
 from tidal.files.retry import with_retries
 from tidal.settings import current as current_settings
@@ -48,33 +49,12 @@ from tidal.storage.layout import MANIFEST_JSON
 DEFAULT_REGION = "us-east-1"
 COPY_CHUNK_BYTES = 8 << 20  # local_copy streams in chunks of this size (and sha256 from a bucket: one GET each)
 LOCAL_HASH_CHUNK_BYTES = 1 << 20  # sha256 of a local file reads chunks of this size (as integrity.hashing)
-TAIL_CACHE_BYTES = 1 << 20  # a parquet file's tail read (footer) kept for reads inside it
 S3_MAX_ATTEMPTS = 8  # AWS standard retry strategy (exponential backoff with jitter) on 5xx / throttling
 S3_CONNECT_TIMEOUT_S = 10.0
 S3_REQUEST_TIMEOUT_S = 60.0  # honoured by the AWS SDK on some platforms only (pyarrow.fs.S3FileSystem docs)
 
 _lock = threading.Lock()
-_fetched = [0]
-_ranged_gets = [0]
 _filesystems: dict[tuple[str | None, str], pafs.FileSystem] = {}
-
-
-def bytes_fetched() -> int:
-    """Bytes read from a bucket through :class:`StepFiles` in this process so far (every byte a
-    read returned: whole files, ranges, parquet footers and column chunks); local reads count 0.
-    Take a difference around the work to measure it."""
-    return _fetched[0]
-
-
-def ranged_gets() -> int:
-    """Ranged reads (:meth:`StepFiles.read_range`, one GET each) from a bucket in this process so far;
-    take a difference around the work (the trainer's GETs per step, bench/train_schedule.py)."""
-    return _ranged_gets[0]
-
-
-def _count(n: int) -> None:
-    with _lock:
-        _fetched[0] += n
 
 
 def is_uri(location: str | Path) -> bool:
@@ -111,74 +91,6 @@ def s3_filesystem(scheme: str = "s3") -> pafs.S3FileSystem:
             _filesystems[key] = pafs.S3FileSystem(**kwargs)
         return _filesystems[key]
 
-
-class _CountingReader:
-    """A file-like view of a pyarrow file from a bucket that counts the bytes it fetches.
-
-    Parquet readers first read the file's last 64 KiB (the footer, speculatively) and then the
-    column chunks; for a file that small the chunks lie inside that tail, so the tail read is kept
-    (up to :data:`TAIL_CACHE_BYTES`) and later reads inside it are served from memory, not fetched
-    again.
-    """
-
-    def __init__(self, raw: pa.NativeFile, name: str = ""):
-        self._raw, self.name = raw, name
-        self._size = raw.size()
-        self._tail: tuple[int, bytes] | None = None
-        self.closed = False
-
-    def _cached(self, nbytes: int | None) -> bytes | None:
-        if self._tail is None:
-            return None
-        position = self._raw.tell()
-        end = self._size if nbytes is None or nbytes < 0 else min(position + nbytes, self._size)
-        start, data = self._tail
-        if start <= position and end <= start + len(data):
-            self._raw.seek(end)
-            return data[position - start:end - start]
-        return None
-
-    def _fetch(self, nbytes: int | None) -> bytes:
-        position = self._raw.tell()
-
-        def attempt() -> bytes:
-            self._raw.seek(position)
-            return self._raw.read(None if nbytes is None or nbytes < 0 else nbytes)
-
-        data = with_retries(attempt, what=f"{self.name} bytes {position}+{nbytes}")
-        _count(len(data))
-        if position + len(data) == self._size and len(data) <= TAIL_CACHE_BYTES:
-            self._tail = (position, data)
-        return data
-
-    def read(self, nbytes: int | None = -1) -> bytes:
-        cached = self._cached(nbytes)
-        return cached if cached is not None else self._fetch(nbytes)
-
-    def read_buffer(self, nbytes: int | None = None) -> pa.Buffer:
-        return pa.py_buffer(self.read(nbytes))
-
-    def seek(self, position: int, whence: int = 0) -> int:
-        return self._raw.seek(position, whence)
-
-    def tell(self) -> int:
-        return self._raw.tell()
-
-    def size(self) -> int:
-        return self._raw.size()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-        self._raw.close()
 
 
 class StepFiles:
@@ -321,7 +233,7 @@ class StepFiles:
             if not self.exists(name):
                 raise self._missing(name) from None
             raise
-        _count(len(data))
+        count(len(data))
         if checked:
             self._verify(name, len(data), hashlib.sha256(data).hexdigest())
         return data
@@ -361,7 +273,7 @@ class StepFiles:
             with self.open_stream(name) as stream:
                 while chunk := stream.read(chunk_bytes):
                     if self.remote:
-                        _count(len(chunk))
+                        count(len(chunk))
                     digest.update(chunk)
                     size += len(chunk)
             return digest.hexdigest(), size
@@ -405,7 +317,7 @@ class StepFiles:
             self._manifest = {}
             if name_size := self._info_size(MANIFEST_JSON):
                 data = with_retries(lambda: self._read_whole(MANIFEST_JSON), what=self.uri_of(MANIFEST_JSON))
-                _count(len(data))
+                count(len(data))
                 try:
                     self._manifest = {e["path"]: e for e in json.loads(data)["files"]}
                 except (ValueError, KeyError, TypeError):
@@ -451,7 +363,7 @@ class StepFiles:
                 raise
             with stream, open(tmp, "wb") as out:
                 while chunk := stream.read(COPY_CHUNK_BYTES):
-                    _count(len(chunk))
+                    count(len(chunk))
                     digest.update(chunk)
                     size += len(chunk)
                     out.write(chunk)
@@ -481,7 +393,7 @@ class StepFiles:
             if not self.exists(name):
                 raise self._missing(name) from None
             raise
-        return pa.PythonFile(_CountingReader(raw, self.uri_of(name)), mode="r") if self.remote else raw
+        return pa.PythonFile(CountingReader(raw, self.uri_of(name)), mode="r") if self.remote else raw
 
     def _handle(self, name: str) -> pa.NativeFile:
         with self._handle_lock:
@@ -511,9 +423,7 @@ class StepFiles:
         data = with_retries(lambda: handle.read_at(length, offset),
                             what=f"{self.uri_of(name)} bytes {offset}+{length}")
         if self.remote:
-            _count(len(data))
-            with _lock:
-                _ranged_gets[0] += 1
+            count(len(data), get=True)
         return data
 
     def array(self, name: str) -> np.ndarray | NpyRows:
@@ -540,4 +450,4 @@ class StepFiles:
             handle.close()
 
 
-__all__ = ["NpyRows", "StepFiles", "bytes_fetched", "ranged_gets", "s3_filesystem"]
+__all__ = ["NpyRows", "StepFiles", "bytes_fetched", "ranged_gets", "s3_filesystem"]  # counters: tidal/files/counting.py
