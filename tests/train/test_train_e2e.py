@@ -389,3 +389,38 @@ def test_block_reads_train_and_resume_bitwise(tmp_path, inputs):
     assert train(stopped.out_dir, load_spec(stopped.out_dir), stop_after=13) is None
     resumed = train(stopped.out_dir, load_spec(stopped.out_dir))
     assert losses(stopped.out_dir) == curve and resumed["final_train_loss"] == summary["final_train_loss"]
+
+
+def test_load_time_mixture_trains_and_resumes_bitwise_across_a_stage_end(tmp_path, inputs):
+    """mixture.load_time with two stages (the second starts at step 12: 96 sequences, blocks of 16): the mix
+    step writes only its index, the trainer reads each batch row from its tokenize step, the loss falls, and a
+    run stopped at step 10 resumes across the stage end bitwise."""
+    from tidal.data import mix as mix_step
+    from tidal.train.trainer import load_spec, train
+
+    tokenized = {}
+    for i, (src, n) in enumerate((("a", 40), ("b", 24))):
+        directory = tmp_path / f"tokenize-{src}"
+        write_tokens(directory, n, seed=10 + i, meta_name="meta.json")
+        (directory / "meta.json").write_text(json.dumps({"tokenizer_hash": TOK_HASH, "seq_len": SEQ_LEN,
+                                                         "dtype": "uint16", "n_sequences": n}))
+        tokenized[f"tokenize-{src}"] = directory
+    (tmp_path / "mix").mkdir()
+    mix_config = {"weights": {"a": 0.5, "b": 0.5}, "inputs": {"a": "tokenize-a", "b": "tokenize-b"},
+                  "n_sequences": None, "shards": 1, "load_time": True, "block_sequences": 16, "batch_size": 8,
+                  "size": {"mode": "token_budget", "tokens": STEPS * 8 * SEQ_LEN, "max_epochs": 4.0},
+                  "stages": [{"weights": {"a": 0.75, "b": 0.25}, "until_step": 12}, {"weights": {"a": 0.25, "b": 0.75}}]}
+    mix_step.run(StepContext("mix-t", "mix", "mix", mix_config, tmp_path / "mix", tokenized, seed=5))
+    assert [p.name for p in (tmp_path / "mix").iterdir()] == ["mixture.json"]
+    stages = json.loads((tmp_path / "mix" / "mixture.json").read_text())["load_time"]["stages"]
+    assert stages[1]["start_sequence"] == 96
+    mixed = {**inputs, "mix": tmp_path / "mix", **tokenized}
+    whole, stopped = (make_ctx(tmp_path / name, mixed) for name in ("whole", "stopped"))
+    for ctx in (whole, stopped):
+        tidal.train.write_spec(ctx)
+    summary = train(whole.out_dir, load_spec(whole.out_dir))
+    curve = losses(whole.out_dir)
+    assert curve[-1][1] < curve[0][1]
+    assert train(stopped.out_dir, load_spec(stopped.out_dir), stop_after=10) is None
+    resumed = train(stopped.out_dir, load_spec(stopped.out_dir))
+    assert losses(stopped.out_dir) == curve and resumed["final_train_loss"] == summary["final_train_loss"]

@@ -159,7 +159,13 @@ def plan_mix(p: Planning) -> list[Step]:
     config = {"seed": recipe.seed, "weights": dict(sorted(recipe.mixture.weights.items())),
               "inputs": {src: step.name for src, step in tokenized.items()},
               "n_sequences": recipe.mixture.n_sequences, "shards": recipe.mixture.shards,
-              **recipe.mixture.size_config()}  # nothing for the default smallest_source: ids unchanged
+              **recipe.mixture.size_config(),  # nothing for the default smallest_source: ids unchanged
+              **recipe.mixture.load_time_config()}  # nothing for a copied mixture
+    if recipe.mixture.uses_steps():
+        if p.suite is not None:
+            raise RecipeError("mixture.stages: until_step needs one batch size, and a scaling suite's grid points "
+                              "have their own; end the stages with until_fraction")
+        config["batch_size"] = recipe.train.batch_size
     return [planned("mix", "mix", config, tuple(tokenized.values()))]
 
 
@@ -178,7 +184,8 @@ def plan_stats(p: Planning) -> list[Step]:
 def plan_gate(p: Planning) -> list[Step]:
     """``gate``: the recipe's ``gate`` section over the stats (weights normalized by MixtureSettings)."""
     recipe = p.recipe
-    config = {"stats": "stats", **recipe.gate.model_dump(), "weights": dict(sorted(recipe.mixture.weights.items()))}
+    weights = recipe.mixture.expected_weights(recipe.tokenize.seq_len, recipe.train.batch_size)  # staged: overall
+    config = {"stats": "stats", **recipe.gate.model_dump(), "weights": dict(sorted(weights.items()))}
     return [planned("gate", "gate", config, (p.steps["stats"],))]
 
 
@@ -199,7 +206,8 @@ def plan_train(p: Planning) -> list[Step]:
         step, config["continue_from"] = p.continuation(recipe.train)
         parent = (step,)
     heldout = recipe.train_sources if p.heldout is not None else []
-    tokenized = p.of("tokenize", sorted({*recipe.eval_sources, *heldout}))
+    mixed = recipe.train_sources if recipe.mixture.load_time else []  # read in place, by the mixture's index
+    tokenized = p.of("tokenize", sorted({*recipe.eval_sources, *heldout, *mixed}))
     config = {"seed": recipe.seed, **config, "train_data": "mix",
               "eval_data": {src: f"tokenize-{src}" for src in recipe.eval_sources},
               **({"heldout_data": {src: f"tokenize-{src}" for src in heldout}} if heldout else {}),

@@ -21,6 +21,9 @@ first; a distributed shuffle would add nothing but non-trivial determinism work.
 read in place: each source's ``meta.json`` and only the picked rows of its token shards (each
 row fetched once, however often it is repeated).
 
+A load-time mixture (``mixture.load_time: true``) copies nothing: :mod:`tidal.data.mix_load_time` writes
+its index instead.
+
 Config (:class:`tidal.data.mix_config.MixConfig`): weights {src: w > 0}, inputs {src: tokenize
 step name}, shards (output count), size (``smallest_source`` by default; ``token_budget``),
 n_sequences (smallest_source only; None: the largest N whose largest-remainder counts fit every
@@ -41,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import tidal.data.jobcli
+import tidal.data.mix_load_time
 from tidal.context import StepContext
 from tidal.data.mix_config import MixConfig
 from tidal.data.mix_sizing import (
@@ -126,6 +130,8 @@ def run(ctx: StepContext) -> dict:
         raise MixtureError(
             f"step {ctx.name}: {len(weights)} sources, at most {MAX_SOURCES} fit sources.npy (uint8)"
         )
+    if cfg.load_time:  # an index over the tokenized sources, no tokens copied
+        return tidal.data.mix_load_time.run(ctx, cfg, metas)
     available = {src: int(meta["n_sequences"]) for src, meta in metas.items()}
     sources = sorted(weights)
     seq_len, tokenizer_hash = metas[sources[0]]["seq_len"], metas[sources[0]]["tokenizer_hash"]

@@ -217,6 +217,8 @@ def mix_rows(step: StepFiles | str | Path, available: dict[str, int] | None = No
     gets no sizing row, and ``all`` none either."""
     mixture = StepFiles.open(step).read_json("mixture.json")
     rows = [(ALL, "total_tokens", mixture["n_sequences"] * mixture["seq_len"])]
+    if "load_time" in mixture:  # tidal/data/mix_load_time.py recounted its blocks against their stages
+        rows.append((ALL, "mixture_stage_counts_exact", int(bool(mixture["load_time"].get("stage_counts_exact")))))
     for src in mixture["sources"]:
         rows += [
             (src, "mixture_weight_requested", mixture["requested"][src]),

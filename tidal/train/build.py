@@ -34,6 +34,7 @@ from tidal.train.loader import (
     token_byte_lengths,
 )
 from tidal.train.metrics import model_flops_utilisation, peak_flops
+from tidal.train.mixed import MixedShards, is_load_time
 from tidal.train.model import ModelShape, init_params
 from tidal.train.optimizer import make_optimizer
 
@@ -43,7 +44,7 @@ class Inputs:
     """The opened inputs of a train step: tokenizer metadata, train and eval token data."""
 
     tokenizer_meta: dict[str, Any]
-    train: TokenShards
+    train: TokenShards | MixedShards
     evals: dict[str, TokenShards]
     token_bytes: np.ndarray | None = None
 
@@ -51,8 +52,9 @@ class Inputs:
 def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
     """Open the tokenizer, train and eval steps named by ``cfg`` among ``inputs`` (step name ->
     directory or bucket URI, as ``spec.json`` records them; ``heldout_data`` steps give the eval sets
-    ``heldout/<source>``, their held-out split), in place: from a bucket only the
-    metadata, the ``.npy`` headers and ``tokenizer.json`` are read here, token rows per batch.
+    ``heldout/<source>``, their held-out split; a load-time mixture's sources: :mod:`tidal.train.mixed`),
+    in place: from a bucket only the metadata, the ``.npy`` headers and ``tokenizer.json`` are read here,
+    token rows per batch.
 
     Raises:
         ConfigError: a named input step is not among ``inputs``.
@@ -66,7 +68,9 @@ def open_inputs(cfg: TrainStepConfig, inputs: dict[str, str]) -> Inputs:
 
     tok = where(cfg.tokenizer)
     meta = read_tokenizer_meta(tok)
-    train = TokenShards(where(cfg.train_data), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
+    mix = where(cfg.train_data)
+    train = (MixedShards(mix, where, tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri) if is_load_time(mix)
+             else TokenShards(mix, tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri))
     evals = {src: TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"], tokenizer_dir=tok.uri)
              for src, step in sorted(cfg.eval_data.items())}
     evals |= {f"{EVAL_PREFIX}{src}": TokenShards(where(step), tokenizer_hash=meta["tokenizer_hash"],

@@ -190,7 +190,8 @@ class BatchLoader:
     resumed run's first batch is read on demand.
 
     Args:
-        shards: the training data.
+        shards: the training data: :class:`TokenShards`, or a load-time mixture
+            (:class:`tidal.train.mixed.MixedShards`, ``ordered``: positions are read in order).
         batch_size: B, sequences per batch.
         seed: the step seed (non-negative int, e.g. 63-bit).
         vocab_size: when given, ids are checked against it on every batch.
@@ -203,7 +204,7 @@ class BatchLoader:
         ValueError: ``batch_size`` not positive; with block reads, fewer sequences than ``batch_size``.
     """
 
-    def __init__(self, shards: TokenShards, batch_size: int, seed: int, vocab_size: int | None = None,
+    def __init__(self, shards: Any, batch_size: int, seed: int, vocab_size: int | None = None,
                  rows: slice | None = None, block_reads: tuple[int, int] | None = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -212,6 +213,10 @@ class BatchLoader:
         self._ahead: dict[int, Future] = {}
         self._reader: ThreadPoolExecutor | None = None
         self.blocks: BlockCache | None = None
+        self.ordered = bool(getattr(shards, "ordered", False))  # a load-time mixture: already in training order
+        if block_reads is not None and self.ordered:
+            raise ValueError("a load-time mixture is read in its own order (tidal/data/mixture_index.py); "
+                             "leave train.block_reads out")
         if block_reads is not None:
             row_bytes = shards.seq_len * shards.shards[0].dtype.itemsize
             order = BlockOrder(shards.n_sequences, batch_size, seed, row_bytes, *block_reads)
@@ -221,6 +226,8 @@ class BatchLoader:
         """Global sequence indices ``[B]`` (int64) read at 0-based ``step``."""
         if self.blocks is not None:
             return self.blocks.order.indices(step)
+        if self.ordered:  # stream positions; the mixture index shuffles and stages them
+            return np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
         n = self.shards.n_sequences
         positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
         epochs, offsets = np.divmod(positions, n)
