@@ -47,4 +47,5 @@ def test_stages_ending_at_a_step_hash_the_batch_size():
 def test_a_stage_naming_an_unknown_source_is_one_error_naming_the_field():
     with pytest.raises(RecipeError, match=r"mixture\.stages\.0\.weights.*sources \['web'\] are not in"):
         load_recipe(TINY, {"mixture.load_time": True, "mixture.size": BUDGET,
-                           "mixture.stages": [{"weights": {"web": 1}, "until_fraction": 0.5}, {"weights": {"brown": 1}}]})
+                           "mixture.stages": [{"weights": {"web": 1}, "until_fraction": 0.5},
+                                              {"weights": {"brown": 1}}]})

@@ -159,3 +159,16 @@ def test_a_decay_branch_of_a_wsd_trunk_is_bitwise_the_run_that_decays_there(runs
     assert losses(out) == losses(straight)
     got, want = final_params(out), final_params(straight)
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+    # the same branch planned beside its trunk (train.decay_branches): the trunk read as an input of the graph
+    from types import SimpleNamespace
+
+    from tidal.core.plans import decay_branches
+
+    recipe = SimpleNamespace(train=SimpleNamespace(branch_points=lambda: [(4, 2)]))
+    [in_graph] = decay_branches(recipe, trunk, trunk.config, inputs)
+    assert in_graph.name == "train-decay-4-2" and in_graph.config["continue_from"]["input"] == "train"
+    run_step(in_graph, storage)
+    out = storage.step_dir(in_graph.step_id)
+    assert losses(out) == losses(straight)
+    got = final_params(out)
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

@@ -409,7 +409,8 @@ def test_load_time_mixture_trains_and_resumes_bitwise_across_a_stage_end(tmp_pat
     mix_config = {"weights": {"a": 0.5, "b": 0.5}, "inputs": {"a": "tokenize-a", "b": "tokenize-b"},
                   "n_sequences": None, "shards": 1, "load_time": True, "block_sequences": 16, "batch_size": 8,
                   "size": {"mode": "token_budget", "tokens": STEPS * 8 * SEQ_LEN, "max_epochs": 4.0},
-                  "stages": [{"weights": {"a": 0.75, "b": 0.25}, "until_step": 12}, {"weights": {"a": 0.25, "b": 0.75}}]}
+                  "stages": [{"weights": {"a": 0.75, "b": 0.25}, "until_step": 12},
+                             {"weights": {"a": 0.25, "b": 0.75}}]}
     mix_step.run(StepContext("mix-t", "mix", "mix", mix_config, tmp_path / "mix", tokenized, seed=5))
     assert [p.name for p in (tmp_path / "mix").iterdir()] == ["mixture.json"]
     stages = json.loads((tmp_path / "mix" / "mixture.json").read_text())["load_time"]["stages"]

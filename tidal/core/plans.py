@@ -25,7 +25,7 @@ from tidal.eval.config import DownstreamSettings, lm_eval_version
 from tidal.kinds import kind_spec
 from tidal.recipe import Recipe, TrainConfig
 from tidal.scaling.suite import FIT_STEP, GridPoint, Suite, plan_grid
-from tidal.steps import Step
+from tidal.steps import Step, derive_seed
 
 Continuation = Callable[[TrainConfig], tuple[Step, dict[str, Any]]]
 
@@ -197,7 +197,7 @@ def plan_train(p: Planning) -> list[Step]:
         RecipeError: the recipe continues a run and there is no continuation, or it refuses it.
     """
     recipe = p.recipe
-    config = recipe.train.model_dump(exclude={"resources"})
+    config = recipe.train.model_dump(exclude={"resources", "decay_branches"})  # branches: steps of their own
     parent: tuple[Step, ...] = ()
     if recipe.train.continue_from is not None:
         if p.continuation is None:
@@ -214,7 +214,11 @@ def plan_train(p: Planning) -> list[Step]:
               "tokenizer": "tokenizer"}
     inputs = (p.steps["mix"], p.steps["tokenizer"], *tokenized.values(), p.steps["gate"], *parent)
     if p.suite is None:
-        return [*parent, planned("train", "train", config, inputs)]
+        trunk = planned("train", "train", config, inputs)
+        return [*parent, trunk, *decay_branches(recipe, trunk, config, inputs)]
+    if recipe.train.decay_branches:
+        raise RecipeError("train.decay_branches: not in a scaling suite (its grid points are the runs); branch a "
+                          "recipe's own train step")
     train = p.suite.train
     return [planned(g.name, "train", {**config, "model": g.model, "steps": g.steps, "batch_size": g.batch_size,
                                       "optimizer": {**config["optimizer"], "lr": g.lr, "warmup_steps": g.warmup_steps},
@@ -222,6 +226,21 @@ def plan_train(p: Planning) -> list[Step]:
                                       "checkpoint_every": min(train.checkpoint_every or g.steps, g.steps),
                                       "log_every": min(train.log_every, g.steps)}, inputs)
             for g in p.points]
+
+
+def decay_branches(recipe: Any, trunk: Step, config: dict[str, Any], inputs: tuple[Step, ...]) -> list[Step]:
+    """``train.decay_branches``: per branch ``(at, k)`` a train step ``train-decay-<at>-<k>`` that restores the
+    trunk's permanent checkpoint ``at`` and decays over ``k`` updates (``continue_from.schedule: decay``,
+    bitwise the WSD run of ``at + k`` steps that decays there). Its id follows the trunk's id, ``at`` and ``k``:
+    the trunk is read as an input of the same graph, so no checkpoint hash is known at plan time and none is
+    hashed (the trunk's id is the content address of its checkpoints). The batches continue the trunk's order."""
+    ref = config.get("continue_from")
+    data_seed = ref["data_seed"] if ref else derive_seed(int(config["seed"]), trunk.name)
+    return [planned(f"{trunk.name}-decay-{at}-{k}", "train", {
+        **config, "steps": at + k,
+        "continue_from": {"step": trunk.step_id, "checkpoint": at, "schedule": "decay", "checkpoint_step": at,
+                          "checkpoint_root_hash": None, "data_seed": data_seed, "input": trunk.name}},
+        (*inputs, trunk)) for at, k in recipe.train.branch_points()]
 
 
 def plan_eval(p: Planning) -> list[Step]:

@@ -133,11 +133,22 @@ class ContinueFrom(Strict):
 
 class ResolvedContinue(ContinueFrom):
     """``continue_from`` as the planner writes it into the step config: what the user named plus what
-    was read from the committed parent (hashed, so the step id depends on the checkpoint's content)."""
+    was read from the committed parent (hashed, so the step id depends on the checkpoint's content).
+
+    A decay branch planned in the same recipe as its trunk (``train.decay_branches``) has no committed
+    parent to read at plan time: ``checkpoint_root_hash`` is then None (the trunk's id, which is the
+    content address of its checkpoints, is in ``step``) and ``input`` names the trunk's step."""
 
     checkpoint_step: PositiveInt = Field(description="completed updates of the parent's checkpoint")
-    checkpoint_root_hash: Sha256Hex = Field(description="root hash of that checkpoint's manifest")
+    checkpoint_root_hash: Sha256Hex | None = Field(description="root hash of that checkpoint's manifest; None "
+                                                   "for a trunk planned in the same recipe")
     data_seed: NonNegativeInt = Field(description="the parent's step seed: the batch order continued")
+    input: InputStep = Field(default=CONTINUE_INPUT, description="the input step holding the parent")
+
+    @model_serializer(mode="wrap")
+    def _omit_in_recipe(self, handler: Any) -> dict[str, Any]:
+        # a committed parent's reference dumps as before (its step ids unchanged)
+        return omit_unused(handler(self), {"input": CONTINUE_INPUT})
 
 
 # Upper bounds of the fields whose runaway value costs money or never ends (issue 43): each far above
@@ -220,8 +231,9 @@ class TrainConfig(Strict):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
+        # (decay_branches: the recipe's TrainSection, tidal/recipe/training.py; one serializer per model tree)
         return omit_unused(handler(self), dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
-                                                          "continue_from", "block_reads")))
+                                                          "continue_from", "block_reads", "decay_branches")))
 
 
 class TrainStepConfig(TrainConfig):

@@ -49,11 +49,13 @@ def parent_location(spec: dict[str, Any]) -> str:
     Raises:
         ConfigError: the spec continues a run but has no :data:`CONTINUE_INPUT` input.
     """
+    ref = spec["config"].continue_from if hasattr(spec.get("config"), "continue_from") else None
+    name = ref.input if ref is not None else CONTINUE_INPUT  # an in-recipe branch names its trunk's step
     try:
-        return str(spec["inputs"][CONTINUE_INPUT])
+        return str(spec["inputs"][name])
     except (KeyError, TypeError):
         raise ConfigError(f"train config continues a run (continue_from) but the step has no input "
-                          f"{CONTINUE_INPUT!r}; inputs: {sorted(spec.get('inputs') or {})}") from None
+                          f"{name!r}; inputs: {sorted(spec.get('inputs') or {})}") from None
 
 
 def adopt_parent_checkpoint(ref: ResolvedContinue, parent: str, checkpoints_dir: Path, manifests_dir: Path) -> None:
@@ -84,7 +86,8 @@ def adopt_parent_checkpoint(ref: ResolvedContinue, parent: str, checkpoints_dir:
             manifest, problems = None, [f"manifest unreadable: {type(err).__name__}: {err}"]
         if not problems:
             shutil.copytree(source, dest)
-    if manifest is not None and not problems and manifest.get("root_hash") != ref.checkpoint_root_hash:
+    planned = ref.checkpoint_root_hash  # None: a trunk of the same recipe, named by its id (content-addressed)
+    if manifest is not None and not problems and planned is not None and manifest.get("root_hash") != planned:
         problems = [f"manifest root hash {manifest.get('root_hash')} is not the planned {ref.checkpoint_root_hash}"]
     if problems:
         shutil.rmtree(dest, ignore_errors=True)

@@ -93,7 +93,9 @@ def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
     ref = run.cfg.continue_from
     if ref is not None:  # the parent step and the checkpoint this run started from
         tags |= {"tidal.continue_from": ref.step, "tidal.continue_from_checkpoint_step": str(ref.checkpoint_step),
-                 "tidal.continue_from_root_hash": ref.checkpoint_root_hash, "tidal.continue_schedule": ref.schedule}
+                 "tidal.continue_schedule": ref.schedule}
+        if ref.checkpoint_root_hash is not None:  # None: a branch planned with its trunk (the summary has it)
+            tags["tidal.continue_from_root_hash"] = ref.checkpoint_root_hash
     return tags
 
 
@@ -222,7 +224,7 @@ def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
         atomic_write_text(session.metrics_path, parent_metrics(parent, step))
         if ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
             ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
-    print(f"continuing {ref.step} from its checkpoint step {step} (root {ref.checkpoint_root_hash[:12]}, "
+    print(f"continuing {ref.step} from its checkpoint step {step} (root {str(manifest.get('root_hash'))[:12]}, "
           f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
     return step, state, {**manifest, "continued": True}
 
@@ -438,8 +440,11 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         summary["fingerprint_changed"] = "; ".join(session.changed)
     ref = cfg.continue_from
     if ref is not None:
+        adopted = session.step_dir / MANIFEST_DIR / f"{ref.checkpoint_step}.json"  # adopt_parent_checkpoint's
+        root = ref.checkpoint_root_hash or (json.loads(adopted.read_text()).get("root_hash")
+                                            if adopted.exists() else None)
         summary |= {"continue_from": ref.step, "continue_from_checkpoint_step": ref.checkpoint_step,
-                    "continue_from_root_hash": ref.checkpoint_root_hash}
+                    "continue_from_root_hash": root}
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
