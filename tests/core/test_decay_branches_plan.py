@@ -47,3 +47,31 @@ def test_a_branch_that_cannot_start_is_one_error_naming_the_field(overrides, rul
     with pytest.raises(RecipeError, match="train.decay_branches") as err:
         plan(**overrides)
     assert rule in str(err.value)
+
+
+def test_a_branch_puts_its_final_evals_on_the_trunks_eval_curve(tmp_path):
+    """The branch's summary evals land in the trunk's eval-curve run as decayed/<metric> at the branch's last
+    step, through a real MLflow store; the trunk itself and a committed parent's continuation put none."""
+    from mlflow.tracking import MlflowClient
+
+    from tidal.core.branch_curve import branch_curve
+    from tidal.tracking import Tracker
+    from tidal.tracking.curves import CURVE_TAG
+
+    steps = plan(**{"train.decay_branches": [{"at_step": 200, "steps": 40}, {"at_step": 300, "steps": 40}]})
+    summary = {"eval_loss": 3.25, "eval_loss/heldout/brown": 3.5, "eval_bpb/udhr": 1.75, "final_train_loss": 3.0,
+               "checkpoint_root_hash": "ab" * 32}
+    assert branch_curve(steps["train"], summary) is None
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "tidal-branches", pending_dir=tmp_path / "pending")
+    for name, loss in (("train-decay-200-40", 3.25), ("train-decay-300-40", 3.0)):
+        trunk_id, rows = branch_curve(steps[name], {**summary, "eval_loss": loss})
+        assert trunk_id == steps["train"].step_id
+        tracker.log_eval_curve(trunk_id, rows)
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("tidal-branches").experiment_id],
+                               filter_string=f"tags.`{CURVE_TAG}` = '{steps['train'].step_id}'")
+    history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "decayed/eval_loss")}
+    assert history == {(240, 3.25), (340, 3.0)}
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "decayed/eval_bpb/udhr")} == {240, 340}
+    assert "decayed/final_train_loss" not in run.data.metrics

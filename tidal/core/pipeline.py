@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.config import RecipeError
+from tidal.core.branch_curve import branch_curve
 from tidal.core.checkpoint_evals import evaluate_checkpoints
 from tidal.core.commit import StepResult, needs_run
 from tidal.core.continuation import resolve_continuation
@@ -302,6 +303,12 @@ class Pipeline:
                 artifacts=[p for p in artifacts if p.exists()] if result.status == "run" else [],
                 tags=tags, run_id=live_run, lineage=lineage,
             )
+        try:
+            curve = branch_curve(self.graph[result.name], result.summary) if result.status == "run" else None
+        except KeyError:  # a step of another graph (a suite's, a checkpoint eval)
+            curve = None
+        if curve is not None:  # a decay branch: its evals beside its trunk's curve (tidal/core/branch_curve.py)
+            tracker.log_eval_curve(curve[0], curve[1], {"tidal.recipe": self.recipe.name})
 
     def _train_context_files(self, dest: Path) -> list[Path]:
         """What a train run's MLflow artifacts carry beside the step's own files: ``recipe.yaml``

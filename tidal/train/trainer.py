@@ -42,6 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from tidal.files.counting import ranged_gets
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
 from tidal.settings import current
 from tidal.storage.layout import SPEC_JSON as SPEC
@@ -118,6 +119,7 @@ class Session:
     goodput: Goodput = field(default_factory=Goodput)  # badput clocks (set by train: started with it)
     guard: Guard | None = None  # the divergence guard (train.divergence), None without one
     spec: dict[str, Any] = field(default_factory=dict)  # spec.json (a continuation's parent input)
+    data_gets: int | None = None  # ranged GETs this process sent during the loop (token rows from a bucket)
 
     @property
     def metrics_path(self) -> Path:
@@ -341,6 +343,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         evaluate_initial(session, meters, metrics_file)
     status, state = "FAILED", session.state
 
+    gets_before = ranged_gets()
     try:
         with term, Watchdog(current().train_watchdog_s) as watchdog:
             i = session.start
@@ -360,6 +363,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                     continue
                 watchdog.beat(i + 1)
                 i += 1
+            session.data_gets = ranged_gets() - gets_before
             with goodput.timing("checkpoint"):  # the last checkpoint counts before the summary
                 session.manifest = session.ckpt.wait() or session.manifest
         status = "FINISHED"
@@ -418,7 +422,9 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     ``mfu`` (when the device's peak is known), ``peak_memory_bytes``, the loop's wall and CPU
     throughput and the checkpoint save times, ``goodput`` and ``badput_s/<cause>`` of this process
     (:mod:`tidal.train.goodput`); with checkpoints in the bucket, how many this process
-    uploaded and at what rate (``checkpoint_upload_MBps``, 10^6 bytes/s).
+    uploaded and at what rate (``checkpoint_upload_MBps``, 10^6 bytes/s); with the training data in a bucket,
+    ``data_gets_per_step``: the ranged GETs this process sent during the loop per step it ran (its rows of each
+    batch, read ahead).
     """
     run, cfg, ckpt, manifest = session.run, session.run.cfg, session.ckpt, session.manifest
     last_eval = meters.evaluation.last
@@ -460,6 +466,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
                                        meters.throughput.first_step_s)
     if meters.memory.peak:
         summary["peak_memory_bytes"] = meters.memory.peak
+    if session.data_gets is not None and run.loader.shards.remote and cfg.steps > session.start:
+        summary["data_gets_per_step"] = session.data_gets / (cfg.steps - session.start)  # this host's
     if ckpt.save_seconds:
         summary["checkpoint_saves"] = len(ckpt.save_seconds)
         summary["checkpoint_blocking_s_mean"] = statistics.fmean(b for _, b, _ in ckpt.save_seconds)
