@@ -10,7 +10,7 @@ disk. The baseline of the throughput ratio, measured in the same run, is the sam
 process on a local root. Prints one line per trainer attempt and
 
     RESULT kills=3 resumed_from_bucket=true|false bitwise=true|false lost_steps_max=… goodput=…
-           tokens_per_s_stream_vs_local=… ckpt_upload_MBps=… ckpt_upload_vs_raw_put=…
+           tokens_per_s_stream_vs_local=… gets_per_step_per_host=… ckpt_upload_MBps=… ckpt_upload_vs_raw_put=…
 
 ``resumed_from_bucket``: every attempt after a loss started from the newest checkpoint that had
 reached the bucket (the SIGTERM one from the step it stopped at) and fetched it from there.
@@ -24,8 +24,10 @@ the uninterrupted cluster run (token rows read by range requests from the bucket
 uploaded) over the local run's (memory-mapped shards); on this one machine the S3 server (moto, Python)
 shares the trainer's cores, so ``tokens_per_cpu_s_stream_vs_local`` (tokens per CPU second of the
 trainer process, its reading and uploading threads included) says what the streaming costs the
-trainer itself. ``ckpt_upload_MBps``: bytes of checkpoints
-the uninterrupted run uploaded over the seconds the uploads took (10^6 B/s, while training);
+trainer itself. ``gets_per_step_per_host``: ranged GETs of token rows the uninterrupted cluster run's trainer
+sent per step (``data_gets_per_step`` of its summary); the runs read with ``train.block_reads`` (blocks of
+``--block-bytes``, 2 per window) unless ``--block-bytes 0`` (shuffled single rows). ``ckpt_upload_MBps``:
+bytes of checkpoints the uninterrupted run uploaded over the seconds the uploads took (10^6 B/s, while training);
 ``ckpt_upload_vs_raw_put``: that rate over boto3 ``put_object`` of the same files, one after the
 other, to the same server from an idle process. Needs root and PostgreSQL (``make services``).
 """
@@ -70,11 +72,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=20261202, help="draws the three loss steps")
+    parser.add_argument("--block-bytes", type=int, default=1 << 20, help="train.block_reads.block_bytes; 0: "
+                        "shuffled single rows")
     args = parser.parse_args()
     tmp = sc.bench_workdir("node-loss-")
     if tmp is None:
         return 1
-    text = ts.train_recipe(tmp, steps=args.steps, checkpoint_every=args.checkpoint_every)
+    blocks = {"train.block_reads": {"block_bytes": args.block_bytes}} if args.block_bytes else {}
+    text = ts.train_recipe(tmp, steps=args.steps, checkpoint_every=args.checkpoint_every, **blocks)
     steps = sc.step_names(text, tmp)
     train = [s for s in steps if s[2] == "train"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDAL_STORAGE", "TIDAL_S3", "MLFLOW_", "AWS_"))}
@@ -113,6 +118,7 @@ def main() -> int:
           f"lost_steps_max={max(lost)} goodput={goodput:.3f} goodput_uninterrupted={goodput_clean:.3f} "
           f"tokens_per_s_stream_vs_local={summary['tokens_per_second'] / local['tokens_per_second']:.3f} "
           f"tokens_per_cpu_s_stream_vs_local={cpu:.3f} "
+          f"gets_per_step_per_host={summary.get('data_gets_per_step', float('nan')):.3f} "
           f"ckpt_upload_MBps={upload:.1f} ckpt_upload_vs_raw_put={upload / raw:.3f}")
     return 0 if bitwise and resumed else 1
 

@@ -21,7 +21,7 @@ from operators.step import BrokenRecipeOperator, TidalReportOperator, TidalStepO
 from operators.suite_factory import build_suite_dag
 from tidal.core.planner import build_graph
 from tidal.recipe import RecipeError, load_recipe
-from tidal.recipe.loader import read_yaml
+from tidal.recipe.loader import one_owner_error, read_yaml, recipe_name
 from tidal.scaling.suite import is_suite_file
 from tidal.steps import CommittedStep
 
@@ -135,7 +135,9 @@ def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
     One broken recipe must not hide the others (an exception here would make the whole
     DAG file an import error): an invalid recipe, or a second recipe claiming a DAG id
     already taken, becomes a ``tidal_broken_<file>`` DAG whose doc and only task show the
-    error, and the error is logged by the dag-processor.
+    error, and the error is logged by the dag-processor. Files sharing one ``name`` are all refused, as one
+    broken DAG ``tidal_<name>`` whose description names them (shown on the DAG list) and whose error
+    names every file: a winner by file order would run the wrong recipe without a word.
 
     Args:
         only: the DAG id a task process asks for (Airflow's parsing context,
@@ -147,8 +149,24 @@ def build_dags(recipes_dir: Path, only: str | None = None) -> dict[str, DAG]:
         only = None  # why a file is broken may depend on the others (a DAG id taken by an earlier file)
     dags: dict[str, DAG] = {}
     sources: dict[str, Path] = {}
-    for path in sorted(recipes_dir.glob("*.yaml")):
-        if only is not None and not _may_define(path, only):
+    paths = sorted(recipes_dir.glob("*.yaml"))
+    owners: dict[str, list[Path]] = {}
+    for path in paths:  # names only (cheap): a name claimed twice is one broken DAG under that name
+        name = recipe_name(path)
+        if name is not None:
+            owners.setdefault(name, []).append(path)
+    shared = {name: files for name, files in owners.items() if len(files) > 1}
+    for name, files in shared.items():
+        if only is not None and only not in (f"tidal_{name}", checkpoint_dag_id(name)):
+            continue
+        error = one_owner_error(name, files)
+        log.error("recipes %s are broken: %s", ", ".join(map(str, files)), error)
+        dags[f"tidal_{name}"] = broken_recipe_dag(files[0], error, dag_id=f"tidal_{name}",
+                                                  description=f"broken: recipe name {name!r} is claimed by "
+                                                  + " and ".join(p.name for p in files))
+    claimed = {p for files in shared.values() for p in files}
+    for path in paths:
+        if path in claimed or (only is not None and not _may_define(path, only)):
             continue
         try:
             built = [build_dag(path)]
@@ -202,12 +220,14 @@ def _check_serializes(dag: DAG) -> None:
         module.DagSerialization.serialize_dag(dag)
 
 
-def broken_recipe_dag(path: Path, error: str) -> DAG:
-    """A one-task DAG that shows why ``path`` could not become a pipeline DAG."""
+def broken_recipe_dag(path: Path, error: str, dag_id: str | None = None, description: str | None = None) -> DAG:
+    """A one-task DAG that shows why ``path`` could not become a pipeline DAG (``dag_id``: default
+    ``tidal_broken_<file>``; two files claiming one name get ``tidal_<name>`` itself, so the DAG a user looks
+    for says why it is not there)."""
     with DAG(
         auto_register=False,
-        dag_id=broken_dag_id(path),
-        description=f"recipe {path.name} is invalid",
+        dag_id=dag_id or broken_dag_id(path),
+        description=description or f"recipe {path.name} is invalid",
         schedule=None,
         catchup=False,
         tags=["tidal", "broken-recipe"],

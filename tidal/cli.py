@@ -25,6 +25,7 @@ from tidal.audit.ancestry import (
 )
 from tidal.audit.catalog import pipeline_of_run, write_run_plan
 from tidal.audit.models import add_commands
+from tidal.audit.run_keys import check_run_key, newest_run
 from tidal.audit.verify import format_verification, verify_steps
 from tidal.core.commit import step_seed
 from tidal.core.load import load_pipeline
@@ -181,6 +182,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if type(err).__name__ != "StepBlocked":  # a step run too early did not fail: nothing to record
                 _record_failure(pipe, name, run_key, err)
                 _finish_parent(pipe, run_key, "FAILED")
+                print(f"run key {run_key} failed at step {name}: tidal report {args.recipe} --run-key {run_key}",
+                      file=sys.stderr)
             raise
         print(f"{result.status:<4} {result.step_id}  {result.seconds:.2f} s", flush=True)
     _finish_parent(pipe, run_key, "FINISHED")
@@ -213,8 +216,15 @@ def _record_failure(pipe, name: str, run_key: str, err: Exception) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    pipe = pipeline_of_run(args.recipe, args.run_key, args.storage_root)  # the run's own overrides
-    print(format_report(build_report(pipe, args.run_key)))
+    written = load_pipeline(args.recipe, storage_root=args.storage_root)
+    run_key = args.run_key
+    if run_key is None:  # the newest run of the recipe, with whatever overrides it ran (tidal/audit/run_keys.py)
+        newest = newest_run(written)
+        run_key = newest.run_key if newest is not None else None
+    else:
+        check_run_key(written, run_key)  # exit 2 naming the nearest keys
+    pipe = pipeline_of_run(args.recipe, run_key, args.storage_root)  # the run's own overrides
+    print(format_report(build_report(pipe, run_key)))
     return 0
 
 
@@ -367,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-key", help="MLflow parent run key (default: a timestamp)")
     report = add("report", _cmd_report, "summarize a run (buffered MLflow calls are sent first): steps, tokens, "
                  "losses, gate, where things are")
-    report.add_argument("--run-key", help="MLflow parent run key (default: the newest run)")
+    report.add_argument("--run-key", help="the run to show (default: the newest run of the recipe, whatever "
+                        "overrides it ran with); a key that names no run is exit 2 with the nearest keys")
     add("archives", _cmd_archives, "download the recipe's pinned source archives and check sha256")
     forecast = add("forecast", _cmd_forecast, "scaling suite: N*, D* and predicted loss at a compute budget")
     forecast.add_argument("--flops", type=float, required=True, help="training compute C in FLOPs, e.g. 1e21")
@@ -406,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--markdown", action="store_true",
                         help="print the short field reference (two levels) the docs site shows, as Markdown")
     schema.set_defaults(func=_cmd_recipe_schema)
+    for cmd in sub.choices.values():  # every command: library INFO (absl, orbax, JAX) only when asked for
+        cmd.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs (absl, orbax, "
+                         "JAX); without it only their warnings and errors reach the terminal")
     return parser
 
 
@@ -424,6 +438,11 @@ USER_ERRORS = frozenset({
 })
 
 
+# Libraries whose INFO lines are their own bookkeeping (orbax's checkpoint handlers through absl: about 25
+# lines around the 2 lines of `tidal sample`); --verbose lets them through.
+CHATTY_AT_INFO = ("absl", "orbax", "jax", "jax._src")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tidal`` console script.
 
@@ -435,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_libraries()
+    if not getattr(args, "verbose", False):
+        for name in CHATTY_AT_INFO:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         with entry_point():
             return args.func(args)

@@ -34,7 +34,8 @@ def test_report_verify_lineage_and_oncall_follow_the_runs_own_overrides(tmp_path
 
     assert main(["report", str(path), "--run-key", "ov1"]) == 0
     out = capsys.readouterr().out
-    assert "overrides:     train.steps=6" in out and "over 6 training steps" in out, out
+    assert out.startswith("tidal run of recipe overrides_ci (run key ov1, succeeded; overrides: train.steps=6)"), out
+    assert "over 6 training steps" in out, out
     assert "NOT COMMITTED" not in out, out
 
     assert main(["verify", "ov1", "--recipe", str(path), "--json"]) == 0
@@ -53,3 +54,11 @@ def test_report_verify_lineage_and_oncall_follow_the_runs_own_overrides(tmp_path
     assert set(progress) == {"ov2"}
     assert progress["ov2"]["committed"] == progress["ov2"]["planned"] == len(ran.graph.steps)
     assert progress["ov2"]["overrides"] == {"train.steps": 6}
+
+    # issue 44: without --run-key, the newest run (overrides and all); an unknown key is exit 2 naming the nearest
+    assert main(["report", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("tidal run of recipe overrides_ci (run key ov2, succeeded; overrides: "
+                                              "train.steps=6)")
+    assert main(["report", str(path), "--run-key", "ov3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no run with key 'ov3'; nearest: ov2, ov1" in err[0], err

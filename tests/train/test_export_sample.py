@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,3 +237,30 @@ def test_generate_stops_at_end_of_text(committed):
     # with the third greedy token declared end-of-text, generation stops right after it
     eos_model = dataclasses.replace(model, tokenizer_meta={**model.tokenizer_meta, "eos_id": plain[2]})
     assert generate(eos_model, [0, 3, 6], settings) == plain[: plain.index(plain[2]) + 1]
+
+
+def test_read_only_commands_write_nothing_and_print_only_their_output(committed, tmp_path):
+    """Issue 44: sample, export and verify on a committed step change no file of the storage root (orbax used
+    to clean up "existing temporary directories" in the step's checkpoints), and sample prints its text with no
+    library INFO lines around it unless --verbose."""
+    import os
+    import subprocess
+    import sys
+
+    storage, _, step_dir, _ = committed
+    root = Path(storage.root)
+
+    def tree() -> dict[str, tuple[int, int]]:
+        return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+    before = tree()
+    command = [sys.executable, "-m", "tidal.cli", "sample", str(step_dir), "--prompt", PROMPT, "--max-new-tokens", "4"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
+    assert quiet.stdout.startswith(PROMPT) and len(quiet.stdout.splitlines()) <= 2, quiet.stdout
+    assert not [line for line in quiet.stderr.splitlines() if " INFO " in line or line.startswith("I")], quiet.stderr
+    verbose = subprocess.run([*command, "--verbose"], capture_output=True, text=True, timeout=300, env=env, check=True)
+    assert verbose.stdout == quiet.stdout and len(verbose.stderr.splitlines()) > len(quiet.stderr.splitlines())
+    assert main(["export", str(step_dir), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["verify", str(step_dir)]) == 0
+    assert tree() == before

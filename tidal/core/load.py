@@ -7,6 +7,7 @@ from typing import Any
 
 from tidal.core.pipeline import Pipeline
 from tidal.core.suite_pipeline import SuitePipeline
+from tidal.recipe.loader import check_one_owner
 from tidal.scaling.suite import is_suite_file
 
 
@@ -22,9 +23,11 @@ def load_pipeline(recipe_path: str | Path, overrides: dict[str, Any] | None = No
         storage_root: overrides ``$TIDAL_STORAGE_ROOT`` and the recipe's ``storage_root``.
 
     Raises:
-        tidal.recipe.RecipeError: the file is not a valid recipe or suite (names file and field).
+        tidal.recipe.RecipeError: the file is not a valid recipe or suite (names file and field), or another
+            ``*.yaml`` file of its folder has the same ``name`` (names every file).
     """
     path = Path(recipe_path).resolve()
+    check_one_owner(path)  # two files of one name would be one DAG and one experiment
     if is_suite_file(path):
         return SuitePipeline.load_suite(path, overrides, storage_root)
     return Pipeline.load(path, overrides, storage_root)

@@ -168,6 +168,8 @@ def _mlflow_statuses(pipe: Any, run_key: str | None, report: dict[str, Any]) -> 
             return {}
         report["mlflow_run_id"] = parent.run_id
         report["run_key"] = parent.run_key
+        report["run_status"] = {"FINISHED": "succeeded", "FAILED": "failed", "KILLED": "killed"}.get(
+            parent.status, parent.status.lower())
         children = child_runs(uri, parent)
     except (TrackingUnavailable, ValueError) as err:  # tracking never takes the report down
         report["mlflow_error"] = str(err)
@@ -185,10 +187,12 @@ def format_report(report: dict[str, Any]) -> str:
 
     what = (f"scaling suite {report['recipe']} on base recipe {report['base']}" if report.get("kind") == "scaling_suite"
             else f"recipe {report['recipe']}")
+    overrides = ", ".join(f"{k}={v}" for k, v in (report.get("overrides") or {}).items())
+    key = report.get("run_key")
+    head = (f"run key {key}, {report.get('run_status', 'status unknown')}" if key else "no run yet: the recipe as "
+            "written") + f"; overrides: {overrides or 'none'}"
     lines = [
-        f"tidal run of {what} (run key {report.get('run_key')})",
-        *([f"  overrides:     {', '.join(f'{k}={v}' for k, v in report['overrides'].items())}"]
-          if report.get("overrides") else []),
+        f"tidal run of {what} ({head})",
         f"  steps run:     {len(report['steps_run'])}  {' '.join(report['steps_run'])}",
         f"  steps skipped: {len(report['steps_skipped'])}",
         f"  gate:          {report['gate']}",

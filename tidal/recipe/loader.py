@@ -135,3 +135,41 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
         RecipeError: file missing, YAML syntax error (with line and column), or invalid fields.
     """
     return parse_recipe(read_yaml(path), str(path), overrides, base=Path(path).resolve().parent)
+
+
+def recipe_name(path: str | Path) -> str | None:
+    """The top-level ``name`` of a YAML file, or None when it has none or cannot be read as YAML."""
+    try:
+        data = read_yaml(path)
+    except RecipeError:
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def namesakes(path: str | Path) -> list[Path]:
+    """The other ``*.yaml`` files in ``path``'s folder whose top-level ``name`` is ``path``'s, sorted (the DAG
+    folder's rule: a name is one DAG, ``tidal_<name>``, and one MLflow experiment)."""
+    path = Path(path).resolve()
+    name = recipe_name(path)
+    if name is None:
+        return []
+    return sorted(p for p in path.parent.glob("*.yaml") if p.resolve() != path and recipe_name(p) == name)
+
+
+def one_owner_error(name: str, paths: list[Path]) -> str:
+    """The one line that refuses recipe files sharing ``name``."""
+    return (f"recipe name {name!r} is claimed by {len(paths)} files: {', '.join(str(p) for p in sorted(paths))}; "
+            f"rule: one recipe file per name in a folder (the name is the DAG tidal_{name} and its MLflow "
+            "experiment): rename all but one")
+
+
+def check_one_owner(path: str | Path) -> None:
+    """Refuse a recipe whose ``name`` another ``*.yaml`` file of its folder also has.
+
+    Raises:
+        RecipeError: :func:`one_owner_error`'s line, naming every file.
+    """
+    others = namesakes(path)
+    if others:
+        raise RecipeError(one_owner_error(str(recipe_name(path)), [Path(path).resolve(), *others]))

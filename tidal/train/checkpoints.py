@@ -96,6 +96,8 @@ class Checkpointer:
         async_save: write in the background (orbax async checkpointing); False waits in save().
         primary: this process writes manifests (process 0 of a multi-process run).
         on_manifest: called with each manifest once written (e.g. to tag MLflow); must not raise.
+        read_only: only verify and restore (a committed step's checkpoints: export, sample, evals): no directory
+            is created, no leftover temporary one removed (orbax's ``read_only``).
         mirror: the step's staging location in the bucket (:mod:`tidal.train.mirror`): every
             checkpoint is uploaded there and counts only once its manifest is; a restore takes the
             newest checkpoint there that verifies. In a multi-process run every process writes its own
@@ -116,7 +118,7 @@ class Checkpointer:
                  permanent_every: int | None = None, async_save: bool = True, primary: bool = True,
                  on_manifest: Callable[[dict[str, Any]], None] | None = None,
                  host_state: bool = False, mirror: str | None = None, commit_wait_s: float = 600.0,
-                 fence: Callable[[], None] | None = None):
+                 fence: Callable[[], None] | None = None, read_only: bool = False):
         if keep < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
         if permanent_every is not None and permanent_every < 1:
@@ -126,13 +128,15 @@ class Checkpointer:
         quiet_failed_saves()  # a failed save is one error line, not orbax's five tracebacks
         self.primary, self.on_manifest, self.commit_wait_s = primary, on_manifest, commit_wait_s
         self.keep, self.permanent_every = keep, permanent_every
-        (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if not read_only:
+            (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         # multi-process to the bucket: no disk is shared; each process writes and reads its own shards there,
         # and for the orbax checkpoints it may still restore (fetched whole) it is an orbax domain of its own
         # (no cross-process barrier in orbax)
         self.sharded = mirror is not None and jax.process_count() > 1
         self.mirror = CheckpointMirror(mirror, self.log, fence=fence) if mirror is not None else None
-        for tmp in sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
+        for tmp in [] if read_only else sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
             self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
         policies = [pp.LatestN(keep)] + ([pp.EveryNSteps(permanent_every)] if permanent_every else [])
         # leftover tmp dirs of a save cut short by a crash are removed on start
@@ -140,9 +144,12 @@ class Checkpointer:
         processes = (ocp.options.MultiprocessingOptions(primary_host=here, active_processes={here},
                                                         barrier_sync_key_prefix=f"tidal-process-{here}")
                      if self.sharded else ocp.options.MultiprocessingOptions())
-        (self.step_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)  # orbax: no create= with active_processes
+        if not read_only:
+            (self.step_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)  # no create= with active_processes
+        # read_only (export, sample, evals of a committed step): orbax neither creates nor cleans anything there
         options = ocp.CheckpointManagerOptions(
-            enable_async_checkpointing=async_save, create=not self.sharded, cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save, create=not (self.sharded or read_only),
+            cleanup_tmp_directories=not read_only, read_only=read_only,
             preservation_policy=pp.AnyPreservationPolicy(policies), multiprocessing_options=processes)
         # the handler is named up front so a fresh process can read a checkpoint's metadata;
         # uncompressed: see the module docstring

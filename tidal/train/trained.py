@@ -133,7 +133,7 @@ def load_trained(step_dir: str | Path, checkpoint: int | None = None,
     abstract = jax.eval_shape(init, jax.random.key(0))
     want = int(summary["checkpoint_step"]) if checkpoint is None else int(checkpoint)
     ckpt = Checkpointer(step_dir, keep=1, log=logging.getLogger("tidal.train.trained"), async_save=False,
-                        primary=False)
+                        primary=False, read_only=True)  # a committed step: nothing written there
     try:
         where = ckpt.path(want)
         if want not in ckpt.steps():

@@ -1,0 +1,22 @@
+"""One owner per recipe name (issue 44): two recipe files of one folder with the same ``name`` are both refused
+by the CLI with one ``error:`` line naming both files (the DAG folder's side: tests/operators/test_dag_factory.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.conftest import TINY
+from tidal.cli import main
+
+
+def test_plan_on_either_file_names_both(tmp_path, capsys):
+    shutil.copy(TINY, tmp_path / "my.yaml")
+    (tmp_path / "scratch.yaml").write_text(TINY.read_text().replace("min_chars: 20", "min_chars: 30"))
+    (tmp_path / "notes.yaml").write_text("just: a YAML file without a name\n")  # not a recipe: not counted
+    for name in ("my.yaml", "scratch.yaml"):
+        assert main(["plan", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: recipe name 'tiny' is claimed by 2 files: ")
+        assert str(tmp_path / "my.yaml") in err[0] and str(tmp_path / "scratch.yaml") in err[0]
+    (tmp_path / "scratch.yaml").unlink()
+    assert main(["plan", str(tmp_path / "my.yaml"), "--storage-root", str(tmp_path / "root")]) == 0
