@@ -37,6 +37,12 @@ def test_report_prints_one_line_per_downstream_task():
     report = {"recipe": "tiny", "run_key": "k", "steps_run": ["eval"], "steps_skipped": [], "gate": "passed",
               "downstream": downstream(results), "mlflow_uri": "sqlite:///m.db", "missing": []}
     lines = format_report(report).splitlines()
-    at = lines.index("  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot)")
-    assert lines[at + 1:at + 3] == ["    tidal_brown_cloze  acc 0.375  (n=56)",
-                                    "    tidal_udhr_eng     bits_per_byte 2.28793  word_perplexity 14533.7  (n=92)"]
+    at = lines.index("  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot; chance levels and "
+                     "notes: tidal/eval/chance.py)")
+    # each metric beside its chance level (tidal_brown_cloze: 4 choices per example), then one note per metric
+    assert lines[at + 1:at + 3] == [
+        "    tidal_brown_cloze  acc 0.375 (chance 0.25)  (n=56)",
+        "    tidal_udhr_eng     bits_per_byte 2.28793 (chance 8)  word_perplexity 14533.7  (n=92)"]
+    assert lines[at + 3].startswith("    acc (tidal_brown_cloze): picks the likeliest of the choices")
+    assert lines[at + 4].startswith("    bits_per_byte (tidal_udhr_eng): lower is better; 8 is a uniform guess")
+    assert lines[at + 5].startswith("    word_perplexity (tidal_udhr_eng): 2 ** (bits per byte x bytes per word)")

@@ -20,3 +20,14 @@ def test_plan_on_either_file_names_both(tmp_path, capsys):
         assert str(tmp_path / "my.yaml") in err[0] and str(tmp_path / "scratch.yaml") in err[0]
     (tmp_path / "scratch.yaml").unlink()
     assert main(["plan", str(tmp_path / "my.yaml"), "--storage-root", str(tmp_path / "root")]) == 0
+
+
+def test_a_bad_set_value_names_the_flag_not_the_file(capsys):
+    assert main(["plan", str(TINY), "--set", "train.steps=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"error: --set: 1 problem(s) in the overrides of {TINY}:"
+    assert err[1].strip() == "--set train.steps=-1: train.steps: Input should be greater than 0 (got -1)"
+    # a misspelt field in a flag is named as that flag
+    assert main(["plan", str(TINY), "--set", "train.steps=8", "--set", "train.batch_sise=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("error: --set: 1 problem(s)") and "--set train.batch_sise=4: train.batch_sise" in err[1]

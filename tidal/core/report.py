@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from tidal.core.mixture import mixture_table
+from tidal.eval.chance import reference
 from tidal.scaling.suite import FIT_STEP
 from tidal.storage.layout import STEP_JSON, SUMMARY_JSON
 from tidal.tracking import TrackingUnavailable, child_runs, parent_run, safe_uri, store_exists
@@ -260,11 +261,23 @@ def _format_downstream(tasks: dict[str, dict[str, Any]]) -> list[str]:
     if not tasks:
         return []
     width = max(len(name) for name in tasks)
-    lines = ["  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot)"]
+    lines = [("  downstream:    lm-evaluation-harness on the final checkpoint (zero-shot; chance levels and notes: "
+              "tidal/eval/chance.py)")]
+    notes: dict[tuple[str, str], str] = {}  # (metric, note) -> the first task it is shown for
     for name, values in tasks.items():
-        shown = "  ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
-                          for k, v in values.items() if k != "n_examples")
-        lines.append(f"    {name:<{width}}  {shown}  (n={values['n_examples']})")
+        shown = []
+        for key, value in values.items():
+            if key == "n_examples":
+                continue
+            ref = reference(name, key)
+            text = f"{key} {value:.6g}" if isinstance(value, float) else f"{key} {value}"
+            if ref is not None and ref.chance is not None:
+                text += f" (chance {ref.chance:.3g})"
+            if ref is not None:
+                notes.setdefault((key, ref.note), name)
+            shown.append(text)
+        lines.append(f"    {name:<{width}}  {'  '.join(shown)}  (n={values['n_examples']})")
+    lines += [f"    {key} ({task}): {note}" for (key, note), task in notes.items()]
     return lines
 
 

@@ -23,9 +23,21 @@ from tidal.recipe.yaml_file import MAX_RECIPE_BYTES, file_kind, read_yaml
 __all__ = ["MAX_RECIPE_BYTES", "load_recipe", "parse_recipe", "read_yaml"]
 
 
-def _format_errors(path: str, err: ValidationError) -> str:
+def _format_errors(path: str, err: ValidationError, overrides: dict[str, Any] | None = None) -> str:
+    """Every problem as ``dotted.field: rule (got value)``; a problem in a field an override set names the flag
+    (``--set FIELD=VALUE``), and when every problem is one, the header names the flags, not the file."""
     lines = problems(err, unknown="unknown field (check the spelling; see `tidal recipe-schema`)", yaml_hints=True)
-    return "\n".join([f"{path}: {err.error_count()} problem(s) in the recipe:", *(f"  {line}" for line in lines)])
+    flagged = []
+    for line in lines:
+        field = line.split(":", 1)[0]
+        flag = next((k for k in overrides or {}
+                     if field == k or field.startswith(k + ".") or k.startswith(field + ".")), None)
+        flagged.append((f"--set {flag}={overrides[flag]!r}: {line}" if flag else line, flag is not None))
+    if flagged and all(from_flag for _, from_flag in flagged):
+        head = f"--set: {err.error_count()} problem(s) in the overrides of {path}:"
+    else:
+        head = f"{path}: {err.error_count()} problem(s) in the recipe:"
+    return "\n".join([head, *(f"  {line}" for line, _ in flagged)])
 
 
 def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | None = None,
@@ -54,7 +66,7 @@ def parse_recipe(data: Any, path: str = "<recipe>", overrides: dict[str, Any] | 
     try:
         recipe = Recipe.model_validate(data, context={"recipe_dir": base})
     except ValidationError as err:
-        raise RecipeError(_format_errors(path, err)) from None
+        raise RecipeError(_format_errors(path, err, overrides)) from None
     if base is not None:
         _check_source_paths(recipe, path, base)
     return recipe
