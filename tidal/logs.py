@@ -28,6 +28,27 @@ DUPLICATE_ERROR_LOGGERS = ("apache_beam.runners.common",)
 RETRY_LOGGERS = ("urllib3.connectionpool",)
 
 
+# Records of the root logger that are known noise, by the start of their message: Beam imports its optional
+# BigQuery client at `import apache_beam` and, without apitools (tidal never uses BigQuery), warns on the root
+# logger in every process that runs a Beam step.
+KNOWN_NOISE = ("apitools not found, and bigquery client libraries are not available",)
+
+
+class _KnownNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(KNOWN_NOISE))
+
+
+_NOISE_FILTER = _KnownNoise()
+
+
+def drop_known_noise() -> None:
+    """Drop :data:`KNOWN_NOISE` from the root logger (idempotent; installed when :mod:`tidal` is imported, so
+    before any Beam import)."""
+    if _NOISE_FILTER not in logging.getLogger().filters:
+        logging.getLogger().addFilter(_NOISE_FILTER)
+
+
 def quiet_libraries(level: int = logging.WARNING) -> None:
     """Set the noisy library loggers to ``level`` and urllib3's retry notices to ERROR (idempotent; cheap)."""
     for name in NOISY_LOGGERS:
@@ -36,3 +57,4 @@ def quiet_libraries(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(max(level, logging.ERROR))
     for name in DUPLICATE_ERROR_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    drop_known_noise()
