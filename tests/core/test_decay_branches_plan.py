@@ -61,11 +61,11 @@ def test_a_branch_puts_its_final_evals_on_the_trunks_eval_curve(tmp_path):
     steps = plan(**{"train.decay_branches": [{"at_step": 200, "steps": 40}, {"at_step": 300, "steps": 40}]})
     summary = {"eval_loss": 3.25, "eval_loss/heldout/brown": 3.5, "eval_bpb/udhr": 1.75, "final_train_loss": 3.0,
                "checkpoint_root_hash": "ab" * 32}
-    assert branch_curve(steps["train"], summary) is None
+    assert branch_curve(steps, steps["train"], summary) is None
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(uri, "tidal-branches", pending_dir=tmp_path / "pending")
     for name, loss in (("train-decay-200-40", 3.25), ("train-decay-300-40", 3.0)):
-        trunk_id, rows = branch_curve(steps[name], {**summary, "eval_loss": loss})
+        trunk_id, rows = branch_curve(steps, steps[name], {**summary, "eval_loss": loss})
         assert trunk_id == steps["train"].step_id
         tracker.log_eval_curve(trunk_id, rows)
     client = MlflowClient(uri)
@@ -75,3 +75,8 @@ def test_a_branch_puts_its_final_evals_on_the_trunks_eval_curve(tmp_path):
     assert history == {(240, 3.25), (340, 3.0)}
     assert {m.step for m in client.get_metric_history(run.info.run_id, "decayed/eval_bpb/udhr")} == {240, 340}
     assert "decayed/final_train_loss" not in run.data.metrics
+    # the branch's downstream eval step: lm-eval's <task>/<metric> beside the trunk's, timings left out
+    evals = {"tidal_brown_cloze/acc": 0.3, "eval_seconds/tidal_brown_cloze": 12.0, "checkpoint_root_hash": "ab" * 32}
+    assert branch_curve(steps, steps["eval"], evals) is None  # the trunk's own eval: its curve has it already
+    trunk_id, rows = branch_curve(steps, steps["eval-train-decay-200-40"], evals)
+    assert rows == [{"step": 240, "decayed/tidal_brown_cloze/acc": 0.3}]

@@ -155,8 +155,10 @@ def resolve_target(target: str, recipe: str | None = None, storage_root: str | N
 
 
 def _final_step(graph: Any) -> Any:
-    """The step a recipe's lineage ends at: the last step that is not an eval (the final checkpoint's train
-    step; an eval step reads it and adds no data to the chain)."""
+    """The step a recipe's lineage ends at: its ``train`` step (decay branches planned after it read it, and are
+    targets of their own), else the last step that is not an eval (an eval step reads it and adds no data)."""
+    if "train" in graph.by_name:
+        return graph["train"]
     return [s for s in graph if s.kind != "eval"][-1]
 
 

@@ -304,7 +304,8 @@ class Pipeline:
                 tags=tags, run_id=live_run, lineage=lineage,
             )
         try:
-            curve = branch_curve(self.graph[result.name], result.summary) if result.status == "run" else None
+            step = self.graph[result.name]
+            curve = branch_curve(self.graph, step, result.summary) if result.status == "run" else None
         except KeyError:  # a step of another graph (a suite's, a checkpoint eval)
             curve = None
         if curve is not None:  # a decay branch: its evals beside its trunk's curve (tidal/core/branch_curve.py)

@@ -248,17 +248,21 @@ def plan_eval(p: Planning) -> list[Step]:
     downstream = p.recipe.evaluation.downstream
     if downstream is None or p.suite is not None:
         return []
-    return [eval_step(downstream, p.steps["train"], p.steps["tokenizer"], p.recipe.tokenize.seq_len)]
+    seq_len, tokenizer = p.recipe.tokenize.seq_len, p.steps["tokenizer"]
+    branches = [p.steps[f"train-decay-{at}-{k}"] for at, k in p.recipe.train.branch_points()]
+    return [eval_step(downstream, p.steps["train"], tokenizer, seq_len),  # the trunk's first: eval_step_of's
+            *(eval_step(downstream, branch, tokenizer, seq_len, name=f"eval-{branch.name}") for branch in branches)]
 
 
-def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_len: int) -> Step:
-    """The ``eval`` step of ``evaluation.downstream``: the tasks' definition hashes and lm-eval's version are
-    hashed, so editing a task or upgrading lm-eval gives it a new id (tidal/eval/step.py). ``seq_len``: the
-    packed sequence length the model was trained on (its context is one token less)."""
+def eval_step(settings: DownstreamSettings, train: Step, tokenizer: Step, seq_len: int, name: str = "eval") -> Step:
+    """The ``eval`` step of ``evaluation.downstream`` (``name``: ``eval-<branch>`` for a decay branch's): the
+    tasks' definition hashes and lm-eval's version are hashed, so editing a task or upgrading lm-eval gives it a
+    new id (tidal/eval/step.py). ``seq_len``: the packed sequence length the model was trained on (its context
+    is one token less)."""
     config = {**settings.model_dump(), "task_hashes": {t: task_hash(t) for t in settings.tasks},
               "train": train.name, "tokenizer": tokenizer.name, "lm_eval_version": lm_eval_version(),
               "seq_len": seq_len}
-    return planned("eval", "eval", config, (train, tokenizer), hash_dump=True)
+    return planned(name, "eval", config, (train, tokenizer), hash_dump=True)
 
 
 def plan_scaling_fit(p: Planning) -> list[Step]:
