@@ -37,8 +37,8 @@ their bytes), ``size`` (the config) and ``epochs`` (count / available per source
 
 from __future__ import annotations
 
-import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +47,9 @@ import tidal.data.jobcli
 import tidal.data.mix_load_time
 from tidal.context import StepContext
 from tidal.data.mix_config import MixConfig
+from tidal.data.mix_output import mix_metrics, write_mixture
 from tidal.data.mix_sizing import (
     MixtureError,
-    epochs,
     largest_feasible_total,
     largest_remainder_counts,
     normalize_weights,
@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 STEP_VERSION = 1
-MIXTURE_FILE = "mixture.json"
 SOURCES_FILE = "sources.npy"
 MAX_SOURCES = 256  # sources.npy is uint8
 
@@ -166,19 +165,8 @@ def run(ctx: StepContext) -> dict:
         "dtype": metas[sources[0]]["dtype"],
         "sources": sources,
     }
-    if cfg.size.mode == "token_budget":
-        mixture |= {"size": cfg.size.model_dump(),
-                    "epochs": {src: epochs(counts[src], available[src]) for src in sources}}
-    (ctx.out_dir / MIXTURE_FILE).write_text(json.dumps(mixture, indent=1, sort_keys=True) + "\n")
-    rows = {r["source"]: r for r in table.rows()}
-    return {
-        "n_sequences": total,
-        "n_tokens": total * seq_len,
-        "tokens_unused": sum(r["tokens_unused"] for r in rows.values()),
-        **{f"sequences/{s}": counts[s] for s in sources},
-        **{f"epochs/{s}": rows[s]["epochs"] for s in sources},
-        **{f"tokens_unused/{s}": rows[s]["tokens_unused"] for s in sources},
-    }
+    write_mixture(ctx.out_dir, mixture, cfg.size, counts, available)
+    return mix_metrics(replace(table, taken=counts), counts, seq_len)
 
 
 if __name__ == "__main__":

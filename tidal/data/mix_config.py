@@ -12,7 +12,7 @@ import itertools
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import AfterValidator, Field, model_serializer, model_validator
 from pydantic import Strict as StrictType
 
 from tidal.config import MAX_SHARDS, PositiveInt, Strict, field_error, omit_unused
@@ -48,6 +48,10 @@ def normalized_weights(weights: dict[str, float]) -> dict[str, float]:
     return {src: float(format(float(w / total), f".{WEIGHT_DIGITS}g")) for src, w in exact.items()}
 
 
+# Weights as the step ids hash them: normalized once, by the model that parses them.
+NormalizedWeights = Annotated[dict[str, Weight], AfterValidator(normalized_weights)]
+
+
 class SmallestSource(Strict):
     """``size: {mode: smallest_source}``: the largest mixture that repeats no sequence (or exactly
     ``n_sequences``): the source with the fewest tokens for its weight sets the size, the other
@@ -78,18 +82,13 @@ class MixtureStage(Strict):
     """One stage of a staged load-time mixture (``mixture.stages``): its weights, and where it ends as a
     fraction of the mixture's sequences or as a training step (the last stage names neither and runs on)."""
 
-    weights: dict[str, Weight] = Field(min_length=1, description="source name -> relative weight in this "
+    weights: NormalizedWeights = Field(min_length=1, description="source name -> relative weight in this "
                                        "stage (a source left out draws nothing here); normalized to sum 1")
     until_fraction: Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)] | None = Field(
         default=None, description="the stage ends after this fraction of the mixture's sequences (rounded to "
         "whole blocks of block_sequences)")
     until_step: PositiveInt | None = Field(default=None, description="the stage ends at this training step "
                                            "(step x train.batch_size sequences, rounded to whole blocks)")
-
-    @field_validator("weights")
-    @classmethod
-    def _normalize(cls, weights: dict[str, float]) -> dict[str, float]:
-        return normalized_weights(weights)
 
     @model_validator(mode="after")
     def _one_end(self) -> MixtureStage:
@@ -106,7 +105,7 @@ class MixtureStage(Strict):
 class MixtureSettings(Strict):
     """Mixture weights of the training sources (normalized to sum 1 before hashing) and the size."""
 
-    weights: dict[str, Weight] = Field(
+    weights: NormalizedWeights = Field(
         min_length=1, description="source name -> relative weight (normalized to sum 1, then hashed)")
     size: MixtureSize = Field(
         default_factory=SmallestSource,
@@ -130,11 +129,6 @@ class MixtureSettings(Strict):
                                               "mixture's stages in order, each {weights, until_fraction | "
                                               "until_step}; the last names no end. Without it: one stage of "
                                               "`weights`")
-
-    @field_validator("weights")
-    @classmethod
-    def _normalize(cls, weights: dict[str, float]) -> dict[str, float]:
-        return normalized_weights(weights)
 
     @model_validator(mode="after")
     def _one_size(self) -> MixtureSettings:

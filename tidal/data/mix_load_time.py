@@ -21,7 +21,6 @@ end_sequence, counts_per_block, drawn}], stage_counts_exact}``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +28,9 @@ import numpy as np
 
 from tidal.context import StepContext
 from tidal.data.mix_config import MixConfig
+from tidal.data.mix_output import mix_metrics, write_mixture
 from tidal.data.mix_sizing import (
     MixtureError,
-    epochs,
     max_taken,
     normalize_weights,
     plan_table,
@@ -40,7 +39,6 @@ from tidal.data.mix_sizing import (
 from tidal.data.mixture_index import MixtureIndex, Stage, stage_counts
 
 CHECKED_BLOCKS = 64
-MIXTURE_FILE = "mixture.json"
 
 
 def stage_blocks(cfg: MixConfig, n_sequences: int) -> list[int]:
@@ -158,15 +156,5 @@ def run(ctx: StepContext, cfg: MixConfig, metas: dict[str, dict]) -> dict[str, A
         "load_time": {"inputs": dict(sorted(cfg.inputs.items())), "index": index.to_json(), "stages": stages,
                       "stage_counts_exact": True},
     }
-    if cfg.size.mode == "token_budget":
-        mixture |= {"size": cfg.size.model_dump(),
-                    "epochs": {src: epochs(counts[src], available[src]) for src in sources}}
-    (ctx.out_dir / MIXTURE_FILE).write_text(json.dumps(mixture, indent=1, sort_keys=True) + "\n")
-    rows = {r["source"]: r for r in table.rows()}
-    return {
-        "n_sequences": total, "n_tokens": total * seq_len, "stage_counts_exact": 1, "stages": len(stages),
-        "tokens_unused": sum(r["tokens_unused"] for r in rows.values()),
-        **{f"sequences/{s}": counts[s] for s in sources},
-        **{f"epochs/{s}": rows[s]["epochs"] for s in sources},
-        **{f"tokens_unused/{s}": rows[s]["tokens_unused"] for s in sources},
-    }
+    write_mixture(ctx.out_dir, mixture, cfg.size, counts, available)
+    return {**mix_metrics(table, counts, seq_len), "stage_counts_exact": 1, "stages": len(stages)}
