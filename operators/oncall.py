@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from tidal.scaling.suite import is_suite_file
 from tidal.train import CHECKPOINT_MANIFEST  # light: no JAX (see tidal/train/__init__.py)
@@ -196,6 +197,25 @@ def _progress_cell(progress: dict[str, Any] | None) -> str:
     return text
 
 
+def _when(value: Any) -> str:
+    """A run's start or end to the second, in UTC (``2026-12-06 22:32:20 UTC``); ``-`` when unset; a value that is
+    not a time is shown as it is."""
+    from datetime import UTC, datetime
+
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if not isinstance(value, datetime):
+        return str(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -251,7 +271,9 @@ def _render_recipe(out: list[str], st: dict[str, Any], runs: dict[str, list[dict
 
     e = html.escape
     dag_id = st["dag_id"]
-    out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <code>{e(dag_id)}</code>, schedule "
+    dag_link = f"/dags/{quote(dag_id, safe='')}"  # Airflow 3's UI: the DAG's own page, its runs under it
+    out.append(f"<h2 id='{e(dag_id)}'>{e(st['recipe'])} <small>(DAG <a href='{e(dag_link)}'><code>{e(dag_id)}"
+               f"</code></a>, schedule "
                f"{e(st['schedule'] or 'manual')}, recipe hash "
                f"<code>{e(st['recipe_hash'][:12])}</code>)</small></h2>")
     out.append("<h3>Latest runs</h3><table class='runs'><tr><th>run</th><th>type</th><th>state</th><th>start</th>"
@@ -260,9 +282,11 @@ def _render_recipe(out: list[str], st: dict[str, Any], runs: dict[str, list[dict
     for run in runs.get(dag_id, []):
         link = run.get("mlflow_link") or ""
         link = f"<a href='{e(link)}'>run</a>" if link.startswith("http") else f"<code>{e(link)}</code>"
-        out.append(f"<tr class='{e(str(run['state']))}'><td><code>{e(run['run_id'])}</code></td>"
-                   f"<td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td><td>{e(str(run['start']))}</td>"
-                   f"<td>{e(str(run['end']))}</td><td>{e(_progress_cell(run.get('progress')))}</td>"
+        run_link = f"{dag_link}/runs/{quote(str(run['run_id']), safe='')}"
+        out.append(f"<tr class='{e(str(run['state']))}'><td><a href='{e(run_link)}'><code>{e(str(run['run_id']))}"
+                   f"</code></a></td><td>{e(str(run['run_type']))}</td><td>{e(str(run['state']))}</td>"
+                   f"<td>{e(_when(run['start']))}</td>"
+                   f"<td>{e(_when(run['end']))}</td><td>{e(_progress_cell(run.get('progress')))}</td>"
                    f"<td>{e(', '.join(run['failed_tasks']))}</td>"
                    f"<td>{e(', '.join(run.get('upstream_failed') or []))}</td><td>{link}</td></tr>")
     if not runs.get(dag_id):

@@ -88,3 +88,18 @@ def test_a_results_json_edited_after_its_commit_is_a_note_not_figures(tmp_path, 
     assert st["downstream"] is None and "sha256" in st["downstream_error"] and "manifest.json" in st["downstream_error"]
     page = render_page([st], {})
     assert "0.99" not in page and "downstream evals unreadable" in page
+
+
+def test_runs_link_back_to_airflow_and_show_times_to_the_second():
+    """Issue 44: each DAG and run links to its page in Airflow's UI; times are UTC to the second."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    run = {"run_id": "manual__2026-12-06T22:32:20.194596+00:00", "run_type": "manual", "state": "success",
+           "start": datetime(2026, 12, 6, 22, 32, 20, 194596, tzinfo=UTC),
+           "end": datetime(2026, 12, 6, 23, 37, 21, 5, tzinfo=timezone(timedelta(hours=1))),
+           "failed_tasks": [], "progress": None}
+    page = render_page([status()], {"tidal_x": [run, {**run, "run_id": "r2", "start": None, "end": "not a time"}]})
+    assert "<a href='/dags/tidal_x'><code>tidal_x</code></a>" in page
+    assert "href='/dags/tidal_x/runs/manual__2026-12-06T22%3A32%3A20.194596%2B00%3A00'" in page
+    assert "<td>2026-12-06 22:32:20 UTC</td><td>2026-12-06 22:37:21 UTC</td>" in page
+    assert "<td>-</td><td>not a time</td>" in page and ".194596</td>" not in page
