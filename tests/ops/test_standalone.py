@@ -45,7 +45,7 @@ def test_dag_processor_reports_no_import_errors(airflow_server):
 @pytest.mark.parametrize("conf,field", [
     ({"train_steps": 0}, "train_steps"),
     ({"seed": -5}, "seed"),
-    ({"launcher": "aws"}, "launcher"),
+    ({"force_steps": "train"}, "force_steps"),  # a string, not a list (or null)
     ({"force_steps": ["no-such-step"]}, "force_steps"),
     ({"dry_run": "yes"}, "dry_run"),
 ])

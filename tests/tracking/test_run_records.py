@@ -46,8 +46,9 @@ def recorded(tmp_path_factory):
             assert main(["run", str(recipe), "--run-key", OK_KEY]) == 0
             bad = yaml.safe_load(recipe.read_text())
             bad["gate"]["min_total_tokens"] = 10**12  # same data steps (committed), a gate that fails
-            (tmp / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
-            assert main(["run", str(tmp / "bad.yaml"), "--run-key", FAILED_KEY]) == 1  # error: ... gate failed
+            (tmp / "bad").mkdir()  # a folder of its own: one recipe file per name in a folder (the DAG's rule)
+            (tmp / "bad" / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
+            assert main(["run", str(tmp / "bad" / "bad.yaml"), "--run-key", FAILED_KEY]) == 1  # gate failed
             yield uri, load_pipeline(recipe)
     finally:
         kill_mlflow_server(proc)

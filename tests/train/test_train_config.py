@@ -64,7 +64,8 @@ def test_step_config_is_the_recipe_schema_plus_input_names():
     assert TrainSection.__mro__[1] is TrainConfig and TrainStepConfig.__mro__[1] is TrainConfig
     own = set(TrainStepConfig.model_fields) - set(TrainConfig.model_fields)
     assert own == {"seed", "train_data", "eval_data", "heldout_data", "tokenizer"}
-    assert set(TrainSection.model_fields) - set(TrainConfig.model_fields) == {"resources"}
+    # resources: not hashed; decay_branches: train steps of their own (the trunk's config never holds them)
+    assert set(TrainSection.model_fields) - set(TrainConfig.model_fields) == {"resources", "decay_branches"}
 
 
 def test_a_spec_without_a_seed_is_refused_naming_the_file_and_field():
