@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -149,8 +150,23 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     return parse_recipe(read_yaml(path), str(path), overrides, base=Path(path).resolve().parent)
 
 
+_TOP_NAME = re.compile(r"""^name:[ \t]*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^#\n]*?))[ \t]*(?:#.*)?$""", re.MULTILINE)
+
+
 def recipe_name(path: str | Path) -> str | None:
-    """The top-level ``name`` of a YAML file, or None when it has none or cannot be read as YAML."""
+    """The top-level ``name`` of a YAML file, or None when it has none or cannot be read as YAML.
+
+    A plain ``name: x`` line at column 0 is read without parsing the file (the DAG folder's scan reads every
+    file before it builds a DAG, and a full parse costs more than the rest of that scan); anything else is
+    parsed.
+    """
+    try:
+        text = Path(path).read_text(errors="replace")[:MAX_RECIPE_BYTES]
+    except OSError:
+        return None
+    found = _TOP_NAME.findall(text)
+    if len(found) == 1:
+        return next(part for part in found[0] if part) or None
     try:
         data = read_yaml(path)
     except RecipeError:
@@ -176,12 +192,12 @@ def one_owner_error(name: str, paths: list[Path]) -> str:
             "experiment): rename all but one")
 
 
-def check_one_owner(path: str | Path) -> None:
-    """Refuse a recipe whose ``name`` another ``*.yaml`` file of its folder also has.
-
-    Raises:
-        RecipeError: :func:`one_owner_error`'s line, naming every file.
-    """
+def one_owner_warning(path: str | Path) -> str | None:
+    """The ``warning:`` line for a recipe whose ``name`` another ``*.yaml`` file of its folder also has (as a DAG
+    folder, that folder refuses both: one broken DAG ``tidal_<name>``), or None. The command line only says so:
+    a run of one file is still that file's run."""
     others = namesakes(path)
-    if others:
-        raise RecipeError(one_owner_error(str(recipe_name(path)), [Path(path).resolve(), *others]))
+    if not others:
+        return None
+    return (f"warning: {one_owner_error(str(recipe_name(path)), [Path(path).resolve(), *others])}; served as a DAG "
+            "folder, neither becomes a DAG")
