@@ -228,6 +228,11 @@ def plan_train(p: Planning) -> list[Step]:
             for g in p.points]
 
 
+def branch_name(trunk: str, at: int, k: int) -> str:
+    """The step name of a decay branch of ``trunk`` from checkpoint ``at`` over ``k`` updates."""
+    return f"{trunk}-decay-{at}-{k}"
+
+
 def decay_branches(recipe: Any, trunk: Step, config: dict[str, Any], inputs: tuple[Step, ...]) -> list[Step]:
     """``train.decay_branches``: per branch ``(at, k)`` a train step ``train-decay-<at>-<k>`` that restores the
     trunk's permanent checkpoint ``at`` and decays over ``k`` updates (``continue_from.schedule: decay``,
@@ -236,7 +241,7 @@ def decay_branches(recipe: Any, trunk: Step, config: dict[str, Any], inputs: tup
     hashed (the trunk's id is the content address of its checkpoints). The batches continue the trunk's order."""
     ref = config.get("continue_from")
     data_seed = ref["data_seed"] if ref else derive_seed(int(config["seed"]), trunk.name)
-    return [planned(f"{trunk.name}-decay-{at}-{k}", "train", {
+    return [planned(branch_name(trunk.name, at, k), "train", {
         **config, "steps": at + k,
         "continue_from": {"step": trunk.step_id, "checkpoint": at, "schedule": "decay", "checkpoint_step": at,
                           "checkpoint_root_hash": None, "data_seed": data_seed, "input": trunk.name}},
@@ -249,7 +254,7 @@ def plan_eval(p: Planning) -> list[Step]:
     if downstream is None or p.suite is not None:
         return []
     seq_len, tokenizer = p.recipe.tokenize.seq_len, p.steps["tokenizer"]
-    branches = [p.steps[f"train-decay-{at}-{k}"] for at, k in p.recipe.train.branch_points()]
+    branches = [p.steps[branch_name("train", at, k)] for at, k in p.recipe.train.branch_points()]
     return [eval_step(downstream, p.steps["train"], tokenizer, seq_len),  # the trunk's first: eval_step_of's
             *(eval_step(downstream, branch, tokenizer, seq_len, name=f"eval-{branch.name}") for branch in branches)]
 

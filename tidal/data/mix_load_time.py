@@ -63,8 +63,7 @@ def stage_blocks(cfg: MixConfig, n_sequences: int) -> list[int]:
     return starts
 
 
-def build_index(cfg: MixConfig, available: dict[str, int], seq_len: int, seed: int,
-                n_sequences: int) -> MixtureIndex:
+def build_index(cfg: MixConfig, available: dict[str, int], seed: int, n_sequences: int) -> MixtureIndex:
     """The index for ``n_sequences`` positions (stage ends depend on it)."""
     sources = sorted(cfg.weights)
     weights = [st.weights for st in cfg.stages] if cfg.stages else [cfg.weights]
@@ -83,7 +82,7 @@ def _size(cfg: MixConfig, available: dict[str, int], seq_len: int, seed: int) ->
     sources = sorted(cfg.weights)
     total = requested_total(cfg.size, cfg.n_sequences, seq_len)
     if total is None:  # smallest_source: the largest N whose draws fit every source once (draws grow with N)
-        index = build_index(cfg, available, seq_len, seed, 1)
+        index = build_index(cfg, available, seed, 1)
         have = np.array([available[s] for s in sources])
         low, high = 0, int(have.sum()) + 1
         while high - low > 1:
@@ -92,7 +91,7 @@ def _size(cfg: MixConfig, available: dict[str, int], seq_len: int, seed: int) ->
         total = low
     if total <= 0:
         raise MixtureError("the mixture is empty: a source with weight has no sequences")
-    index = build_index(cfg, available, seq_len, seed, total)
+    index = build_index(cfg, available, seed, total)
     drawn = index.drawn(total)
     for src, count in zip(sources, drawn):
         most = max_taken(available[src], cfg.size)

@@ -40,7 +40,7 @@ from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 
 METRICS = "metrics.jsonl"
 
-__all__ = ["adopt_parent_checkpoint", "parent_location", "parent_metrics"]
+__all__ = ["adopt_parent_checkpoint", "continued_root_hash", "parent_location", "parent_metrics"]
 
 
 def parent_location(spec: dict[str, Any]) -> str:
@@ -95,6 +95,15 @@ def adopt_parent_checkpoint(ref: ResolvedContinue, parent: str, checkpoints_dir:
                           "run continues exactly the checkpoint its step id was planned on (plan the recipe again)")
     manifests_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(manifests_dir / f"{step}.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def continued_root_hash(ref: ResolvedContinue, manifests_dir: Path) -> str | None:
+    """The root hash of the parent checkpoint this run continued: the planned one, or for a branch planned with
+    its trunk (none planned) the one :func:`adopt_parent_checkpoint` adopted into ``manifests_dir``."""
+    if ref.checkpoint_root_hash is not None:
+        return ref.checkpoint_root_hash
+    adopted = manifests_dir / f"{ref.checkpoint_step}.json"
+    return json.loads(adopted.read_text()).get("root_hash") if adopted.exists() else None
 
 
 def parent_metrics(parent: str, step: int) -> str:

@@ -294,3 +294,19 @@ class LiveMetrics:
         tracker.buffer_metrics(self.run_id, rows, tags, RuntimeError("unreachable at the end of training"))
         log.warning("live tracking: %d metric rows and %d tags left for tracking.Tracker.replay_pending in %s",
                     len(rows), len(tags), tracker.pending_where)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a step's ``metrics.jsonl`` (``[]`` when there is none)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
+    """Keep only metric records with ``step <= last_step`` (steps about to be re-done go); returns them."""
+    from tidal.storage.layout import atomic_write_text
+
+    kept = [r for r in read_metrics(path) if r["step"] <= last_step]
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    return kept

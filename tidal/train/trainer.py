@@ -54,14 +54,14 @@ from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer
 from tidal.train.config import ConfigError, parse_step_config
-from tidal.train.continuation import adopt_parent_checkpoint, parent_location, parent_metrics
+from tidal.train.continuation import adopt_parent_checkpoint, continued_root_hash, parent_location, parent_metrics
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
 from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
 from tidal.train.initial_eval import evaluate_initial
-from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory
+from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory, read_metrics, truncate_metrics
 from tidal.train.mirror import MANIFEST_DIR, CheckpointMirror
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
@@ -73,19 +73,6 @@ METRICS = "metrics.jsonl"
 # uploaded beside each checkpoint in the bucket, fetched by a process that resumes from it there:
 # the loss curve so far and the MLflow run to keep logging into
 SIDECARS = (METRICS, RUN_FILE, DIVERGENCE_EVENTS)
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _truncate_metrics(path: Path, last_step: int) -> list[dict[str, Any]]:
-    """Keep only metric records with ``step <= last_step`` (steps about to be re-done go)."""
-    kept = [r for r in _read_metrics(path) if r["step"] <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-    return kept
 
 
 def _live_tags(run: Run, fingerprint: dict[str, Any]) -> dict[str, str]:
@@ -333,7 +320,7 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         session = open_session(step_dir, spec, run, log, mirror, fence)
     session.goodput = goodput
     if session.primary:  # a fresh start drops every line, step 0's too: it is evaluated again below
-        _truncate_metrics(session.metrics_path, session.start if session.start else -1)
+        truncate_metrics(session.metrics_path, session.start if session.start else -1)
     print(f"training {param_count(run.model_cfg):,} params, {run.cfg.steps} steps of {run.cfg.batch_size}x"
           f"{run.seq_len} tokens from step {session.start} on mesh {meshlib.describe(run.mesh)}", flush=True)
     metrics_file = open(session.metrics_path, "a") if session.primary else None  # noqa: SIM115 - closed below
@@ -404,7 +391,7 @@ def _rewind(session: Session, metrics_file: Any) -> Any:
     if metrics_file is None:
         return None
     metrics_file.close()
-    _truncate_metrics(session.metrics_path, session.start)
+    truncate_metrics(session.metrics_path, session.start)
     return open(session.metrics_path, "a")
 
 
@@ -430,7 +417,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
     last_eval = meters.evaluation.last
     if session.start == cfg.steps:  # nothing left to run: recompute the (deterministic) final eval
         last_eval = evaluate(run, session.state["params"])
-    records = _read_metrics(session.metrics_path) if session.primary else []
+    records = read_metrics(session.metrics_path) if session.primary else []
     final = [r for r in records if r["step"] == cfg.steps]
     initial = next((r for r in records if r["step"] == 0), {})  # evaluate_initial's line
     summary: dict[str, Any] = {
@@ -446,11 +433,8 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         summary["fingerprint_changed"] = "; ".join(session.changed)
     ref = cfg.continue_from
     if ref is not None:
-        adopted = session.step_dir / MANIFEST_DIR / f"{ref.checkpoint_step}.json"  # adopt_parent_checkpoint's
-        root = ref.checkpoint_root_hash or (json.loads(adopted.read_text()).get("root_hash")
-                                            if adopted.exists() else None)
         summary |= {"continue_from": ref.step, "continue_from_checkpoint_step": ref.checkpoint_step,
-                    "continue_from_root_hash": root}
+                    "continue_from_root_hash": continued_root_hash(ref, session.step_dir / MANIFEST_DIR)}
     if final:
         summary["final_train_loss"] = final[-1]["loss"]
     if last_eval:
