@@ -78,5 +78,19 @@ class AirflowApi:
             return "\n".join(json.dumps(c) if isinstance(c, dict) else str(c) for c in content)
         return str(content)
 
+    def why_failed(self, dag_id: str, run_id: str, chars: int = 3000) -> str:
+        """A run's task states, then the log tail of each failed task's last try and of the server (for an
+        assertion's message: a failed run on a CI machine is diagnosed from this alone)."""
+        tis = self.task_instances(dag_id, run_id)
+        parts = [repr({k: v["state"] for k, v in tis.items()})]
+        for task_id, ti in tis.items():
+            if ti["state"] == "failed":
+                try:
+                    log = self.task_log(dag_id, run_id, task_id, max(1, ti["try_number"]))
+                except Exception as err:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+                    log = f"(log unreadable: {err})"
+                parts.append(f"--- {task_id} try {ti['try_number']}\n{log[-chars:]}")
+        return "\n".join([*parts, "--- server", self.log_tail(chars)])
+
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_file.read_text(errors="replace")[-chars:] if self.log_file.exists() else "(no log)"

@@ -62,7 +62,7 @@ def _a_successful_run(server) -> str:
     run_id = "oncall_page_run"
     server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"dag_run_id": run_id, "logical_date": None})
     run = server.wait_run(DAG_ID, run_id)
-    assert run["state"] == "success", server.task_states(DAG_ID, run_id)
+    assert run["state"] == "success", server.why_failed(DAG_ID, run_id)
     return run_id
 
 

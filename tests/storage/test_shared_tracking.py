@@ -62,6 +62,10 @@ def test_buffered_calls_are_objects_replayed_by_a_fresh_tracker_elsewhere(bucket
     shutil.rmtree(first_pod)  # the pod is gone with its disk
 
     monkeypatch.chdir(second_pod)
+    # the server is up: MLflow's own HTTP retries and timeout again (the offline fixture's 5 s, no retry, failed
+    # this replay on a loaded CI machine)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
     other = open_storage(root, settings=StorageSettings(cache_dir=str(second_pod / "cache")))
     up = Tracker(mlflow_server, "tidal-another-recipe", store=other)  # one buffer holds every recipe's calls
     assert up.replay_pending() == 3

@@ -166,7 +166,7 @@ def recipe_name(path: str | Path) -> str | None:
         return None
     found = _TOP_NAME.findall(text)
     if len(found) == 1:
-        return next(part for part in found[0] if part) or None
+        return next((part for part in found[0] if part), None)  # name: "" is no name
     try:
         data = read_yaml(path)
     except RecipeError:
