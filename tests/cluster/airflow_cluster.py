@@ -140,6 +140,7 @@ class AirflowCluster(AirflowApi):
             "AIRFLOW__API__HOST": host,
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "120",  # 5 s by default: too short on a loaded CI machine
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",

@@ -193,6 +193,9 @@ def airflow_server(tmp_path_factory, postgres_url):
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__API__WORKERS": "1",
+        # a task's supervisor gives the execution API 5 s per call by default; on a loaded 2-core CI machine one
+        # call took 78 s and the task was killed before it started (plan: SIGKILL, the whole run upstream_failed)
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "120",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
