@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,25 +133,3 @@ def host_scalar(x: Any) -> float:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         x = x.addressable_data(0)
     return float(x)
-
-
-def host_blocks(x: Any, block_bytes: int = 64 * 2**20) -> Iterator[Any]:
-    """One array's values in C order as host numpy arrays, a block of rows (first axis) at a time.
-
-    A block of an array spread over processes is gathered to every host (a collective: every process
-    iterates over the same leaf), so a host holds one block of at most ``block_bytes`` (or one row), never
-    the leaf nor the tree. Shapes: each block is ``x[i:j]``; concatenated along axis 0 they are ``x``.
-    """
-    import jax
-    import numpy as np
-
-    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.ndim == 0:
-        yield np.asarray(jax.device_get(x) if not isinstance(x, jax.Array) or x.is_fully_addressable
-                         else x.addressable_data(0))
-        return
-    from jax.experimental import multihost_utils
-
-    row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:]))
-    rows = max(1, block_bytes // max(1, row_bytes))
-    for start in range(0, x.shape[0], rows):
-        yield np.asarray(multihost_utils.process_allgather(x[start:start + rows], tiled=True))

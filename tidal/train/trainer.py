@@ -425,7 +425,7 @@ def summarise(session: Session, meters: Meters) -> dict[str, Any]:
         "param_count": param_count(run.model_cfg), "flops_per_token": flops_per_token(run.model_cfg, run.context),
         "seq_len": run.seq_len, "batch_size": cfg.batch_size,
         "checkpoint_step": manifest["step"], "checkpoint_root_hash": manifest.get("root_hash", ""),
-        "params_sha256": tree_sha256(session.state["params"]),  # a block of rows on a host at a time
+        "params_sha256": tree_sha256(session.state["params"]),  # each host its shards, then 32 bytes a leaf
         "environment_fingerprint": json.dumps(session.fingerprint, sort_keys=True),
         "mesh": meshlib.describe(run.mesh).split(" (")[0],
     }
