@@ -42,6 +42,7 @@ from tidal.quality.baseline import (
     write_baseline,
 )
 from tidal.recipe import Recipe, RecipeError, load_recipe
+from tidal.recipe.loader import one_owner_warning
 from tidal.recipe.reference import markdown_reference
 from tidal.settings import SettingsError, entry_point
 from tidal.settings import current as current_settings
@@ -457,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "verbose", False):
         for name in CHATTY_AT_INFO:
             logging.getLogger(name).setLevel(logging.WARNING)
+    # a recipe file sharing its name with another file of its folder: said once here (the DAG folder refuses
+    # both; a command run on one file is that file's run), not by every task that loads the recipe
+    warning = one_owner_warning(args.recipe) if isinstance(getattr(args, "recipe", None), str) else None
+    if warning:
+        print(warning, file=sys.stderr)
     try:
         with entry_point():
             return args.func(args)

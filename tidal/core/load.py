@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from tidal.core.pipeline import Pipeline
 from tidal.core.suite_pipeline import SuitePipeline
-from tidal.recipe.loader import one_owner_warning
 from tidal.scaling.suite import is_suite_file
 
 
@@ -24,13 +22,9 @@ def load_pipeline(recipe_path: str | Path, overrides: dict[str, Any] | None = No
         storage_root: overrides ``$TIDAL_STORAGE_ROOT`` and the recipe's ``storage_root``.
 
     Raises:
-        tidal.recipe.RecipeError: the file is not a valid recipe or suite (names file and field). Another
-            ``*.yaml`` file of its folder with the same ``name`` is one ``warning:`` line on stderr.
+        tidal.recipe.RecipeError: the file is not a valid recipe or suite (names file and field).
     """
     path = Path(recipe_path).resolve()
-    warning = one_owner_warning(path)  # as a DAG folder, two files of one name are refused (operators/dag_factory)
-    if warning:
-        print(warning, file=sys.stderr)
     if is_suite_file(path):
         return SuitePipeline.load_suite(path, overrides, storage_root)
     return Pipeline.load(path, overrides, storage_root)
