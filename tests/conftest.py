@@ -38,12 +38,41 @@ _WORKER_SECONDS: defaultdict[str, float] = defaultdict(float)
 
 
 _FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+# CPU seconds per file: the worker's own and those of the processes it started and waited for (nodes, trainers,
+# `tidal run`s, servers stopped at a fixture's teardown). On 2 cores the suite is CPU-bound, so these, not the
+# wall seconds above (inflated by whatever else ran at the time), say what a test costs.
+_FILE_CPU: defaultdict[str, float] = defaultdict(float)
+CPU_KEY = "tidal_cpu_s"
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._tidal_cpu_mark = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the CPU seconds of each phase (setup, call, teardown) to its report; xdist carries them to the
+    controller in ``user_properties``."""
+    outcome = yield
+    now = _cpu_seconds()
+    mark = getattr(item, "_tidal_cpu_mark", now)
+    item._tidal_cpu_mark = now
+    outcome.get_result().user_properties.append((CPU_KEY, now - mark))
 
 
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
     _GROUP_SECONDS[group_of(REPO / path)] += report.duration
     _FILE_SECONDS[path] += report.duration
+    _FILE_CPU[path] += sum(v for k, v in report.user_properties if k == CPU_KEY)
     gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's WorkerController
     _WORKER_SECONDS[getattr(gateway, "id", "main")] += report.duration
 
@@ -60,6 +89,13 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{seconds:8.0f}s  {group}")
     shared = sorted(((s, f) for f, s in _FILE_SECONDS.items() if group_of(REPO / f) in FIRST_GROUPS), reverse=True)
     write("the files of the shared groups: " + ", ".join(f"{f.removeprefix('tests/')} {s:.0f}s" for s, f in shared))
+    if _FILE_CPU:
+        heavy = sorted(((s, f) for f, s in _FILE_CPU.items()), reverse=True)[:30]
+        total = sum(_FILE_CPU.values())
+        terminalreporter.write_sep("=", f"CPU seconds per file, with the processes it waited for: {total:.0f} in all, "
+                                   "the 30 heaviest")
+        for seconds, path in heavy:
+            write(f"{seconds:8.0f}s  {path.removeprefix('tests/')}")
 
 
 def pytest_xdist_make_scheduler(config, log):
