@@ -5,8 +5,10 @@ to its summary, and ``productive = steps run x step time`` (the mean time of the
 neither the first, compiling, one nor an eval or checkpoint step: what a step costs when nothing
 else happens). The badput, by cause, in seconds:
 
-* ``startup``: reading the spec and inputs, building the model, compiling the eval programs;
-* ``restore``: opening the checkpoints and restoring (from the bucket: downloading) the newest;
+* ``startup``: reading the spec and inputs, building the model, compiling the eval programs,
+  initializing the state of a fresh start;
+* ``restore``: opening the checkpoints and restoring (from the bucket: downloading) the newest
+  (on a fresh start: only the opening and the search);
 * ``compile``: the first step's time beyond one step time (tracing and compiling the step, and
   reading its batch);
 * ``data_wait``: the loop waiting for a batch after the first (the read-ahead did not keep up);

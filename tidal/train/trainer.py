@@ -130,7 +130,8 @@ def _make_guard(run: Run, step_dir: Path, primary: bool, log: logging.Logger) ->
 
 def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Logger,
                  mirror: str | None = None, fence: Callable[[], None] | None = None) -> Session:
-    """Start live metrics, open the checkpoints and restore the newest verified one (or init).
+    """Start live metrics, open the checkpoints and restore the newest verified one (``state`` None when
+    there is none: a fresh start, whose state the caller initializes).
 
     With ``mirror`` (the step's staging location in the bucket) checkpoints go to the bucket and
     the newest one there that verifies is restored, with the metrics written up to it
@@ -172,8 +173,7 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
         if live is not None:
             live.close(status="FAILED")
         raise
-    if restored is None:
-        session.state = run.fresh_state()
+    if restored is None:  # a fresh start: the caller initializes the state (startup, not restore)
         return session
     session.start, session.state, session.manifest = restored
     if session.guard is not None:
@@ -318,6 +318,9 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
         run = build(spec, where=step_dir / SPEC)
     with goodput.timing("restore"):
         session = open_session(step_dir, spec, run, log, mirror, fence)
+    if session.state is None:
+        with goodput.timing("startup"):
+            session.state = run.fresh_state()
     session.goodput = goodput
     if session.primary:  # a fresh start drops every line, step 0's too: it is evaluated again below
         truncate_metrics(session.metrics_path, session.start if session.start else -1)
