@@ -16,7 +16,7 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier setup flink-tools k8s-tools lint clean-demo
+.PHONY: help uv venv bytecode corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier setup flink-tools k8s-tools lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
@@ -46,6 +46,13 @@ $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
 
 venv: $(VENV)/.synced
 
+# The same for this repository's own modules (an editable install: uv compiles none of them), about a
+# second: every node, Airflow task and trainer the tests start imports tidal, and none writes a .pyc
+# (PYTHONDONTWRITEBYTECODE=1 here; the test cluster's nodes see the repository read-only).
+# A .pyc whose source changed since is ignored by Python (its header holds the source's mtime and size).
+bytecode: venv
+	$(VENV)/bin/python -m compileall -q -j 0 tidal operators dags plugins tests bench > /dev/null
+
 corpora: venv
 	@echo "== the recipe's pinned source archives (downloaded once into $(TIDAL_ARCHIVE_CACHE), sha256 checked)"
 	$(VENV)/bin/tidal archives $(RECIPE)
@@ -66,7 +73,7 @@ DEMO_LINES := \[tidal\.runner\]|step [0-9]+/[0-9]+ loss |eval_loss/|TidalStepOpe
 DEMO_CLEAN := s/ +\[[a-z_.]+\] loc=.*$$//; s/^[0-9T:.-]+Z \[[a-z ]+\] //; s/^\[[0-9T:., -]+\] \{[^}]*\} [A-Z]+ - //
 # When the plan says every step is committed there is nothing for Airflow to do: the run is skipped (as make
 # skips an up-to-date target) and the report shows the committed run; `make clean-demo` starts over.
-demo: corpora $(AIRFLOW_HOME)/airflow.db
+demo: corpora bytecode $(AIRFLOW_HOME)/airflow.db
 	@echo "== tidal plan" && set -o pipefail && $(VENV)/bin/tidal plan $(RECIPE) | tee $(AIRFLOW_HOME)/plan.txt
 	@if ! grep -qE "^  [A-Za-z0-9_.-]+-[0-9a-f]{12} +(run|blocked) " $(AIRFLOW_HOME)/plan.txt; then \
 	  echo "== every step is committed: nothing for Airflow to run (make clean-demo starts over)"; \
@@ -100,16 +107,16 @@ cluster-demo: setup
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 PYTEST_WORKERS ?= 3
 PYTEST := $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
-test: setup
+test: setup bytecode
 	bash .ci/services.sh run -- $(PYTEST)
 
 # The unit tier alone (no server, no cluster): the edit loop, a few minutes.
-test-fast: corpora
+test-fast: corpora bytecode
 	$(PYTEST) -m "unit and not slow"
 
 # One tier: make test-tier TIER=integration (unit, integration, cluster, e2e).
 TIER ?= unit
-test-tier: setup
+test-tier: setup bytecode
 	bash .ci/services.sh run -- $(PYTEST) -m "$(TIER) and not slow"
 
 # Flink 1.19 (PyPI's apache-flink packages) and Beam's Flink job server (shaded from Maven Central)

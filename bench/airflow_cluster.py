@@ -44,7 +44,7 @@ from tests.cluster.harness import Cluster
 
 def _recipe(which: str, tmp: Path) -> tuple[str, str]:
     """(name, text) of the benchmarked recipe: recipes/tiny.yaml as it is, or its CI slice."""
-    text = sc.slice_recipe(tmp, "tiny_afb") if which == "slice" else sc.tiny_recipe_text("tiny_afb")
+    text = sc.slice_recipe(tmp, "tiny_afb", sources=None) if which == "slice" else sc.tiny_recipe_text("tiny_afb")
     return "tiny_afb", text
 
 

@@ -115,7 +115,7 @@ def main() -> int:
         flink = FlinkCluster.start(cluster, tmp / "flink", taskmanagers=1,
                                    env={"TIDAL_S3_ENDPOINT_URL": proxy.endpoint})
         try:
-            plain = sc.slice_recipe(tmp, "tiny_bench", scale=args.scale)
+            plain = sc.slice_recipe(tmp, "tiny_bench", scale=args.scale, sources=None)
             results["inprocess"] = measure(cluster, plain, tmp, "inprocess")
             # the whole slice on Flink (the tests run two of its sources), to compare with the in-process run
             text1 = bs.flink_recipe(tmp, flink, scale=args.scale, parallelism=1, sources=None)

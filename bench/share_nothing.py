@@ -46,7 +46,7 @@ def main() -> int:
     tmp = sc.bench_workdir("share-nothing-")
     if tmp is None:
         return 1
-    text = sc.slice_recipe(tmp, scale=args.scale)
+    text = sc.slice_recipe(tmp, scale=args.scale, sources=None)
     steps = sc.step_names(text, tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDAL_STORAGE", "TIDAL_S3", "MLFLOW_", "AWS_"))}
     local_root, local_s = sc.run_local(text, tmp, env)

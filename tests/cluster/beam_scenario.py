@@ -34,18 +34,7 @@ def flink_recipe(tmp: Path, flink: FlinkCluster, *, name: str = "tiny_flink", sc
                  parallelism: int | None = None, sources: tuple[str, ...] | None = FLINK_SOURCES) -> str:
     """A slice recipe whose Beam steps run on ``flink`` through the provider (near-dedup on, as in tiny),
     with only ``sources`` (None: all): each source is a clean and a tokenize job, about 50 s each on 2 cores."""
-    text = sc.slice_recipe(tmp, name, scale=scale)
-    data = yaml.safe_load(text)
-    if sources is not None:
-        data["sources"] = {k: v for k, v in data["sources"].items() if k in sources}
-        weights = data.get("mixture", {}).get("weights")
-        if weights:
-            data["mixture"]["weights"] = {k: v for k, v in weights.items() if k in sources}
-        evaluation = data.get("evaluation") or {}
-        if "sources" in evaluation:
-            evaluation["sources"] = [k for k in evaluation["sources"] if k in sources]
-            if not evaluation["sources"]:
-                evaluation.pop("sources")
+    data = yaml.safe_load(sc.slice_recipe(tmp, name, scale=scale, sources=sources))
     options: dict[str, Any] = {}
     for arg in flink.args(parallelism):
         key, _, value = arg.removeprefix("--").partition("=")

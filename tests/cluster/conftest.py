@@ -47,5 +47,12 @@ def slice_root(cluster) -> str:
 @pytest.fixture(scope="session")
 def local_root(tmp_path_factory) -> Path:
     """The local root of the session's reference runs in one process (:func:`tests.cluster.scenario.run_local`):
-    the scenarios' recipes share most steps (the slice's data), which are computed there once."""
-    return tmp_path_factory.mktemp("local-reference") / "root"
+    the scenarios' recipes share most steps (the slice's data), which are computed there once. Under
+    pytest-xdist the root is shared by the workers (the cluster and kube groups both compare with the same
+    slice): :func:`~tests.cluster.scenario.run_local` runs one reference at a time, under a lock beside it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = base / "local-reference"
+    folder.mkdir(exist_ok=True)
+    return folder / "root"

@@ -33,7 +33,7 @@ NAME = "tiny"
 
 
 def _recipe_text(which: str, tmp: Path) -> str:
-    return sc.slice_recipe(tmp, NAME) if which == "slice" else sc.tiny_recipe_text(NAME)
+    return sc.slice_recipe(tmp, NAME, sources=None) if which == "slice" else sc.tiny_recipe_text(NAME)
 
 
 def _progress(af: AirflowCluster, dag_id: str, run_id: str, timeout_s: float) -> dict:

@@ -51,10 +51,36 @@ print("COMMITTED", result.status, result.step_id)
 """
 
 
-def slice_recipe(tmp: Path, name: str = "tiny_sn", scale: int = 1, **changes: object) -> str:
-    """The text of a slice of recipes/tiny.yaml (tests/e2e/slices.py); ``changes``: dotted overrides."""
+# The cluster scenarios' sources: English prose and the dictionary (near duplicates: every data step kind
+# does real work). Each source is three steps (fetch, clean, tokenize), each a node, an Airflow task or a
+# Flink job, and the scenarios test where steps run, not the corpora: Chinese poetry and UDHR are the e2e
+# test's (tests/e2e) and the data tests'.
+CLUSTER_SOURCES = ("brown", "gcide")
+
+
+def keep_sources(data: dict, sources: tuple[str, ...]) -> dict:
+    """``data`` (a recipe as a dict) with only ``sources``: their mixture weights and evaluation sources kept,
+    the held-out-only sources dropped from the evaluation (none left: no evaluation sources)."""
+    data["sources"] = {k: v for k, v in data["sources"].items() if k in sources}
+    weights = data.get("mixture", {}).get("weights")
+    if weights:
+        data["mixture"]["weights"] = {k: v for k, v in weights.items() if k in sources}
+    evaluation = data.get("evaluation") or {}
+    if "sources" in evaluation:
+        evaluation["sources"] = [k for k in evaluation["sources"] if k in sources]
+        if not evaluation["sources"]:
+            evaluation.pop("sources")
+    return data
+
+
+def slice_recipe(tmp: Path, name: str = "tiny_sn", scale: int = 1, sources: tuple[str, ...] | None = CLUSTER_SOURCES,
+                 **changes: object) -> str:
+    """The text of a slice of recipes/tiny.yaml (tests/e2e/slices.py) with only ``sources`` (None: all four);
+    ``changes``: dotted overrides."""
     path = write_slice_recipe(tmp / f"{name}.yaml", tmp / "unused-root", name=name, scale=scale)
     data = yaml.safe_load(path.read_text())
+    if sources is not None:
+        keep_sources(data, sources)
     for dotted, value in changes.items():
         *parents, leaf = dotted.split(".")
         node = data
@@ -210,13 +236,20 @@ def bench_workdir(prefix: str) -> Path | None:
 def run_local(recipe_text: str, tmp: Path, env: dict[str, str], root: Path | None = None) -> tuple[Path, float]:
     """The same recipe in one process on a local root (the reference); returns (root, seconds).
     ``root``: that local root (default ``tmp/local-root``); steps already committed there are skipped,
-    so references of recipes that share steps are computed once (tests/cluster/conftest.py)."""
+    so references of recipes that share steps are computed once (tests/cluster/conftest.py). Runs on one
+    root take turns (an exclusive ``flock`` beside it): the root is shared by the suite's xdist workers, and
+    the embedded MLflow store it holds must not be created by two processes at once."""
+    import fcntl
+
     root = root or tmp / "local-root"
     path = tmp / "local.yaml"
     path.write_text(recipe_text)
-    tick = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tidal.cli", "run", str(path), "--storage-root", str(root)],
-                   check=True, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tick = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tidal.cli", "run", str(path), "--storage-root", str(root)],
+                       check=True, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
     return root, time.perf_counter() - tick
 
 

@@ -29,7 +29,7 @@ def airflow_env(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     recipes = base / "recipes"
     recipes.mkdir()
-    write_slice_recipe(recipes / "tiny_ci.yaml", base / "storage", scale=2)
+    write_slice_recipe(recipes / "tiny_ci.yaml", base / "storage")
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(base / "airflow"),

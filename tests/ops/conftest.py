@@ -199,6 +199,8 @@ def airflow_server(tmp_path_factory, postgres_url):
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        # no recipe changes while it runs: each DAG file is parsed when found, not again every 30 s
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "PYTHONPATH": str(REPO),
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # standalone starts `airflow` children
