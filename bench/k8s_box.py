@@ -73,10 +73,12 @@ def main() -> None:
             (Path(tmp) / "e2e").mkdir()
             (Path(tmp) / "jobset").mkdir()
             t0 = time.monotonic()
-            run = gke_scenario.train_through_kube(cluster, kube, values, Path(tmp) / "e2e", root=root)
+            run = gke_scenario.train_through_kube(cluster, kube, values, Path(tmp) / "e2e", root=root,
+                                                  sources=None)
             e2e_s = time.monotonic() - t0
             t0 = time.monotonic()
-            jobset = jobset_scenario.train_jobset_through_kube(cluster, kube, values, Path(tmp) / "jobset", root=root)
+            jobset = jobset_scenario.train_jobset_through_kube(cluster, kube, values, Path(tmp) / "jobset", root=root,
+                                                       sources=None)
             jobset_s = time.monotonic() - t0
         preempted = gke_scenario.preempted_and_resumed(run)
         jobset_ok = jobset.committed and jobset.deleted and jobset_scenario.ran_as_two_hosts(jobset)

@@ -79,7 +79,7 @@ def main() -> int:
     if tmp is None:
         return 1
     blocks = {"train.block_reads": {"block_bytes": args.block_bytes}} if args.block_bytes else {}
-    text = ts.train_recipe(tmp, steps=args.steps, checkpoint_every=args.checkpoint_every, **blocks)
+    text = ts.train_recipe(tmp, steps=args.steps, checkpoint_every=args.checkpoint_every, sources=None, **blocks)
     steps = sc.step_names(text, tmp)
     train = [s for s in steps if s[2] == "train"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDAL_STORAGE", "TIDAL_S3", "MLFLOW_", "AWS_"))}

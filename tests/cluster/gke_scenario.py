@@ -43,16 +43,17 @@ class KubeTrainRun:
 
 
 def train_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *, root: str | None = None,
-                       steps: int = 200, checkpoint_every: int = 10) -> KubeTrainRun:
+                       steps: int = 200, checkpoint_every: int = 10,
+                       sources: tuple[str, ...] | None = sc.CLUSTER_SOURCES) -> KubeTrainRun:
     """Run the scenario of the module doc; ``values``: the installed chart's values; ``root``: the
-    storage root in the bucket (default: a new one)."""
+    storage root in the bucket (default: a new one); ``sources``: the slice's (None: all)."""
     namespace = values["training"]["namespace"]
     resources = ResourceConfig.model_validate({"launcher": "gke", "spot": True, "accelerator": {"kind": "cpu"},
                                                "namespace": namespace, "priority_class": "tidal-train-spot"})
     pool = node_pool(resources, POOL)
     kube.add_nodes(pool)
 
-    text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s")
+    text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s", sources=sources)
     plan = sc.step_names(text, tmp)
     name, step_id, _ = next(s for s in plan if s[2] == "train")
     root = root or f"s3://tidal/k8s-{uuid.uuid4().hex[:8]}"

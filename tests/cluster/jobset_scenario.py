@@ -77,8 +77,10 @@ def wait_pods(kube: KubeServer, namespace: str, jobset_name: str, count: int, ti
 
 
 def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, tmp: Path, *, root: str,
-                              steps: int = 12, checkpoint_every: int = 6) -> JobSetRun:
-    """Run the scenario of the module doc under ``root`` (upstream steps already committed there are reused)."""
+                              steps: int = 12, checkpoint_every: int = 6,
+                              sources: tuple[str, ...] | None = sc.CLUSTER_SOURCES) -> JobSetRun:
+    """Run the scenario of the module doc under ``root`` (upstream steps already committed there are reused);
+    ``sources``: the slice's (None: all)."""
     from operators.gke import CONN_ID, CREATE_OPERATOR, DELETE_OPERATOR, JobSetSensor
     from operators.remote import ProviderOperator
 
@@ -88,7 +90,7 @@ def train_jobset_through_kube(cluster: Cluster, kube: KubeServer, values: dict, 
     pool = node_pool(resources, POOL)
     kube.add_nodes(pool)
 
-    text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s",
+    text = ts.train_recipe(tmp, steps=steps, checkpoint_every=checkpoint_every, name="tiny_k8s", sources=sources,
                            **{"train.optimizer.warmup_steps": 2})
     plan = sc.step_names(text, tmp)
     step_name, step_id, _ = next(s for s in plan if s[2] == "train")

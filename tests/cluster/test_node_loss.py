@@ -25,7 +25,10 @@ from tests.cluster import train_scenario as ts
 
 pytestmark = pytest.mark.timeout(1800)
 STEPS, EVERY = 200, 10
-DISK_MB = 8  # the last attempt's node: every disk smaller than the step's inputs (12.5 MB)
+DISK_MB = 8  # the last attempt's node: every disk smaller than the step's inputs (about 17 MB)
+# the cluster slice's sources and UDHR, evaluated by the training: its tokens (10.5 MB) make the train step's
+# inputs twice the last node's disk (brown and gcide alone are about 7 MB)
+SOURCES = ("brown", "gcide", "udhr")
 
 
 def _host_env() -> dict[str, str]:
@@ -34,7 +37,7 @@ def _host_env() -> dict[str, str]:
 
 
 def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, local_root, tmp_path):
-    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY)
+    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY, sources=SOURCES)
     steps = sc.step_names(text, tmp_path)
     rng = random.Random(20261202)
     targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
