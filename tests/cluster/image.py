@@ -2,7 +2,8 @@
 
 Built once per test process under ``$TMPDIR/tidal-image-<pid>``: a copy of the checkout's files that git
 tracks or would track (``git ls-files --cached --others --exclude-standard``: a module not yet added is
-there, build outputs, ``test-artifacts/`` and the like are not), and its ``.venv`` as hard links (a few
+there, build outputs, ``test-artifacts/`` and the like are not) with the ``.pyc`` of its modules where compiled,
+and its ``.venv`` as hard links (a few
 seconds for the venv's ~100k files; a copy where the filesystem refuses links). Each node boot binds the
 image read-only over the checkout's path, so the venv's absolute paths hold and the node sees the image,
 never the launcher's working tree. The commit is recorded for provenance as ``TIDAL_GIT_SHA``, as the
@@ -19,6 +20,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +70,16 @@ def image_of(repo: Path) -> Image:
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         atexit.register(shutil.rmtree, dest, True)
+        tag = sys.implementation.cache_tag
         for rel in files:
             src = repo / rel
             if src.is_file() or src.is_symlink():  # listed but deleted in the working tree: not in the image
                 _copy(src, dest / rel)
+                # and its bytecode where `make bytecode` wrote it: no node may write one (read-only image),
+                # and compiling tidal again in every node process costs CPU (a stale one is ignored by Python)
+                pyc = Path(rel).parent / "__pycache__" / f"{Path(rel).stem}.{tag}.pyc"
+                if rel.endswith(".py") and (repo / pyc).is_file():
+                    _copy(repo / pyc, dest / pyc)
         cp = subprocess.run(["cp", "-al", str(venv), str(dest / ".venv")], capture_output=True, text=True, check=False)
         if cp.returncode != 0:
             shutil.rmtree(dest / ".venv", ignore_errors=True)
