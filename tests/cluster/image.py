@@ -2,12 +2,11 @@
 
 Built once per test process under ``$TMPDIR/tidal-image-<pid>``: a copy of the checkout's files that git
 tracks or would track (``git ls-files --cached --others --exclude-standard``: a module not yet added is
-there, build outputs, ``test-artifacts/`` and the like are not) with the ``.pyc`` of its modules where compiled,
-and its ``.venv`` as hard links (a few
-seconds for the venv's ~100k files; a copy where the filesystem refuses links). Each node boot binds the
-image read-only over the checkout's path, so the venv's absolute paths hold and the node sees the image,
-never the launcher's working tree. The commit is recorded for provenance as ``TIDAL_GIT_SHA``, as the
-production images do (they carry no ``.git``).
+there, build outputs, ``test-artifacts/`` and the like are not) with the ``.pyc`` of its modules where
+compiled, and its ``.venv`` as hard links (a few seconds for the venv's ~100k files; a copy where the
+filesystem refuses links). Each node boot binds the image read-only over the checkout's path, so the venv's
+absolute paths hold and the node sees the image, never the launcher's working tree. The commit is recorded
+for provenance as ``TIDAL_GIT_SHA``, as the production images do (they carry no ``.git``).
 
 The code is copied, not linked, because editors write some files in place (vim does for a file with
 several links): the image stays the tree as it was when the session started. The venv's files are hard
