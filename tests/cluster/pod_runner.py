@@ -194,12 +194,7 @@ class PodRunner:
         self.kube, self.cluster, self.namespace, self.workdir = kube, cluster, namespace, workdir
 
     def _pod(self, name: str) -> dict | None:
-        result = self.kube.kubectl("get", "pod", name, "-n", self.namespace, "-o", "json", check=False)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr:
-                return None
-            raise RuntimeError(result.stderr)
-        return json.loads(result.stdout)
+        return self.kube.get_path(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
 
     def wait_running(self, name: str, timeout_s: float = 120) -> dict:
         """The pod once the scheduler bound it and KWOK marked it Running; RuntimeError after ``timeout_s``."""

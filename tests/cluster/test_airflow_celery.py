@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from datetime import datetime
+from urllib.parse import urlencode
 
 import pytest
 import yaml
@@ -236,8 +237,8 @@ def _wait_pod(kube, af, namespace: str, selector: str, seen: set[str], timeout_s
     within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pods = [p for p in kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
-                if p["metadata"]["name"] not in seen]
+        listed = kube.get_path(f"/api/v1/namespaces/{namespace}/pods?{urlencode({'labelSelector': selector})}")
+        pods = [p for p in listed["items"] if p["metadata"]["name"] not in seen]
         assert len(pods) <= count, [p["metadata"]["name"] for p in pods]  # never two training runs at once
         if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
             return sorted(pods, key=lambda p: p["metadata"]["name"])
