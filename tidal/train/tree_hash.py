@@ -64,6 +64,28 @@ def _leaf_sums(leaf: Any) -> np.ndarray:
     return total
 
 
+def _sum_over_processes(sums: np.ndarray) -> np.ndarray:
+    """Every process's ``sums`` (shape ``(leaves, lanes)``, uint64) added mod 2^64: an all-reduce.
+
+    JAX without x64 carries no uint64, so each value travels as four 16-bit limbs in int32, whose sums over
+    up to 32,767 processes cannot overflow; the limbs' sums are shifted back and added mod 2^64 here.
+    Every process must call it (a collective); all get the same result.
+    """
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    limbs = np.stack([(sums >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(4)], axis=-1).astype(np.int32)
+    local = jax.local_devices()
+    grid = np.array([[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())])
+    mesh = Mesh(grid, ("process", "device"))
+    rows = jax.make_array_from_single_device_arrays(
+        (grid.shape[0], *limbs.shape), NamedSharding(mesh, PartitionSpec("process")),
+        [jax.device_put(limbs[None], d) for d in local])
+    added = jax.jit(lambda x: x.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))(rows)
+    totals = np.asarray(added.addressable_data(0)).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return sum((totals[..., k] << np.uint64(16 * k) for k in range(4)), np.zeros_like(sums))
+
+
 def tree_sha256(tree: Any) -> str:
     """Content hash of a pytree of arrays, independent of how a checkpoint lays it out and of the mesh.
 
@@ -72,8 +94,9 @@ def tree_sha256(tree: Any) -> str:
     processes or how a leaf is sharded. For every leaf in tree order it covers the key path, dtype and shape and
     256 bits of content: four sums mod 2^64 over the leaf's elements of a mix of each element's index and raw
     bits (:func:`_block_sums`), so each process sums the shards it holds and the processes add their small
-    records (one ``process_allgather`` of 32 bytes per leaf). It is a reproducibility fingerprint (equal bytes
-    give equal hashes on any mesh), not a seal against a forger: the bucket's manifests and signatures are that.
+    records (one all-reduce of 32 bytes per leaf, :func:`_sum_over_processes`). It is a reproducibility
+    fingerprint (equal bytes give equal hashes on any mesh), not a seal against a forger: the bucket's
+    manifests and signatures are that.
 
     Returns:
         64 hex characters. In a multi-process run every process must call it (a collective); all return the same.
@@ -84,13 +107,7 @@ def tree_sha256(tree: Any) -> str:
     sums = np.stack([_leaf_sums(leaf) for _, leaf in flat]) if flat else np.zeros((0, len(_LANES)), np.uint64)
     spread = np.array([isinstance(leaf, jax.Array) and not leaf.is_fully_addressable for _, leaf in flat], bool)
     if spread.any():  # the same on every process: the leaves' global structure decides
-        from jax.experimental import multihost_utils
-
-        # uint64 travels as uint32 pairs (JAX without x64 would truncate it); one small record per process
-        gathered = np.asarray(multihost_utils.process_allgather(sums.view(np.uint32)))
-        with np.errstate(over="ignore"):
-            added = gathered.view(np.uint64).reshape(-1, *sums.shape).sum(axis=0, dtype=np.uint64)
-        sums = np.where(spread[:, None], added, sums)  # a leaf each process holds whole is counted once
+        sums = np.where(spread[:, None], _sum_over_processes(sums), sums)  # a leaf held whole is counted once
     digest = hashlib.sha256()
     for (path, leaf), leaf_sums in zip(flat, sums):
         shape = tuple(int(d) for d in leaf.shape)
