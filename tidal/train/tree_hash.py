@@ -6,6 +6,7 @@ gathers a leaf, let alone the tree (rule 0b of DESIGN.md).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -64,6 +65,15 @@ def _leaf_sums(leaf: Any) -> np.ndarray:
     return total
 
 
+@functools.cache
+def _adder(mesh: Any) -> Any:
+    """The jitted sum over ``mesh``'s process axis, replicated on every device: one per mesh, so the saves of a
+    run (each hashes its parameters) compile it once."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda rows: rows.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
 def _sum_over_processes(sums: np.ndarray) -> np.ndarray:
     """Every process's ``sums`` (shape ``(leaves, lanes)``, uint64) added mod 2^64: an all-reduce.
 
@@ -80,7 +90,7 @@ def _sum_over_processes(sums: np.ndarray) -> np.ndarray:
     rows = jax.make_array_from_single_device_arrays(
         (grid.shape[0], *limbs.shape), NamedSharding(mesh, PartitionSpec("process")),
         [jax.device_put(limbs[None], d) for d in local])
-    added = jax.jit(lambda x: x.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))(rows)
+    added = _adder(mesh)(rows)
     totals = np.asarray(added.addressable_data(0)).astype(np.uint64)
     with np.errstate(over="ignore"):
         return sum((totals[..., k] << np.uint64(16 * k) for k in range(4)), np.zeros_like(sums))
