@@ -102,7 +102,7 @@ def main() -> int:
         every = args.checkpoint_every
         expected = ({before.preempted_at} if before.lost == "SIGTERM"
                     else ts.resumable(before.counted, before.resumed_from or 0, before.last_step, every))
-        fetched = f"fetched checkpoint {after.resumed_from} from" in after.log
+        fetched = f"read checkpoint {after.resumed_from} from" in after.log
         resumed = resumed and fetched and after.resumed_from in expected
         lost.append(before.last_step - (after.resumed_from or 0))
     for a in lossy.attempts:

@@ -89,5 +89,5 @@ def preempted_and_resumed(run: KubeTrainRun) -> bool:
     resumed = ts.RESUMED.search(retry.log)
     return bool(first.deleted and first.returncode == 75 and stopped and resumed
                 and resumed.group(1) == stopped.group(1) and first.ran_on != retry.ran_on
-                and f"fetched checkpoint {stopped.group(1)} from {run.prepared['step_uri']}" in retry.log
+                and f"read checkpoint {stopped.group(1)} from {run.prepared['step_uri']}" in retry.log
                 and not retry.deleted and retry.returncode == 0)

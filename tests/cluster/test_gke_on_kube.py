@@ -41,7 +41,7 @@ def test_a_pod_created_on_the_api_server_is_preempted_resumes_from_the_bucket_an
     assert first.deleted and first.returncode == 75, logs  # SIGTERM: saved the step it stopped at, exit 75
     preempted_at = int(ts.PREEMPTED.search(first.log).group(1))
     assert int(ts.RESUMED.search(retry.log).group(1)) == preempted_at, logs
-    assert f"fetched checkpoint {preempted_at} from {run.prepared['step_uri']}" in retry.log, logs
+    assert f"read checkpoint {preempted_at} from {run.prepared['step_uri']}" in retry.log, logs
     assert first.ran_on != retry.ran_on  # a fresh node: nothing on a disk carried over
     assert not retry.deleted and retry.returncode == 0, logs
     assert preempted_and_resumed(run)

@@ -5,7 +5,8 @@ The slice's train step runs with an ``s3://`` root; its trainer is lost three ti
 from a seeded generator, twice by SIGKILL of the whole node and once by SIGTERM with a 30 s grace
 (it checkpoints the step and exits 75), each time restarted on a new node; the committed step's
 parameters and whole loss curve are bitwise those of an uninterrupted run in one process on a local
-root (the last attempt on a node whose every disk is smaller than the step's inputs), each SIGKILL
+root. Every node's disks are smaller than the step's inputs and than one checkpoint of its train state
+(issue 37, item 4: the trainer writes its checkpoints' shards straight to the bucket), each SIGKILL
 resumed from the newest checkpoint that had reached the bucket, the SIGTERM from the step it stopped
 at, and the commit sent no checkpoint a second time. Every trainer reaches the bucket through a proxy that
 answers 5 % of its calls with 500 or 503 (issue 43: object stores do; retried, never a failure).
@@ -25,7 +26,9 @@ from tests.cluster import train_scenario as ts
 
 pytestmark = pytest.mark.timeout(1800)
 STEPS, EVERY = 200, 10
-DISK_MB = 8  # the last attempt's node: every disk smaller than the step's inputs (about 17 MB)
+DISK_MB = 6  # every node: each disk smaller than the step's inputs (about 17 MB) and than the state (9 MB)
+# the slice's model with the tiny recipe's widths: a train state (params and two AdamW moments, fp32) of 9.4 MB
+MODEL = {"d_model": 128, "n_layers": 2, "n_heads": 4, "d_ff": 512}
 # the cluster slice's sources and UDHR, evaluated by the training: its tokens (10.5 MB) make the train step's
 # inputs twice the last node's disk (brown and gcide alone are about 7 MB)
 SOURCES = ("brown", "gcide", "udhr")
@@ -37,7 +40,7 @@ def _host_env() -> dict[str, str]:
 
 
 def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, local_root, tmp_path):
-    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY, sources=SOURCES)
+    text = ts.train_recipe(tmp_path, steps=STEPS, checkpoint_every=EVERY, sources=SOURCES, **{"train.model": MODEL})
     steps = sc.step_names(text, tmp_path)
     rng = random.Random(20261202)
     targets = sorted(rng.sample(range(EVERY + 3, STEPS - 40), 3))
@@ -45,14 +48,14 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, l
     root = slice_root
     # and every 20th call of each trainer to the bucket answered 500 or 503 (5 %): retried, same bytes
     run = ts.run_with_losses(cluster, text, steps, root=root, run_key="nl", losses=losses, workdir=tmp_path,
-                             last_disk_mb=DISK_MB, faults_every=20)
+                             disk_mb=DISK_MB, faults_every=20)
     logs = "\n".join(f"--- {a.node} ({a.lost} at {a.target}) rc={a.returncode}\n{a.log[-2500:]}" for a in run.attempts)
 
     first, *resumed = run.attempts
     assert first.resumed_from is None and first.returncode != 0, logs
     for before, after in zip(run.attempts, resumed, strict=False):
         assert after.resumed_from is not None and after.resumed_from > 0, logs
-        assert f"fetched checkpoint {after.resumed_from} from {run.prepared['step_uri']}" in after.log, logs
+        assert f"read checkpoint {after.resumed_from} from {run.prepared['step_uri']}" in after.log, logs
         if before.lost == "SIGTERM":  # checkpointed the step it stopped at, exited 75
             assert before.returncode == 75 and before.preempted_at is not None, logs
             assert after.resumed_from == before.preempted_at, logs
@@ -74,6 +77,9 @@ def test_three_node_losses_resume_from_the_bucket_bitwise(cluster, slice_root, l
     # the final upload sent the step's other files, not the checkpoints already in the bucket
     manifest = json.loads(sc._bucket_file(cluster, root, train[0][1], "manifest.json"))
     ckpt_bytes = sum(e["bytes"] for e in manifest["files"] if e["path"].startswith("checkpoints/"))
+    newest = f"checkpoints/{STEPS}/"
+    state_bytes = sum(e["bytes"] for e in manifest["files"] if e["path"].startswith(newest))
+    assert state_bytes > DISK_MB * 2**20, state_bytes  # no node could have staged one checkpoint
     sent = [int(b) for b in re.findall(r"staged \d+ files \((\d+) bytes\)", run.attempts[-1].log)]
     assert sent and ckpt_bytes > 0 and sent[-1] < ckpt_bytes, (sent, ckpt_bytes)
     staging = run.prepared["step_uri"].removeprefix("s3://tidal/")  # this step's: the root is shared

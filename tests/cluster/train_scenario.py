@@ -151,10 +151,10 @@ def _run_attempt(cluster: Cluster, attempt: Attempt, step_uri: str, log: Path, e
 
 def run_with_losses(cluster: Cluster, recipe_text: str, steps: list[tuple[str, str, str]], *, root: str,
                     run_key: str, losses: list[tuple[str, int]], workdir: Path,
-                    timeout_s: float = 600, last_disk_mb: int | None = None, faults_every: int = 0) -> NodeLossRun:
+                    timeout_s: float = 600, disk_mb: int | None = None, faults_every: int = 0) -> NodeLossRun:
     """Upstream, prepare, one trainer attempt per entry of ``losses`` (``(signal, step)``: lost there)
-    then one that runs to the end (on a node with disks of ``last_disk_mb`` MiB, when given), each on a
-    fresh node, then the commit on another. With ``faults_every`` N > 0 each trainer reaches the bucket
+    then one that runs to the end, each on a fresh node (with disks of ``disk_mb`` MiB, when given), then
+    the commit on another. With ``faults_every`` N > 0 each trainer reaches the bucket
     through a proxy that answers every N-th request with 500 or 503 (N = 100: 1 %)."""
     name, step_id, _ = next(s for s in steps if s[2] == "train")
     upstream(cluster, recipe_text, steps, root=root, run_key=run_key)
@@ -162,9 +162,8 @@ def run_with_losses(cluster: Cluster, recipe_text: str, steps: list[tuple[str, s
     prepared = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("XCOM")).removeprefix("XCOM"))
     run = NodeLossRun(root, name, step_id, prepared)
     for index, (lost, target) in enumerate([*losses, (None, None)]):
-        disk = last_disk_mb if lost is None else None
         run.attempts.append(_attempt(cluster, index, prepared["step_uri"], root, workdir, lost, target, timeout_s,
-                                     disk, faults_every))
+                                     disk_mb, faults_every))
     proc = sc.on_node_argv(cluster, "train-commit", recipe_text,
                            ["python", "-c", sc.COMMIT, name, json.dumps(prepared), run_key], root=root)
     run.commit_output = proc.stdout + proc.stderr

@@ -27,6 +27,7 @@ from pathlib import Path
 from tests.ports import free_port
 
 ERRORS = {
+    403: ("AccessDenied", "Access Denied"),
     500: ("InternalError", "We encountered an internal error. Please try again."),
     503: ("SlowDown", "Please reduce your request rate."),
 }

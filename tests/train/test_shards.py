@@ -116,6 +116,27 @@ def test_a_committed_sharded_checkpoint_restores_through_the_checkpointer(tmp_pa
         ckpt.close()
 
 
+def test_every_chunk_read_is_checked_against_the_manifest(tmp_path):
+    """A restore hashes each whole chunk it reads: a chunk overwritten with bytes of the same size (which a
+    listing cannot see) is refused, naming it; the other leaves and an intact copy read back bitwise."""
+    saved = state()
+    host = shard_arrays.copy_to_host(saved, chunk_bytes=32)  # w (6x4 float32, 96 bytes) in 4 chunks of 3x2
+    shards.write_shards(str(tmp_path), 5, host, process=0, create_metadata=True)
+    manifest = shards.commit(str(tmp_path), 5, host, processes=1)
+    keys = sorted(f["path"] for f in manifest["files"]
+                  if f["path"].startswith("params.w/") and "zarray" not in f["path"])
+    assert keys == ["params.w/0.0", "params.w/0.1", "params.w/1.0", "params.w/1.1"], keys
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), saved)
+    got = shards.restore(str(tmp_path), manifest, abstract)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(got), strict=True))
+    victim = tmp_path / CHECKPOINT_DIR / "5" / "params.w" / "1.0"
+    victim.write_bytes(bytes(len(victim.read_bytes())))
+    assert shards.problems(str(tmp_path), manifest) == []  # the sizes match: only reading the bytes tells
+    with pytest.raises(shard_arrays.CorruptChunk, match=r"params\.w/1\.0 does not match its manifest's sha256"):
+        shards.restore(str(tmp_path), manifest, abstract)
+
+
 def test_kvstore_specs_follow_the_storage_settings(monkeypatch):
     monkeypatch.setenv("TIDAL_S3_ENDPOINT_URL", "http://10.0.0.1:9000/")
     assert shard_arrays.kvstore("s3://b/a/c") == {"driver": "s3", "bucket": "b", "path": "a/c/",

@@ -180,7 +180,7 @@ def _train_or_profile(args: argparse.Namespace, location: str, fence, load_spec,
     if is_uri(location) and (step_dir / SUMMARY_NAME).is_file():
         from tidal.train.shards import committed_entries  # heavy (TensorStore), like _exit_code's imports
 
-        # a multi-process run's checkpoints are in the bucket only, each object hashed by the process that wrote it
+        # a bucket run's checkpoints are in the bucket only, each object hashed by the process that wrote it
         staging.seal(spec["kind"], spec["config"], step_dir, step_id=spec["step_id"], where="the training run",
                      remote=committed_entries(location))
 

@@ -29,16 +29,15 @@ cost ~35 ms of CPU per 19 MB saved on the 2-core bench host. Two layouts:
 Both layouts, and the compressed checkpoints of earlier versions, restore into either kind of run
 (a packed one into a multi-process run too: tests/train/test_distributed.py checks it bit for bit).
 
-On an object-store root (``mirror``: the step's staging location) every finished checkpoint is
-uploaded there in the background thread, after its manifest is computed and before it counts, and
-a restore first brings the newest one there that verifies into the local directory
-(:mod:`tidal.train.mirror`); a failed save is raised at the next :meth:`Checkpointer.check`. With a
-mirror in a multi-process run no disk is shared and nothing is gathered: every process writes the shards
-it owns straight to the bucket (:mod:`tidal.train.shards`: TensorStore, one zarr array per leaf, a record
-per process, the manifest last once every record is in), and a restore reads, on every process, only its
-own shards of the newest sharded checkpoint process 0 chose (a broadcast of its step), into whatever mesh
-this run has. An orbax checkpoint there (one process's, a continuation's parent) is still fetched whole
-and restored as before. A sharded checkpoint of a committed step restores here too (:meth:`restore`).
+On an object-store root (``mirror``: the step's staging location), with one process or many, no disk
+stages a checkpoint and nothing is gathered: every process writes the shards it owns straight to the
+bucket (:mod:`tidal.train.shards`: TensorStore, one zarr array per leaf, a record per process, the
+manifest last once every record is in), and a restore reads, on every process, only its own shards of
+the newest sharded checkpoint process 0 chose (a broadcast of its step), into whatever mesh this run has,
+each chunk checked against the manifest's sha256. An orbax checkpoint there (one written before sharded
+saves covered single-process runs, or a continuation's parent) is still fetched whole and restored as
+before (:mod:`tidal.train.mirror`). A sharded checkpoint of a committed step restores here too
+(:meth:`restore`).
 
 Invariant (docs/contracts.md, "Checkpoints"): a checkpoint is loaded only if its manifest
 exists and every file's size and sha256 match, and only into a state of exactly the same
@@ -99,9 +98,9 @@ class Checkpointer:
         read_only: only verify and restore (a committed step's checkpoints: export, sample, evals): no directory
             is created, no leftover temporary one removed (orbax's ``read_only``).
         mirror: the step's staging location in the bucket (:mod:`tidal.train.mirror`): every
-            checkpoint is uploaded there and counts only once its manifest is; a restore takes the
-            newest checkpoint there that verifies. In a multi-process run every process writes its own
-            shards there (:mod:`tidal.train.shards`) and nothing is gathered or staged on a disk.
+            checkpoint is written there and counts only once its manifest is; a restore takes the
+            newest checkpoint there that verifies. Every process writes its own shards there
+            (:mod:`tidal.train.shards`) and nothing is gathered or staged on a disk.
         fence: with a mirror, called before every upload that makes a checkpoint count (the training
             lease's check, :mod:`tidal.train.fence`); what it raises fails that save.
         commit_wait_s: multi-process with a mirror: how long process 0 waits for every process's record of
@@ -131,10 +130,11 @@ class Checkpointer:
         self.read_only = read_only
         if not read_only:
             (self.step_dir / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-        # multi-process to the bucket: no disk is shared; each process writes and reads its own shards there,
-        # and for the orbax checkpoints it may still restore (fetched whole) it is an orbax domain of its own
-        # (no cross-process barrier in orbax)
-        self.sharded = mirror is not None and jax.process_count() > 1
+        # to the bucket, with one process or many: nothing is staged on a disk (a pod's /tmp is smaller than a
+        # big state) and no disk is shared; each process writes and reads its own shards there, and for the
+        # orbax checkpoints it may still restore (fetched whole) it is an orbax domain of its own (no
+        # cross-process barrier in orbax)
+        self.sharded = mirror is not None
         self.mirror = CheckpointMirror(mirror, self.log, fence=fence) if mirror is not None else None
         for tmp in [] if read_only else sorted((self.step_dir / CHECKPOINT_DIR).glob("*.orbax-checkpoint-tmp*")):
             self.log.warning("removing %s: a save cut short before it finished (never counted)", tmp)
@@ -210,8 +210,8 @@ class Checkpointer:
         guard's loss history). A permanent checkpoint's manifest also holds ``params_sha256``
         (:func:`tree_sha256` of ``state["params"]``, computed here: it blocks for one host copy of the
         parameters, every ``permanent_every`` steps only), which MLflow's logged model of it is tagged
-        with; not where the parameters are not all addressable from this process (a multi-process run
-        without a mirror).
+        with; with a mirror every process takes part (the hash is a collective), without one a
+        multi-process run whose parameters are not all addressable from process 0 records none.
 
         Raises:
             CheckpointSaveFailed: the previous save failed, or this one failed at once (e.g. its
@@ -222,6 +222,7 @@ class Checkpointer:
         self._trainer = trainer
         start = time.perf_counter()
         if self.sharded:  # every process writes its own shards to the bucket (tidal.train.shards)
+            self._params_sha256 = self._permanent_params_sha256(step, state)
             host = shard_arrays.copy_to_host(state, copy=not self.host_state)
             self._job = self._worker.submit(self._save_sharded, step, host, fingerprint, start)
             self._pending = (step, time.perf_counter() - start)
@@ -240,7 +241,12 @@ class Checkpointer:
 
     def _permanent_params_sha256(self, step: int, state: Any) -> str | None:
         params = state.get("params") if isinstance(state, dict) else None
-        if not self.primary or params is None or not self.permanent_every or step % self.permanent_every:
+        if params is None or not self.permanent_every or step % self.permanent_every:
+            return None
+        if self.sharded:  # every process saves this step in its main thread, so the collective hash runs on all
+            digest = tree_sha256(params)
+            return digest if self.primary else None
+        if not self.primary:
             return None
         if not all(getattr(leaf, "is_fully_addressable", True) for leaf in jax.tree_util.tree_leaves(params)):
             return None
@@ -263,7 +269,8 @@ class Checkpointer:
         """The background half of a multi-process save to the bucket: this process's shards, then (process 0)
         the sidecars, the manifest once every process's record is there, and retention in the bucket."""
         try:
-            extra = {"fingerprint": fingerprint, **({"trainer": self._trainer} if self._trainer is not None else {})}
+            extra = {"fingerprint": fingerprint, **({"trainer": self._trainer} if self._trainer is not None else {}),
+                     **({"params_sha256": self._params_sha256} if self._params_sha256 is not None else {})}
             manifest = shards.save(self.mirror, step, host, primary=self.primary, wait_s=self.commit_wait_s,
                                    extra=extra, sidecars=self._sidecars, log=self.log,
                                    retain=lambda there: retained(there, self.keep, self.permanent_every))

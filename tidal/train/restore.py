@@ -117,24 +117,42 @@ def mismatch(where: Any) -> Callable[[list[str]], CheckpointMismatch]:
         "only into a state of the same tree, shapes and dtypes (use a new step directory)")
 
 def _restore_sharded(ckpt: Checkpointer, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-    """Multi-process, from the bucket: process 0 chooses the newest sharded checkpoint that counts and is
-    whole (:func:`tidal.train.shards.newest_whole`), every process reads its own shards of it in
-    ``abstract_state``'s layout (:func:`tidal.train.shards.restore`: any mesh, any process count).
-    None: there is none, or the newest checkpoint that counts is an orbax one (restored as before)."""
+    """From the bucket, one process or many: process 0 chooses the newest sharded checkpoint that counts and
+    is whole (:func:`tidal.train.shards.newest_whole`), every process reads its own shards of it in
+    ``abstract_state``'s layout (:func:`tidal.train.shards.restore`: any mesh, any process count), each chunk
+    checked against the manifest's sha256. When any process finds a chunk that does not match, every
+    process learns it (one small all-gather), process 0 deletes that checkpoint (WARNING) and they try
+    the next newest. None: there is none, or the newest checkpoint that counts is an orbax one (restored
+    as before)."""
     from jax.experimental import multihost_utils
 
-    chosen = shards.newest_whole(ckpt.mirror, ckpt.log) if ckpt.primary else None
-    agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen)))
-    if agreed < 0:
-        return None
     location = ckpt.mirror.location
-    manifest = shards.read_manifest(location, agreed)
-    if manifest is None:
-        raise CheckpointMismatch(f"checkpoint {agreed} at {location}: process 0 chose it but its manifest is "
-                                 f"unreadable on process {jax.process_index()}; rule: every process restores "
-                                 "the same checkpoint")
-    where = uris.join(location, CHECKPOINT_DIR, str(agreed))
-    state = shards.restore(location, manifest, abstract_state, mismatch(where))
+    many = jax.process_count() > 1
+    while True:
+        chosen = shards.newest_whole(ckpt.mirror, ckpt.log) if ckpt.primary else None
+        agreed = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if chosen is None else chosen))
+                     if many else (-1 if chosen is None else chosen))
+        if agreed < 0:
+            return None
+        manifest = shards.read_manifest(location, agreed)
+        if manifest is None:
+            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: process 0 chose it but its manifest is "
+                                     f"unreadable on process {jax.process_index()}; rule: every process restores "
+                                     "the same checkpoint")
+        where = uris.join(location, CHECKPOINT_DIR, str(agreed))
+        try:
+            state, corrupt = shards.restore(location, manifest, abstract_state, mismatch(where)), ""
+        except shard_arrays.CorruptChunk as err:
+            state, corrupt = None, str(err)
+        flags = (np.asarray(multihost_utils.process_allgather(np.int32(bool(corrupt)))) if many
+                 else np.array([int(bool(corrupt))]))
+        if not flags.any():
+            break
+        if corrupt:
+            ckpt.log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", agreed, location,
+                             corrupt)
+        if ckpt.primary:
+            ckpt.mirror.delete(agreed)
     read = shard_arrays.addressable_bytes(state)
     ckpt.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,
                   read, manifest["total_bytes"])

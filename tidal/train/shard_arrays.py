@@ -12,6 +12,7 @@ writes); jax.experimental.array_serialization (replica-0 writes, reads by target
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,10 +77,17 @@ def _array_spec(store: dict[str, Any], name: str, shape: tuple[int, ...], dtype:
                          "dtype": _zarr_dtype(dtype), "compressor": None, "fill_value": None, "order": "C"}}
 
 
+# A request the bucket keeps failing is retried this way (TensorStore's default, 32 retries of up to 32 s,
+# waits about 15 minutes): at most about 16 s, then the save fails and training stops with one error line
+# (issue 37, item 2); the task's retry resumes from the newest checkpoint that counts.
+REQUEST_RETRIES = {"max_retries": 8, "initial_delay": "0.1s", "max_delay": "5s"}
+
+
 def _context() -> ts.Context:
     """One TensorStore context for every array of a save or restore: one HTTP connection pool and request
-    limit for all of them, and no chunk cache (each byte is written or read once)."""
-    return ts.Context({"cache_pool": {"total_bytes_limit": 0}, "s3_request_concurrency": {"limit": 32}})
+    limit for all of them, no chunk cache (each byte is written or read once), bounded retries."""
+    return ts.Context({"cache_pool": {"total_bytes_limit": 0}, "s3_request_concurrency": {"limit": 32},
+                       "s3_request_retries": REQUEST_RETRIES, "gcs_request_retries": REQUEST_RETRIES})
 
 
 def _zarr_dtype(dtype: Any) -> str:
@@ -231,11 +239,32 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
     return record
 
 
+class CorruptChunk(ValueError):
+    """An object of a sharded checkpoint, read back, does not have the sha256 its manifest records."""
+
+
+def _chunk_boxes(index: tuple[slice, ...], shape: tuple[int, ...],
+                 chunks: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """The saved chunks (global boxes) that overlap the region ``index`` of a leaf of ``shape``."""
+    chunks = tuple(max(1, c) for c in chunks)
+    ranges = [range((s.start // c) * c, s.stop, c) for s, c in zip(index, chunks, strict=True)]
+    return [tuple(slice(a, min(a + c, d)) for a, c, d in zip(starts, chunks, shape, strict=True))
+            for starts in itertools.product(*ranges)]
+
+
+def _region(index: Any, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(s.start or 0, s.stop if s.stop is not None else d) for s, d in zip(index, shape, strict=True))
+
+
 def read_arrays(base: str, leaves: list, abstract_state: Any,
-            on_mismatch: Callable[[list[str]], Exception] | None = None,
-            max_inflight_bytes: int = 64 * 2**20) -> Any:
+                on_mismatch: Callable[[list[str]], Exception] | None = None,
+                max_inflight_bytes: int = 64 * 2**20, checksums: dict[str, str] | None = None) -> Any:
     """Read the saved state at ``base`` (its ``leaves``: ``[[name, shape, dtype, chunk shape]]`` as a
     manifest lists them) into the layout of ``abstract_state``.
+
+    Each process reads whole saved chunks (one object each), only those that overlap its devices' shards,
+    checks each against ``checksums`` and copies the overlap into its shards: the check covers every byte
+    it loads, whatever the mesh it restores onto.
 
     Args:
         abstract_state: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` (each process reads only
@@ -243,16 +272,18 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
             one (read whole into host numpy arrays).
         on_mismatch: builds the exception raised when the tree, a shape or a dtype differs (default
             ValueError).
-        max_inflight_bytes: bytes of this process's shards read before they are placed (at least one
-            leaf's). A read of a shard that spans saved chunks holds those whole chunks for a moment (up
-            to 2x the shard when the split changed by 2 along one axis), so this process's memory beyond
-            its share of the state is about twice this, or twice its largest leaf's share.
+        max_inflight_bytes: bytes of saved chunks read before they are placed (at least one leaf's). A
+            shard that spans saved chunks holds those whole chunks for a moment (up to 2x the shard when
+            the split changed by 2 along one axis), so this process's memory beyond its share of the state
+            is about twice this, or twice its largest leaf's share.
+        checksums: ``{object key under base: sha256}`` (the manifest's ``files``); None reads unchecked.
 
     Returns:
         The state: ``jax.Array`` leaves placed by ``abstract_state``'s shardings (numpy without one).
 
     Raises:
         ValueError (or ``on_mismatch``'s): the checkpoint's leaves differ from ``abstract_state``'s.
+        CorruptChunk: a chunk read does not match its checksum (nothing is returned).
     """
     saved = {name: (tuple(shape), dtype) for name, shape, dtype, _ in leaves}
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
@@ -268,26 +299,59 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
                             context=context) for name in wanted}
     opened = {name: future.result() for name, future in opened.items()}
     out: list[Any] = []
-    pending: list[tuple[Any, Any, list]] = []
+    # (name, leaf, sharding, [(device or None, region)], {chunk key: (box, read future)})
+    pending: list[tuple[str, Any, Any, list, dict]] = []
     inflight = 0
 
-    def drain() -> None:
-        for leaf, sharding, parts in pending:
-            if sharding is None:
-                out.append(np.asarray(parts[0][1].result()))
+    def place(region: tuple[slice, ...], reads: dict, dtype: Any) -> np.ndarray:
+        """This device's shard at ``region``, copied out of the saved chunks that overlap it."""
+        whole = [future for box, future in reads.values() if box == region]
+        if whole:  # the shard is one saved chunk (restored onto the mesh that saved it): no copy
+            return whole[0].result()
+        part = np.empty(tuple(s.stop - s.start for s in region), dtype)
+        for box, future in reads.values():
+            inside = tuple(slice(max(b.start, r.start), min(b.stop, r.stop))
+                           for b, r in zip(box, region, strict=True))
+            if any(i.start >= i.stop for i in inside):
                 continue
-            arrays = [jax.device_put(future.result(), device) for device, future in parts]
+            data = future.result()
+            part[tuple(slice(i.start - r.start, i.stop - r.start) for i, r in zip(inside, region, strict=True))] = \
+                data[tuple(slice(i.start - b.start, i.stop - b.start) for i, b in zip(inside, box, strict=True))]
+        return part
+
+    def drain() -> None:
+        for name, leaf, sharding, regions, reads in pending:
+            if checksums is not None:
+                for key, (_, future) in reads.items():
+                    expected = checksums.get(f"{name}/{key}")
+                    if expected is None:
+                        raise CorruptChunk(f"{base}: {name}/{key} is read but not in its manifest")
+                    if sha256_of(np.require(future.result(), requirements="C")) != expected:
+                        raise CorruptChunk(f"{base}: {name}/{key} does not match its manifest's sha256")
+            dtype = np.dtype(saved[name][1])
+            parts = [(device, place(region, reads, dtype)) for device, region in regions]
+            if sharding is None:
+                out.append(parts[0][1])
+                continue
+            arrays = [jax.device_put(part, device) for device, part in parts]
             out.append(jax.make_array_from_single_device_arrays(tuple(leaf.shape), sharding, arrays))
         pending.clear()
 
     for path, leaf in flat:
         name = leaf_name(path)
+        shape = saved[name][0]
         sharding = getattr(leaf, "sharding", None)
-        views = ([(None, opened[name])] if sharding is None else
-                 [(device, opened[name][index])
-                  for device, index in sharding.addressable_devices_indices_map(leaf.shape).items()])
-        pending.append((leaf, sharding, [(device, view.read()) for device, view in views]))
-        inflight += sum(np.dtype(saved[name][1]).itemsize * int(np.prod(view.shape)) for _, view in views)
+        regions = ([(None, _region([slice(None)] * len(shape), shape))] if sharding is None else
+                   [(device, _region(index, shape))
+                    for device, index in sharding.addressable_devices_indices_map(tuple(shape)).items()])
+        reads: dict[str, tuple[tuple[slice, ...], Any]] = {}
+        for _, region in regions:
+            for box in _chunk_boxes(region, shape, chunks[name]):
+                key = _chunk_key(box, chunks[name])
+                if key not in reads:
+                    reads[key] = (box, opened[name][box].read() if box else opened[name].read())
+                    inflight += np.dtype(saved[name][1]).itemsize * int(np.prod([b.stop - b.start for b in box]))
+        pending.append((name, leaf, sharding, regions, reads))
         if inflight >= max_inflight_bytes:  # bound the reads in flight: host memory is the state's share
             drain()
             inflight = 0
@@ -297,6 +361,7 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
 
 __all__ = [
     "CHUNK_BYTES",
+    "CorruptChunk",
     "HostShards",
     "addressable_bytes",
     "chunk_shape",

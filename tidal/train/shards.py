@@ -248,10 +248,12 @@ def restore(location: str, manifest: dict[str, Any], abstract_state: Any,
             on_mismatch: Callable[[list[str]], Exception] | None = None,
             max_inflight_bytes: int = 64 * 2**20) -> Any:
     """Read checkpoint ``manifest["step"]`` at ``location`` into the layout of ``abstract_state``: each
-    process reads only the chunks its devices' shards overlap (:func:`~tidal.train.shard_arrays.read_arrays`
-    documents the arguments, the memory bound and the errors)."""
+    process reads only the chunks its devices' shards overlap, each checked against the manifest's sha256
+    (:func:`~tidal.train.shard_arrays.read_arrays` documents the arguments, the memory bound and the errors:
+    :class:`~tidal.train.shard_arrays.CorruptChunk` when a chunk does not match)."""
     return read_arrays(_checkpoint(location, manifest["step"]), manifest["leaves"], abstract_state,
-                       on_mismatch=on_mismatch, max_inflight_bytes=max_inflight_bytes)
+                       on_mismatch=on_mismatch, max_inflight_bytes=max_inflight_bytes,
+                       checksums={f["path"]: f["sha256"] for f in manifest["files"]})
 
 
 __all__ = [
