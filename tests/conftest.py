@@ -18,6 +18,9 @@ TINY = REPO / "recipes" / "tiny.yaml"
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# every `mlflow server` a test starts: no huey job-runner processes beside it (MLflow's GenAI jobs; tidal
+# runs none), which polled for work through the whole suite (about 120 CPU s of a CI run)
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
 def pytest_itemcollected(item):

@@ -7,12 +7,14 @@ two nodes (and their successors) share.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.cluster.harness import BUCKET, Cluster, stop_node
-from tests.cluster.train_scenario import COUNTED, RESUMED, STEP_LINE
+from tests.cluster.train_scenario import COUNTED, GRACE_S, PREEMPTED, RESUMED, STEP_LINE
 from tests.storage.servers import free_port
 
 PROCESSES = 2
@@ -23,29 +25,34 @@ class HostAttempt:
     """One start of both processes, each on a fresh node."""
 
     nodes: list[str]
-    lost: int | None  # the process whose node was killed, or None (ran to the end)
-    target: int | None  # killed at or after this step, once one of the attempt's checkpoints counted
+    lost: int | None  # the process whose node was killed (or sent SIGTERM), or None (ran to the end)
+    target: int | None  # lost at or after this step, once one of the attempt's checkpoints counted
+    how: str = "SIGKILL"  # SIGKILL: its whole node; SIGTERM: that process's node only, SIGKILL after the grace
     returncodes: list[int | None] = field(default_factory=list)
     resumed_from: list[int | None] = field(default_factory=list)  # per process
+    preempted_at: list[int | None] = field(default_factory=list)  # per process: the step it checkpointed (SIGTERM)
     counted: list[int] = field(default_factory=list)  # checkpoints process 0 got into the bucket
     last_step: int = 0  # the last step process 0 printed
-    survivor_exit_s: float | None = None  # seconds from the kill to the other process's exit
+    survivor_exit_s: float | None = None  # seconds from the kill (or SIGTERM) to the other process's exit
+    all_exit_s: float | None = None  # seconds from the kill (or SIGTERM) until every process exited
     logs: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        return "\n".join(f"--- {node} (lost={self.lost} at {self.target}) rc={rc}\n{log[-2500:]}"
+        return "\n".join(f"--- {node} ({self.how} {self.lost} at {self.target}) rc={rc}\n{log[-2500:]}"
                          for node, rc, log in zip(self.nodes, self.returncodes, self.logs, strict=True))
 
 
 def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Path, *, lose: int | None = None,
-              target: int | None = None, watchdog_s: int = 60, peer_timeout_s: int = 20,
+              target: int | None = None, how: str = "SIGKILL", watchdog_s: int = 60, peer_timeout_s: int = 20,
               timeout_s: float = 900) -> HostAttempt:
     """Start ``python -m tidal.train STEP_URI`` as processes 0 and 1 on nodes ``{tag}-0`` and ``{tag}-1``;
-    with ``lose``, SIGKILL that process's node at or after ``target`` (once a checkpoint of this attempt
-    counts) and wait for the other to exit; else wait for both."""
+    with ``lose``, at or after ``target`` (once a checkpoint of this attempt counts) SIGKILL that process's
+    node (``how="SIGKILL"``) and wait for the other to exit, or send SIGTERM to every process of that node
+    only (``how="SIGTERM"``, as GKE preempts one VM of a slice) and wait for both, SIGKILLing what is left
+    after :data:`GRACE_S`; else wait for both."""
     nodes = [cluster.node(f"{tag}-{i}") for i in range(PROCESSES)]
     coordinator = f"{nodes[0].address}:{free_port()}"
-    attempt = HostAttempt([n.name for n in nodes], lose, target)
+    attempt = HostAttempt([n.name for n in nodes], lose, target, how)
     logs = [workdir / f"{n.name}.log" for n in nodes]
     procs = []
     for i, (node, log) in enumerate(zip(nodes, logs, strict=True)):
@@ -62,11 +69,20 @@ def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Pat
                 text = logs[0].read_text(errors="replace")
                 steps = STEP_LINE.findall(text)
                 if steps and int(steps[-1][0]) >= target and COUNTED.search(text):
-                    stop_node(procs[lose], kill=True)
+                    if how == "SIGKILL":
+                        stop_node(procs[lose], kill=True)
+                    else:
+                        os.killpg(procs[lose].pid, signal.SIGTERM)
                     killed = time.monotonic()
-            if killed is not None and procs[1 - lose].poll() is not None:
+            if killed is not None and procs[1 - lose].poll() is not None and attempt.survivor_exit_s is None:
                 attempt.survivor_exit_s = time.monotonic() - killed
+            if killed is not None and all(p.poll() is not None for p in procs):
+                attempt.all_exit_s = time.monotonic() - killed
                 break
+            if killed is not None and how == "SIGKILL" and attempt.survivor_exit_s is not None:
+                break
+            if killed is not None and how == "SIGTERM" and time.monotonic() - killed > GRACE_S:
+                break  # the grace is over: the finally below SIGKILLs what is left, as the kubelet does
             if all(p.poll() is not None for p in procs):
                 break
             time.sleep(0.05)
@@ -80,6 +96,8 @@ def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Pat
         attempt.logs.append(text)
         match = RESUMED.search(text)
         attempt.resumed_from.append(int(match.group(1)) if match else None)
+        match = PREEMPTED.search(text)
+        attempt.preempted_at.append(int(match.group(1)) if match else None)
     steps = STEP_LINE.findall(attempt.logs[0])
     attempt.last_step = int(steps[-1][0]) if steps else 0
     attempt.counted = [int(m) for m in COUNTED.findall(attempt.logs[0])]
