@@ -6,6 +6,7 @@ two nodes (and their successors) share.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,7 +73,8 @@ def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Pat
                     if how == "SIGKILL":
                         stop_node(procs[lose], kill=True)
                     else:
-                        os.killpg(procs[lose].pid, signal.SIGTERM)
+                        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own
+                            os.killpg(procs[lose].pid, signal.SIGTERM)
                     killed = time.monotonic()
             if killed is not None and procs[1 - lose].poll() is not None and attempt.survivor_exit_s is None:
                 attempt.survivor_exit_s = time.monotonic() - killed

@@ -213,6 +213,35 @@ def download_dir(location: str, local_dir: Path, names: Iterable[str]) -> int:
     return total
 
 
+def copy_dir(source: str, location: str, names: Iterable[str], settings: StorageSettings | None = None) -> None:
+    """Copy the objects ``names`` under ``source`` to the same names under ``location``, inside the store:
+    a server-side copy (S3 ``CopyObject``, through boto3's managed copy: multipart above the threshold),
+    so no byte passes through this process; two local directories copy file by file.
+
+    Raises:
+        FileNotFoundError / StorageUnreachable: as :func:`read_bytes`; StorageError: the two locations are
+            not in the same kind of store.
+    """
+    rels = sorted(names)
+    if not is_uri(source) or not is_uri(location):
+        if is_uri(source) or is_uri(location):
+            raise StorageError(f"cannot copy {source} to {location}: one is a bucket, the other a local path")
+        for rel in rels:
+            target = Path(location.removeprefix("file://")) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(source.removeprefix("file://")) / rel, target)
+        return
+    (src_bucket, src_key), (bucket, key) = split(source), split(location)
+    client, config = client_for(location), transfer_config(settings or StorageSettings())
+
+    def copy(rel: str) -> None:
+        _call(location, "copy", client.copy, {"Bucket": src_bucket, "Key": f"{src_key.rstrip('/')}/{rel}"},
+              bucket, f"{key.rstrip('/')}/{rel}", Config=config)
+
+    with ThreadPoolExecutor(max_workers=(settings or StorageSettings()).max_concurrency) as pool:
+        list(pool.map(copy, rels))
+
+
 def delete_dir(location: str) -> None:
     """Remove everything under a directory location (missing is fine)."""
     if not is_uri(location):

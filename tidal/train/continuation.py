@@ -4,10 +4,12 @@
 committed train step, read from the input :data:`tidal.train.config.CONTINUE_INPUT` (its directory on
 a local root, its URI in the bucket: nothing else). When this step has no verified checkpoint of its
 own yet, :func:`adopt_parent_checkpoint` copies (or downloads) that checkpoint and its manifest into
-this step's ``checkpoints/`` and ``checkpoint_manifests/``, refusing one whose manifest root hash is
-not the planned one, so the ordinary restore (:meth:`tidal.train.checkpoints.Checkpointer.restore_latest`)
-verifies every file and loads it like a checkpoint of this run; the parent's committed directory is
-never written. A continued run that was interrupted resumes from its own newest checkpoint instead.
+this step's ``checkpoints/`` and ``checkpoint_manifests/`` (on an object-store root a sharded one is
+copied inside the bucket into this step's staging location instead: :func:`adopt_parent_in_bucket`),
+refusing one whose manifest root hash is not the planned one, so the ordinary restore
+(:meth:`tidal.train.checkpoints.Checkpointer.restore_latest`) verifies every file and loads it like a
+checkpoint of this run; the parent's committed directory is never written. A continued run that was
+interrupted resumes from its own newest checkpoint instead.
 
 ``metrics.jsonl`` starts with the parent's lines up to the checkpoint's step, so the curve of a
 continued run is the whole curve of the model (the parent's lines as the parent measured them).
@@ -34,13 +36,16 @@ from typing import Any
 
 from tidal.context import is_uri
 from tidal.integrity.hashing import verify_manifest
+from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
+from tidal.train import shards
 from tidal.train.config import CONTINUE_INPUT, ConfigError, ResolvedContinue
 from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 
 METRICS = "metrics.jsonl"
 
-__all__ = ["adopt_parent_checkpoint", "continued_root_hash", "parent_location", "parent_metrics"]
+__all__ = ["adopt_parent_checkpoint", "adopt_parent_in_bucket", "continued_root_hash", "parent_location",
+           "parent_metrics"]
 
 
 def parent_location(spec: dict[str, Any]) -> str:
@@ -95,6 +100,38 @@ def adopt_parent_checkpoint(ref: ResolvedContinue, parent: str, checkpoints_dir:
                           "run continues exactly the checkpoint its step id was planned on (plan the recipe again)")
     manifests_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(manifests_dir / f"{step}.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def adopt_parent_in_bucket(ref: ResolvedContinue, parent: str, location: str) -> dict[str, Any] | None:
+    """Bring the parent's *sharded* checkpoint ``ref.checkpoint_step`` into this step's staging location
+    ``location`` inside the bucket (a server-side copy of its objects, its manifest last), so a run on an
+    object-store root restores it as one of its own (every chunk checked as it is read) and no disk holds it.
+
+    Returns:
+        The parent checkpoint's manifest, or None when the parent's checkpoint there is not a sharded one
+        (an orbax checkpoint: :func:`adopt_parent_checkpoint` fetches it).
+
+    Raises:
+        ConfigError: its objects are not all there at their sizes, or its manifest's root hash is not
+            ``ref.checkpoint_root_hash``.
+    """
+    step = ref.checkpoint_step
+    manifest = shards.read_manifest(parent, step)
+    if manifest is None:
+        return None
+    where = f"{parent.rstrip('/')}/{CHECKPOINT_DIR}/{step}"
+    problems = shards.problems(parent, manifest)
+    planned = ref.checkpoint_root_hash
+    if not problems and planned is not None and manifest.get("root_hash") != planned:
+        problems = [f"manifest root hash {manifest.get('root_hash')} is not the planned {planned}"]
+    if problems:
+        raise ConfigError(f"continue_from: checkpoint {where} of {ref.step}: {'; '.join(problems[:3])}; rule: a "
+                          "run continues exactly the checkpoint its step id was planned on (plan the recipe again)")
+    uris.copy_dir(uris.join(parent, CHECKPOINT_DIR, str(step)), uris.join(location, CHECKPOINT_DIR, str(step)),
+                  [f["path"] for f in manifest["files"]])
+    uris.write_bytes(uris.join(location, MANIFEST_DIR, f"{step}.json"),
+                     uris.read_bytes(uris.join(parent, MANIFEST_DIR, f"{step}.json")))
+    return manifest
 
 
 def continued_root_hash(ref: ResolvedContinue, manifests_dir: Path) -> str | None:

@@ -140,18 +140,32 @@ def _restore_sharded(ckpt: Checkpointer, abstract_state: Any) -> tuple[int, Any,
                                      f"unreadable on process {jax.process_index()}; rule: every process restores "
                                      "the same checkpoint")
         where = uris.join(location, CHECKPOINT_DIR, str(agreed))
+        # every process reaches the all-gather, whatever its read raised: one that raised alone would leave
+        # the others waiting in it for the peer timeout
+        failure: Exception | None = None
         try:
             state, corrupt = shards.restore(location, manifest, abstract_state, mismatch(where)), ""
         except shard_arrays.CorruptChunk as err:
             state, corrupt = None, str(err)
-        flags = (np.asarray(multihost_utils.process_allgather(np.int32(bool(corrupt)))) if many
-                 else np.array([int(bool(corrupt))]))
+        except Exception as err:  # noqa: BLE001 - raised below, on this process, after the all-gather
+            state, corrupt, failure = None, "", err
+        mine = 2 if failure is not None else int(bool(corrupt))
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(mine))) if many else np.array([mine])
+        if failure is not None:
+            raise failure
+        if (flags == 2).any():
+            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: processes {np.flatnonzero(flags == 2)} "
+                                     "could not read it (see their logs); rule: every process restores the same "
+                                     "checkpoint")
         if not flags.any():
             break
         if corrupt:
             ckpt.log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", agreed, location,
                              corrupt)
         if ckpt.primary:
+            if not corrupt:
+                ckpt.log.warning("checkpoint %d at %s failed verification on processes %s (see their logs), "
+                                 "skipped and deleted", agreed, location, np.flatnonzero(flags).tolist())
             ckpt.mirror.delete(agreed)
     read = shard_arrays.addressable_bytes(state)
     ckpt.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,

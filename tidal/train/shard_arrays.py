@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def _chunk_key(index: tuple[slice, ...], chunks: tuple[int, ...]) -> str:
     """The zarr v2 key of the chunk a shard fills (``dimension_separator`` ``.``; ``0`` for a scalar)."""
     if not chunks:
         return "0"
-    return ".".join(str((s.start or 0) // c) for s, c in zip(index, chunks, strict=True))
+    return ".".join(str((s.start or 0) // max(1, c)) for s, c in zip(index, chunks, strict=True))
 
 
 def _array_spec(store: dict[str, Any], name: str, shape: tuple[int, ...], dtype: Any,
@@ -136,6 +137,7 @@ def chunk_shape(shard_shape: tuple[int, ...], itemsize: int, target_bytes: int =
 
 def _blocks(index: tuple[slice, ...], chunks: tuple[int, ...]) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]]:
     """The chunks of a shard at ``index`` (global slices): ``(global index, index within the shard)`` each."""
+    chunks = tuple(max(1, c) for c in chunks)  # a zero-size dimension: no chunk along it
     ranges = [range(s.start, s.stop, c) for s, c in zip(index, chunks, strict=True)]
     out = []
     for starts in np.ndindex(*(len(r) for r in ranges)) if ranges else [()]:
@@ -272,10 +274,10 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
             one (read whole into host numpy arrays).
         on_mismatch: builds the exception raised when the tree, a shape or a dtype differs (default
             ValueError).
-        max_inflight_bytes: bytes of saved chunks read before they are placed (at least one leaf's). A
-            shard that spans saved chunks holds those whole chunks for a moment (up to 2x the shard when
-            the split changed by 2 along one axis), so this process's memory beyond its share of the state
-            is about twice this, or twice its largest leaf's share.
+        max_inflight_bytes: bytes of saved chunks read and not yet copied into this process's shards (at
+            least one chunk, at most :data:`CHUNK_BYTES`): this process's memory beyond its share of the
+            state (the shards it fills, one host copy per distinct shard) is at most this, whatever the
+            mesh that saved it.
         checksums: ``{object key under base: sha256}`` (the manifest's ``files``); None reads unchecked.
 
     Returns:
@@ -298,65 +300,93 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
     opened = {name: ts.open(_array_spec(store, name, saved[name][0], saved[name][1], chunks[name]), open=True,
                             context=context) for name in wanted}
     opened = {name: future.result() for name, future in opened.items()}
-    out: list[Any] = []
-    # (name, leaf, sharding, [(device or None, region)], {chunk key: (box, read future)})
-    pending: list[tuple[str, Any, Any, list, dict]] = []
+    out: list[Any] = [None] * len(flat)
+    window: deque[tuple[_LeafRead, str, tuple[slice, ...], Any, int]] = deque()
     inflight = 0
 
-    def place(region: tuple[slice, ...], reads: dict, dtype: Any) -> np.ndarray:
-        """This device's shard at ``region``, copied out of the saved chunks that overlap it."""
-        whole = [future for box, future in reads.values() if box == region]
-        if whole:  # the shard is one saved chunk (restored onto the mesh that saved it): no copy
-            return whole[0].result()
-        part = np.empty(tuple(s.stop - s.start for s in region), dtype)
-        for box, future in reads.values():
-            inside = tuple(slice(max(b.start, r.start), min(b.stop, r.stop))
-                           for b, r in zip(box, region, strict=True))
+    def consume() -> None:
+        nonlocal inflight
+        read, key, box, future, nbytes = window.popleft()
+        data = future.result()
+        if checksums is not None:
+            expected = checksums.get(f"{read.name}/{key}")
+            if expected is None:
+                raise CorruptChunk(f"{base}: {read.name}/{key} is read but not in its manifest")
+            if sha256_of(np.require(data, requirements="C")) != expected:
+                raise CorruptChunk(f"{base}: {read.name}/{key} does not match its manifest's sha256")
+        read.place(box, data)
+        inflight -= nbytes
+        if read.done():
+            out[read.index] = read.result()
+
+    for index, (path, leaf) in enumerate(flat):
+        name = leaf_name(path)
+        shape, dtype = saved[name][0], np.dtype(saved[name][1])
+        read = _LeafRead(index, name, leaf, shape, dtype)
+        boxes = {_chunk_key(box, chunks[name]): box for region in read.regions.values()
+                 for box in _chunk_boxes(region, shape, chunks[name])}
+        read.pending = len(boxes)
+        if not boxes:  # a leaf with a zero-size dimension: nothing saved, nothing to read
+            out[index] = read.result()
+            continue
+        for key, box in boxes.items():
+            nbytes = dtype.itemsize * int(np.prod([b.stop - b.start for b in box]))
+            window.append((read, key, box, opened[name][box].read() if box else opened[name].read(), nbytes))
+            inflight += nbytes
+            while inflight > max_inflight_bytes and len(window) > 1:  # host memory: the state's share + this
+                consume()
+    while window:
+        consume()
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _key(region: tuple[slice, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((s.start, s.stop) for s in region)
+
+
+class _LeafRead:
+    """One leaf being read: its target regions (one per distinct shard this process holds: replicas on
+    several of its devices share one host copy), filled chunk by chunk as the saved chunks arrive."""
+
+    def __init__(self, index: int, name: str, leaf: Any, shape: tuple[int, ...], dtype: np.dtype):
+        self.index, self.name, self.leaf, self.dtype = index, name, leaf, dtype
+        self.sharding = getattr(leaf, "sharding", None)
+        whole = _region([slice(None)] * len(shape), shape)
+        self.devices = ([(None, whole)] if self.sharding is None else
+                        [(device, _region(idx, shape))
+                         for device, idx in self.sharding.addressable_devices_indices_map(tuple(shape)).items()])
+        self.regions = {_key(region): region for _, region in self.devices}
+        self.parts: dict[tuple, np.ndarray] = {}
+        self.pending = 0
+
+    def place(self, box: tuple[slice, ...], data: np.ndarray) -> None:
+        """Copy what ``data`` (the saved chunk at ``box``) holds of each region into that region's part;
+        a region that is exactly this chunk takes ``data`` itself (restored onto the mesh that saved it)."""
+        self.pending -= 1
+        for key, region in self.regions.items():
+            if box == region:
+                self.parts[key] = data
+                continue
+            inside = tuple(slice(max(b.start, r.start), min(b.stop, r.stop)) for b, r in zip(box, region, strict=True))
             if any(i.start >= i.stop for i in inside):
                 continue
-            data = future.result()
-            part[tuple(slice(i.start - r.start, i.stop - r.start) for i, r in zip(inside, region, strict=True))] = \
+            if key not in self.parts:
+                self.parts[key] = np.empty(tuple(r.stop - r.start for r in region), self.dtype)
+            self.parts[key][tuple(slice(i.start - r.start, i.stop - r.start) for i, r in zip(inside, region,
+                                                                                           strict=True))] = \
                 data[tuple(slice(i.start - b.start, i.stop - b.start) for i, b in zip(inside, box, strict=True))]
-        return part
 
-    def drain() -> None:
-        for name, leaf, sharding, regions, reads in pending:
-            if checksums is not None:
-                for key, (_, future) in reads.items():
-                    expected = checksums.get(f"{name}/{key}")
-                    if expected is None:
-                        raise CorruptChunk(f"{base}: {name}/{key} is read but not in its manifest")
-                    if sha256_of(np.require(future.result(), requirements="C")) != expected:
-                        raise CorruptChunk(f"{base}: {name}/{key} does not match its manifest's sha256")
-            dtype = np.dtype(saved[name][1])
-            parts = [(device, place(region, reads, dtype)) for device, region in regions]
-            if sharding is None:
-                out.append(parts[0][1])
-                continue
-            arrays = [jax.device_put(part, device) for device, part in parts]
-            out.append(jax.make_array_from_single_device_arrays(tuple(leaf.shape), sharding, arrays))
-        pending.clear()
+    def done(self) -> bool:
+        return self.pending == 0
 
-    for path, leaf in flat:
-        name = leaf_name(path)
-        shape = saved[name][0]
-        sharding = getattr(leaf, "sharding", None)
-        regions = ([(None, _region([slice(None)] * len(shape), shape))] if sharding is None else
-                   [(device, _region(index, shape))
-                    for device, index in sharding.addressable_devices_indices_map(tuple(shape)).items()])
-        reads: dict[str, tuple[tuple[slice, ...], Any]] = {}
-        for _, region in regions:
-            for box in _chunk_boxes(region, shape, chunks[name]):
-                key = _chunk_key(box, chunks[name])
-                if key not in reads:
-                    reads[key] = (box, opened[name][box].read() if box else opened[name].read())
-                    inflight += np.dtype(saved[name][1]).itemsize * int(np.prod([b.stop - b.start for b in box]))
-        pending.append((name, leaf, sharding, regions, reads))
-        if inflight >= max_inflight_bytes:  # bound the reads in flight: host memory is the state's share
-            drain()
-            inflight = 0
-    drain()
-    return jax.tree_util.tree_unflatten(treedef, out)
+    def result(self) -> Any:
+        """The leaf: a host array (no sharding) or a ``jax.Array`` placed by the target sharding."""
+        parts = {key: self.parts.get(key, np.empty(tuple(r.stop - r.start for r in region), self.dtype))
+                 for key, region in self.regions.items()}
+        if self.sharding is None:
+            return parts[_key(self.devices[0][1])]
+        arrays = [jax.device_put(parts[_key(region)], device) for device, region in self.devices]
+        return jax.make_array_from_single_device_arrays(tuple(self.leaf.shape), self.sharding, arrays)
 
 
 __all__ = [

@@ -45,16 +45,23 @@ import numpy as np
 from tidal.files.counting import ranged_gets
 from tidal.integrity.fingerprint import environment_fingerprint, fingerprint_diff
 from tidal.settings import current
+from tidal.storage import uris
 from tidal.storage.layout import SPEC_JSON as SPEC
 from tidal.storage.layout import SUMMARY_JSON as SUMMARY
 from tidal.storage.layout import atomic_write_text
-from tidal.train import distributed
+from tidal.train import distributed, shards
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer
 from tidal.train.config import ConfigError, parse_step_config
-from tidal.train.continuation import adopt_parent_checkpoint, continued_root_hash, parent_location, parent_metrics
+from tidal.train.continuation import (
+    adopt_parent_checkpoint,
+    adopt_parent_in_bucket,
+    continued_root_hash,
+    parent_location,
+    parent_metrics,
+)
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
@@ -196,7 +203,12 @@ def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
     The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
     run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
     parent = parent_location(session.spec)
-    if session.primary or ckpt.sharded:  # a shared disk gets one copy; without one, every process its own
+    # on a bucket, a sharded parent checkpoint is copied inside the bucket (process 0; the others wait for it at
+    # the restore's first collective); any other is fetched: a shared disk gets one copy, else every process its own
+    in_bucket = ckpt.sharded and shards.read_manifest(parent, ref.checkpoint_step) is not None
+    if in_bucket and session.primary:
+        adopt_parent_in_bucket(ref, parent, ckpt.mirror.location)
+    elif not in_bucket and (session.primary or ckpt.sharded):
         adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
     if jax.process_count() > 1 and not ckpt.sharded:
         from jax.experimental import multihost_utils
@@ -211,7 +223,9 @@ def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
         state = {"params": state["params"], "opt_state": run.fresh_opt_state(state["params"])}
     if session.primary:
         atomic_write_text(session.metrics_path, parent_metrics(parent, step))
-        if ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
+        if ckpt.mirror is not None and in_bucket:  # the metrics beside it, as a save leaves them
+            uris.write_bytes(uris.join(ckpt.mirror.location, METRICS), session.metrics_path.read_bytes())
+        elif ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
             ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
     print(f"continuing {ref.step} from its checkpoint step {step} (root {str(manifest.get('root_hash'))[:12]}, "
           f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
