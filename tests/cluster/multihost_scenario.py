@@ -47,10 +47,10 @@ def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Pat
               target: int | None = None, how: str = "SIGKILL", watchdog_s: int = 60, peer_timeout_s: int = 20,
               timeout_s: float = 900) -> HostAttempt:
     """Start ``python -m tidal.train STEP_URI`` as processes 0 and 1 on nodes ``{tag}-0`` and ``{tag}-1``;
-    with ``lose``, at or after ``target`` (once a checkpoint of this attempt counts) SIGKILL that process's
-    node (``how="SIGKILL"``) and wait for the other to exit, or send SIGTERM to every process of that node
-    only (``how="SIGTERM"``, as GKE preempts one VM of a slice) and wait for both, SIGKILLing what is left
-    after :data:`GRACE_S`; else wait for both."""
+    with ``lose``, at or after ``target`` SIGKILL that process's node once a checkpoint of this attempt
+    counts (``how="SIGKILL"``) and wait for the other to exit, or send SIGTERM to every process of that
+    node only (``how="SIGTERM"``, as GKE preempts one VM of a slice) and wait for both, SIGKILLing what is
+    left after :data:`GRACE_S`; else wait for both."""
     nodes = [cluster.node(f"{tag}-{i}") for i in range(PROCESSES)]
     coordinator = f"{nodes[0].address}:{free_port()}"
     attempt = HostAttempt([n.name for n in nodes], lose, target, how)
@@ -69,7 +69,9 @@ def run_hosts(cluster: Cluster, tag: str, step_uri: str, root: str, workdir: Pat
             if lose is not None and killed is None:
                 text = logs[0].read_text(errors="replace")
                 steps = STEP_LINE.findall(text)
-                if steps and int(steps[-1][0]) >= target and COUNTED.search(text):
+                # a SIGKILL once a checkpoint of this attempt counted (what it may lose is then bounded); a
+                # SIGTERM loses nothing, so at once: while the processes are surely still in their step loop
+                if steps and int(steps[-1][0]) >= target and (how == "SIGTERM" or COUNTED.search(text)):
                     if how == "SIGKILL":
                         stop_node(procs[lose], kill=True)
                     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,14 @@ def _array_spec(store: dict[str, Any], name: str, shape: tuple[int, ...], dtype:
 # waits about 15 minutes): at most about 16 s, then the save fails and training stops with one error line
 # (issue 37, item 2); the task's retry resumes from the newest checkpoint that counts.
 REQUEST_RETRIES = {"max_retries": 8, "initial_delay": "0.1s", "max_delay": "5s"}
+
+
+def zarray_bytes(shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...]) -> bytes:
+    """A leaf's zarr v2 ``.zarray`` (the metadata :func:`_array_spec` describes), as this module writes it: any
+    zarr v2 reader opens the array from it, TensorStore's included."""
+    return json.dumps({"chunks": [max(1, c) for c in chunks], "compressor": None, "dimension_separator": ".",
+                       "dtype": _zarr_dtype(dtype), "fill_value": None, "filters": None, "order": "C",
+                       "shape": list(shape), "zarr_format": 2}, sort_keys=True, indent=2).encode()
 
 
 def _context() -> ts.Context:
@@ -203,8 +212,8 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
     or gs://).
 
     Args:
-        create_metadata: write each leaf's ``.zarray`` (process 0; the others open without I/O).
-        workers: chunks written at a time (TensorStore's own requests run beside them).
+        create_metadata: write each leaf's ``.zarray`` (:func:`zarray_bytes`; process 0).
+        workers: objects written at a time (TensorStore's own requests run beside them).
 
     Returns:
         ``{object key under base: [bytes, sha256]}`` of every object written (the ``.zarray`` files too
@@ -215,12 +224,10 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
     """
     store = kvstore(base)
     context = _context()
-    stores = {}
-    for name, shape, dtype, chunks in host.leaves:
-        spec = _array_spec(store, name, shape, dtype, chunks)
-        opened = (ts.open(spec, create=True, open=True, context=context) if create_metadata
-                  else ts.open(spec, open=True, assume_metadata=True, context=context))
-        stores[name] = opened
+    # no I/O to open: the metadata is ours (process 0 writes it below, as bytes it hashes), so a save costs one
+    # request per object, not TensorStore's read, create and our read-back of each leaf's .zarray
+    stores = {name: ts.open(_array_spec(store, name, shape, dtype, chunks), open=True, assume_metadata=True,
+                            context=context) for name, shape, dtype, chunks in host.leaves}
     stores = {name: future.result() for name, future in stores.items()}
     record: dict[str, list] = {}
 
@@ -232,12 +239,16 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
         stores[name][index].write(data, can_reference_source_data_indefinitely=True).result()
         return f"{name}/{key}", [int(data.nbytes), sha256_of(data)]
 
+    def metadata(leaf: tuple[str, tuple[int, ...], str, tuple[int, ...]]) -> tuple[str, list]:
+        name, shape, dtype, chunks = leaf
+        meta = zarray_bytes(shape, dtype, chunks)
+        uris.write_bytes(uris.join(base, name, ".zarray"), meta)
+        return f"{name}/.zarray", [len(meta), hashlib.sha256(meta).hexdigest()]
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
+        if create_metadata:
+            record.update(pool.map(metadata, host.leaves))
         record.update(pool.map(one, host.shards))
-    if create_metadata:
-        for name, *_ in host.leaves:
-            meta = uris.read_bytes(uris.join(base, name, ".zarray"))
-            record[f"{name}/.zarray"] = [len(meta), hashlib.sha256(meta).hexdigest()]
     return record
 
 
@@ -297,8 +308,10 @@ def read_arrays(base: str, leaves: list, abstract_state: Any,
     store = kvstore(base)
     chunks = {name: tuple(c) for name, _, _, c in leaves}
     context = _context()
+    # the manifest lists every leaf's shape, dtype and chunks: opening reads nothing (the .zarray objects are
+    # in the manifest, checked like every other object by whoever verifies the checkpoint's listing)
     opened = {name: ts.open(_array_spec(store, name, saved[name][0], saved[name][1], chunks[name]), open=True,
-                            context=context) for name in wanted}
+                            assume_metadata=True, context=context) for name in wanted}
     opened = {name: future.result() for name, future in opened.items()}
     out: list[Any] = [None] * len(flat)
     window: deque[tuple[_LeafRead, str, tuple[slice, ...], Any, int]] = deque()
@@ -401,4 +414,5 @@ __all__ = [
     "read_arrays",
     "sha256_of",
     "write_arrays",
+    "zarray_bytes",
 ]

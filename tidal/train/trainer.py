@@ -388,7 +388,10 @@ def train(step_dir: str | Path, spec: dict[str, Any], *, stop_after: int | None 
                 # a stopped run is resumed later and keeps logging into the same MLflow run
                 session.live.close(status=status, end_run=status != "KILLED")
     session.state = state
-    return summarise(session, meters)
+    # a SIGTERM after the last step (the kubelet's, on one host of several): the summary is a collective, so
+    # it is finished within the grace rather than this process dying alone in it and failing the others
+    with SigtermFlag():
+        return summarise(session, meters)
 
 
 def _rewind(session: Session, metrics_file: Any) -> Any:
