@@ -69,7 +69,7 @@ from tidal.train.divergence import Guard, Rerun, append_event
 from tidal.train.goodput import Goodput
 from tidal.train.initial_eval import evaluate_initial
 from tidal.train.metrics import RUN_FILE, LiveMetrics, device_memory, read_metrics, truncate_metrics
-from tidal.train.mirror import MANIFEST_DIR, CheckpointMirror
+from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 from tidal.train.model import flops_per_token, param_count
 from tidal.train.preemption import Preempted, SigtermFlag
 from tidal.train.trace import StepTrace, parse_steps
@@ -186,7 +186,9 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     if session.guard is not None:
         session.guard.restore((session.manifest.get("trainer") or {}).get("divergence"))
     if not session.manifest.get("continued"):  # a continuation's first start is printed by _continue_parent
-        print(f"resumed from checkpoint step {session.start} ({ckpt.path(session.start)})", flush=True)
+        where = (uris.join(ckpt.mirror.location, CHECKPOINT_DIR, str(session.start)) if ckpt.sharded
+                 else ckpt.path(session.start))
+        print(f"resumed from checkpoint step {session.start} ({where})", flush=True)
     before = session.manifest.get("fingerprint")
     session.changed = fingerprint_diff(before, fingerprint) if isinstance(before, dict) else []
     if session.changed:
