@@ -23,9 +23,10 @@ process's record is there, merges them into the manifest and writes it last: fro
 checkpoint counts. A writer killed before that leaves arrays without a manifest, which no restore
 reads (:func:`uncounted` lists them) and the next save of that step replaces.
 
-Restore (:func:`restore`): each process opens every leaf and reads only the chunks that overlap its
-own devices' shards of the *target* sharding, so a checkpoint written by H processes with mesh M
-restores onto H' processes with mesh M' (the chunk grid is M's, the reads are M''s).
+Restore (:func:`restore`): each process opens every leaf (no I/O: the manifest has its shape, dtype and
+chunks) and reads only the whole chunks that overlap its own devices' shards of the *target* sharding,
+each checked against the manifest's sha256, so a checkpoint written by H processes with mesh M restores
+onto H' processes with mesh M' (the chunk grid is M's, the reads are M''s) and no byte is loaded unchecked.
 
 Memory: a save copies this process's own shards to host memory (the device-to-host copy the step loop
 waits for: its share of the state, 1/H of it) and keeps nothing else; TensorStore writes from those
