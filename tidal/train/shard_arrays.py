@@ -245,6 +245,8 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
         uris.write_bytes(uris.join(base, name, ".zarray"), meta)
         return f"{name}/.zarray", [len(meta), hashlib.sha256(meta).hexdigest()]
 
+    if create_metadata and is_uri(base):
+        uris.client_for(base)  # made once here: eight threads missing the cache at once made eight (~10 MB each)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
         if create_metadata:
             record.update(pool.map(metadata, host.leaves))
