@@ -104,7 +104,8 @@ cluster-demo: setup
 # server start first, one per worker (tests/conftest.py), and every other file's fixtures are built once.
 # Measured on a clean clone: .ci/run 1,596-1,872 s (three runs) with 3 workers, 1,864 s with 2, before the
 # cluster tier grew; on 2026-12-07 3,844 s (pytest 3,761 s, the cores 0 % idle throughout), then 3,120 s
-# (pytest 3,031 s) after that day's CPU cuts. The suite's summary prints the CPU seconds of each file.
+# (pytest 3,031 s) after that day's CPU cuts; on 2026-12-07 later, 2,208 s (pytest 2,106 s) with MLflow's
+# job runners off. The suite's summary prints the CPU seconds of each file.
 # PostgreSQL and Redis from Debian's packages, started for the suite and stopped after it
 # (.ci/services.sh: own process groups; servers already listening are reused, not stopped).
 PYTEST_WORKERS ?= 3
