@@ -44,8 +44,8 @@ from tidal.train.mirror import CHECKPOINT_DIR, MANIFEST_DIR, CheckpointMirror
 
 METRICS = "metrics.jsonl"
 
-__all__ = ["adopt_parent_checkpoint", "adopt_parent_in_bucket", "continued_root_hash", "parent_location",
-           "parent_metrics"]
+__all__ = ["adopt_parent_checkpoint", "adopt_parent_in_bucket", "continue_from_parent", "continued_root_hash",
+           "parent_location", "parent_metrics"]
 
 
 def parent_location(spec: dict[str, Any]) -> str:
@@ -129,9 +129,53 @@ def adopt_parent_in_bucket(ref: ResolvedContinue, parent: str, location: str) ->
                           "run continues exactly the checkpoint its step id was planned on (plan the recipe again)")
     uris.copy_dir(uris.join(parent, CHECKPOINT_DIR, str(step)), uris.join(location, CHECKPOINT_DIR, str(step)),
                   [f["path"] for f in manifest["files"]])
-    uris.write_bytes(uris.join(location, MANIFEST_DIR, f"{step}.json"),
-                     uris.read_bytes(uris.join(parent, MANIFEST_DIR, f"{step}.json")))
+    # the manifest last, copied as it is (not read again): from then on the checkpoint counts here
+    uris.copy_dir(uris.join(parent, MANIFEST_DIR), uris.join(location, MANIFEST_DIR), [f"{step}.json"])
     return manifest
+
+
+def continue_from_parent(session: Any) -> tuple[int, Any, dict[str, Any]]:
+    """The first start of a continued run (``session``: :class:`tidal.train.trainer.Session`): the parent's
+    checkpoint, adopted into this step's own and restored; with ``schedule: rewarm`` a fresh optimizer state.
+    The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``.
+
+    Returns:
+        ``(step, state, manifest)`` with ``manifest["continued"]`` True.
+
+    Raises:
+        ConfigError: the parent's checkpoint is missing, does not verify or is not the planned one.
+    """
+    import jax
+
+    run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
+    parent = parent_location(session.spec)
+    # on a bucket, a sharded parent checkpoint is copied inside the bucket (process 0; the others wait for it at
+    # the restore's first collective); any other is fetched: a shared disk gets one copy, else every process its own
+    in_bucket = ckpt.sharded and shards.read_manifest(parent, ref.checkpoint_step) is not None
+    if in_bucket and session.primary:
+        adopt_parent_in_bucket(ref, parent, ckpt.mirror.location)
+    elif not in_bucket and (session.primary or ckpt.sharded):
+        adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
+    if jax.process_count() > 1 and not ckpt.sharded:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("tidal-continue-from")
+    restored = ckpt.restore_latest(session.abstract)
+    if restored is None or restored[0] != ref.checkpoint_step:
+        raise ConfigError(f"continue_from: checkpoint {ref.checkpoint_step} of {ref.step} was copied but does not "
+                          "restore (see the log)")
+    step, state, manifest = restored
+    if ref.schedule == "rewarm":
+        state = {"params": state["params"], "opt_state": run.fresh_opt_state(state["params"])}
+    if session.primary:
+        atomic_write_text(session.metrics_path, parent_metrics(parent, step))
+        if ckpt.mirror is not None and in_bucket:  # the metrics beside it, as a save leaves them
+            uris.write_bytes(uris.join(ckpt.mirror.location, METRICS), session.metrics_path.read_bytes())
+        elif ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
+            ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
+    print(f"continuing {ref.step} from its checkpoint step {step} (root {str(manifest.get('root_hash'))[:12]}, "
+          f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
+    return step, state, {**manifest, "continued": True}
 
 
 def continued_root_hash(ref: ResolvedContinue, manifests_dir: Path) -> str | None:

@@ -16,6 +16,7 @@ the tests run two local processes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -133,3 +134,32 @@ def host_scalar(x: Any) -> float:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         x = x.addressable_data(0)
     return float(x)
+
+
+@functools.cache
+def _adder(mesh: Any) -> Any:
+    """The jitted sum over ``mesh``'s process axis, replicated on every device: one per mesh, so a run's
+    repeated all-reduces (each checkpoint's parameter hash) compile it once."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda rows: rows.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def sum_over_processes(values: Any) -> Any:
+    """Every process's ``values`` (an int32 numpy array, the same shape on each) added elementwise: an
+    all-reduce, so each process sends and receives records of that size only, never another's state.
+    Every process must call it (a collective); all get the same result (int32: the caller keeps the sums
+    within range).
+    """
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    values = np.asarray(values, np.int32)
+    grid = np.array([[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())])
+    mesh = Mesh(grid, ("process", "device"))
+    rows = jax.make_array_from_single_device_arrays(
+        (grid.shape[0], *values.shape), NamedSharding(mesh, PartitionSpec("process")),
+        [jax.device_put(values[None], d) for d in jax.local_devices()])
+    return np.asarray(_adder(mesh)(rows).addressable_data(0))

@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 
 from tidal.storage import uris
 from tidal.train import CHECKPOINT_MANIFEST as LATEST_MANIFEST
-from tidal.train import shard_arrays, shards
+from tidal.train import distributed, shard_arrays, shards
 from tidal.train.mirror import CHECKPOINT_DIR, write_json_atomic
 from tidal.train.packing import PACKED_KEY, layout_problems, tree_layout, unpack_state
 
@@ -121,7 +121,7 @@ def _restore_sharded(ckpt: Checkpointer, abstract_state: Any) -> tuple[int, Any,
     is whole (:func:`tidal.train.shards.newest_whole`), every process reads its own shards of it in
     ``abstract_state``'s layout (:func:`tidal.train.shards.restore`: any mesh, any process count), each chunk
     checked against the manifest's sha256. When any process finds a chunk that does not match, every
-    process learns it (one small all-gather), process 0 deletes that checkpoint (WARNING) and they try
+    process learns it (one all-reduce of two counts), process 0 deletes that checkpoint (WARNING) and they try
     the next newest. None: there is none, or the newest checkpoint that counts is an orbax one (restored
     as before)."""
     from jax.experimental import multihost_utils
@@ -140,32 +140,31 @@ def _restore_sharded(ckpt: Checkpointer, abstract_state: Any) -> tuple[int, Any,
                                      f"unreadable on process {jax.process_index()}; rule: every process restores "
                                      "the same checkpoint")
         where = uris.join(location, CHECKPOINT_DIR, str(agreed))
-        # every process reaches the all-gather, whatever its read raised: one that raised alone would leave
+        # every process reaches the all-reduce, whatever its read raised: one that raised alone would leave
         # the others waiting in it for the peer timeout
         failure: Exception | None = None
         try:
             state, corrupt = shards.restore(location, manifest, abstract_state, mismatch(where)), ""
         except shard_arrays.CorruptChunk as err:
             state, corrupt = None, str(err)
-        except Exception as err:  # noqa: BLE001 - raised below, on this process, after the all-gather
+        except Exception as err:  # noqa: BLE001 - raised below, on this process, after the all-reduce
             state, corrupt, failure = None, "", err
-        mine = 2 if failure is not None else int(bool(corrupt))
-        flags = np.asarray(multihost_utils.process_allgather(np.int32(mine))) if many else np.array([mine])
+        mine = np.array([bool(corrupt), failure is not None], np.int32)
+        corrupted, failed = distributed.sum_over_processes(mine) if many else mine  # processes that found each
         if failure is not None:
             raise failure
-        if (flags == 2).any():
-            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: processes {np.flatnonzero(flags == 2)} "
-                                     "could not read it (see their logs); rule: every process restores the same "
-                                     "checkpoint")
-        if not flags.any():
+        if failed:
+            raise CheckpointMismatch(f"checkpoint {agreed} at {location}: {failed} process(es) could not read it "
+                                     "(see their logs); rule: every process restores the same checkpoint")
+        if not corrupted:
             break
         if corrupt:
             ckpt.log.warning("checkpoint %d at %s failed verification, skipped and deleted: %s", agreed, location,
                              corrupt)
         if ckpt.primary:
             if not corrupt:
-                ckpt.log.warning("checkpoint %d at %s failed verification on processes %s (see their logs), "
-                                 "skipped and deleted", agreed, location, np.flatnonzero(flags).tolist())
+                ckpt.log.warning("checkpoint %d at %s failed verification on %d other process(es) (see their "
+                                 "logs), skipped and deleted", agreed, location, corrupted)
             ckpt.mirror.delete(agreed)
     read = shard_arrays.addressable_bytes(state)
     ckpt.log.info("read checkpoint %d from %s: this process's shards, %d of its %d bytes", agreed, location,

@@ -49,19 +49,13 @@ from tidal.storage import uris
 from tidal.storage.layout import SPEC_JSON as SPEC
 from tidal.storage.layout import SUMMARY_JSON as SUMMARY
 from tidal.storage.layout import atomic_write_text
-from tidal.train import distributed, shards
+from tidal.train import distributed
 from tidal.train import hooks as hooklib
 from tidal.train import mesh as meshlib
 from tidal.train.build import Run, build, evaluate
 from tidal.train.checkpoints import Checkpointer
 from tidal.train.config import ConfigError, parse_step_config
-from tidal.train.continuation import (
-    adopt_parent_checkpoint,
-    adopt_parent_in_bucket,
-    continued_root_hash,
-    parent_location,
-    parent_metrics,
-)
+from tidal.train.continuation import continue_from_parent, continued_root_hash
 from tidal.train.curves import LOSS_CURVE, write_loss_curve
 from tidal.train.distributed import host_scalar
 from tidal.train.divergence import EVENTS as DIVERGENCE_EVENTS
@@ -174,7 +168,7 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     try:
         restored = ckpt.restore_latest(abstract)
         if restored is None and run.cfg.continue_from is not None:
-            restored = _continue_parent(session)
+            restored = continue_from_parent(session)
     except Exception:
         ckpt.close()
         if live is not None:
@@ -185,7 +179,7 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
     session.start, session.state, session.manifest = restored
     if session.guard is not None:
         session.guard.restore((session.manifest.get("trainer") or {}).get("divergence"))
-    if not session.manifest.get("continued"):  # a continuation's first start is printed by _continue_parent
+    if not session.manifest.get("continued"):  # a continuation's first start is printed by continue_from_parent
         where = (uris.join(ckpt.mirror.location, CHECKPOINT_DIR, str(session.start)) if ckpt.sharded
                  else ckpt.path(session.start))
         print(f"resumed from checkpoint step {session.start} ({where})", flush=True)
@@ -197,41 +191,6 @@ def open_session(step_dir: Path, spec: dict[str, Any], run: Run, log: logging.Lo
         if live is not None:
             live.set_tags({"tidal.fingerprint_changed": "; ".join(session.changed)})
     return session
-
-
-def _continue_parent(session: Session) -> tuple[int, Any, dict[str, Any]]:
-    """The first start of a continued run: the parent's checkpoint, adopted into this step's own
-    (:mod:`tidal.train.continuation`) and restored; with ``schedule: rewarm`` a fresh optimizer state.
-    The parent's metrics up to the checkpoint open this run's ``metrics.jsonl``."""
-    run, ckpt, ref = session.run, session.ckpt, session.run.cfg.continue_from
-    parent = parent_location(session.spec)
-    # on a bucket, a sharded parent checkpoint is copied inside the bucket (process 0; the others wait for it at
-    # the restore's first collective); any other is fetched: a shared disk gets one copy, else every process its own
-    in_bucket = ckpt.sharded and shards.read_manifest(parent, ref.checkpoint_step) is not None
-    if in_bucket and session.primary:
-        adopt_parent_in_bucket(ref, parent, ckpt.mirror.location)
-    elif not in_bucket and (session.primary or ckpt.sharded):
-        adopt_parent_checkpoint(ref, parent, ckpt.path(ref.checkpoint_step).parent, session.step_dir / MANIFEST_DIR)
-    if jax.process_count() > 1 and not ckpt.sharded:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("tidal-continue-from")
-    restored = ckpt.restore_latest(session.abstract)
-    if restored is None or restored[0] != ref.checkpoint_step:
-        raise ConfigError(f"continue_from: checkpoint {ref.checkpoint_step} of {ref.step} was copied but does not "
-                          "restore (see the log)")
-    step, state, manifest = restored
-    if ref.schedule == "rewarm":
-        state = {"params": state["params"], "opt_state": run.fresh_opt_state(state["params"])}
-    if session.primary:
-        atomic_write_text(session.metrics_path, parent_metrics(parent, step))
-        if ckpt.mirror is not None and in_bucket:  # the metrics beside it, as a save leaves them
-            uris.write_bytes(uris.join(ckpt.mirror.location, METRICS), session.metrics_path.read_bytes())
-        elif ckpt.mirror is not None:  # it counts in this step's staging too: a fresh node resumes from there
-            ckpt.mirror.upload(step, ckpt.path(step), manifest, {METRICS: session.metrics_path.read_bytes()})
-    print(f"continuing {ref.step} from its checkpoint step {step} (root {str(manifest.get('root_hash'))[:12]}, "
-          f"schedule {ref.schedule}) to step {run.cfg.steps}", flush=True)
-    return step, state, {**manifest, "continued": True}
 
 
 @dataclass
@@ -403,7 +362,7 @@ def _rewind(session: Session, metrics_file: Any) -> Any:
     restored = session.ckpt.restore_latest(session.abstract)
     ref = session.run.cfg.continue_from
     if ref is not None and (restored is None or restored[0] <= ref.checkpoint_step):  # back to the parent's
-        restored = _continue_parent(session)
+        restored = continue_from_parent(session)
     if restored is None:
         session.start, session.state, session.manifest = 0, session.run.fresh_state(), None
     else:

@@ -6,11 +6,12 @@ gathers a leaf, let alone the tree (rule 0b of DESIGN.md).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import numpy as np
+
+from tidal.train.distributed import sum_over_processes
 
 # four independent 64-bit lanes: 256 bits per leaf (odd constants, the first 64 bits of the fractional parts of
 # sqrt(2), sqrt(3), sqrt(5), sqrt(7), as SHA-2 takes its own)
@@ -65,15 +66,6 @@ def _leaf_sums(leaf: Any) -> np.ndarray:
     return total
 
 
-@functools.cache
-def _adder(mesh: Any) -> Any:
-    """The jitted sum over ``mesh``'s process axis, replicated on every device: one per mesh, so the saves of a
-    run (each hashes its parameters) compile it once."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return jax.jit(lambda rows: rows.sum(axis=0), out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-
 def _sum_over_processes(sums: np.ndarray) -> np.ndarray:
     """Every process's ``sums`` (shape ``(leaves, lanes)``, uint64) added mod 2^64: an all-reduce.
 
@@ -81,17 +73,8 @@ def _sum_over_processes(sums: np.ndarray) -> np.ndarray:
     up to 32,767 processes cannot overflow; the limbs' sums are shifted back and added mod 2^64 here.
     Every process must call it (a collective); all get the same result.
     """
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     limbs = np.stack([(sums >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(4)], axis=-1).astype(np.int32)
-    local = jax.local_devices()
-    grid = np.array([[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())])
-    mesh = Mesh(grid, ("process", "device"))
-    rows = jax.make_array_from_single_device_arrays(
-        (grid.shape[0], *limbs.shape), NamedSharding(mesh, PartitionSpec("process")),
-        [jax.device_put(limbs[None], d) for d in local])
-    added = _adder(mesh)(rows)
-    totals = np.asarray(added.addressable_data(0)).astype(np.uint64)
+    totals = sum_over_processes(limbs).astype(np.uint64)
     with np.errstate(over="ignore"):
         return sum((totals[..., k] << np.uint64(16 * k) for k in range(4)), np.zeros_like(sums))
 
