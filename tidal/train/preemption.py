@@ -53,7 +53,6 @@ class SigtermFlag:
             return self.requested
         if not sync_point:
             return False
-        from jax.experimental import multihost_utils
+        from tidal.train.distributed import sum_over_processes
 
-        flags = multihost_utils.process_allgather(np.array([int(self.requested)], np.int32))
-        return bool(np.max(flags))
+        return bool(sum_over_processes(np.array([int(self.requested)], np.int32))[0])  # how many got SIGTERM
