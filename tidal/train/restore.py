@@ -182,7 +182,7 @@ def _fetch_newest(ckpt: Checkpointer) -> None:
     Raises:
         CheckpointMismatch: the checkpoint process 0 chose does not verify on this process.
     """
-    if not ckpt.sharded:
+    if jax.process_count() == 1:  # (a mirror makes a Checkpointer sharded: one process decides alone)
         _fetch_verified(ckpt)
         return
     chosen = _fetch_verified(ckpt) if ckpt.primary else None
