@@ -180,7 +180,8 @@ def gke_train_group(*, step: Any, recipe: Any, recipe_path: str) -> TaskGroup:
                     for env, key in ((URI_ENV, XCOM_TRACKING_URI), (RUN_ID_ENV, XCOM_RUN_ID))}
         settings = current_settings()
         where = storage_env(settings.storage_root or recipe.storage_root,
-                            settings.s3_endpoint_url or recipe.storage.endpoint_url, recipe.storage.region)
+                            settings.s3_endpoint_url or recipe.storage.endpoint_url, recipe.storage.region,
+                            settings.gcs_endpoint_url)
         manifest = workload(resources, name=name, step_uri=step_uri, labels=labels, env={**where, **live_env},
                             secret_env=pod_secret_env(settings.pod_secret_env))
         single = is_single_pod(resources)

@@ -50,6 +50,8 @@ class Settings(BaseSettings):
                                      default=None)
     s3_endpoint_url: EndpointUrl = _env("TIDAL_S3_ENDPOINT_URL", "S3 endpoint; overrides storage.endpoint_url",
                                        default=None)
+    gcs_endpoint_url: EndpointUrl = _env("TIDAL_GCS_ENDPOINT_URL", "GCS JSON API endpoint for gs:// checkpoints and "
+                                         "handed-over objects (an emulator); unset: Google's", default=None)
     tracking_uri: str | None = _env(TRACKING_URI_ENV, "MLflow tracking URI; overrides the recipe", default=None)
     tracking_pending_dir: str | None = _env("TIDAL_TRACKING_PENDING_DIR",
                                             "where undelivered MLflow calls are buffered", default=None)

@@ -43,7 +43,9 @@ def gs(uri: str) -> str:
 def dataflow_options(work_uri: str, monkeypatch) -> PipelineOptions:
     monkeypatch.setenv("TIDAL_BEAM_WORKER_IMAGE", IMAGE)
     monkeypatch.delenv("TIDAL_BEAM_ARGS", raising=False)
-    extra = ["--runner=DataflowRunner", "--project=tidal-prod", "--region=europe-west4"]
+    # --dry_run: Beam validates the options without asking GCS whether the temp bucket has a soft-delete policy
+    # (its gcsio is importable since google-cloud-storage is installed, and GCS is not reachable from here)
+    extra = ["--runner=DataflowRunner", "--project=tidal-prod", "--region=europe-west4", "--dry_run=True"]
     return PipelineOptions(beam_args([*staged_defaults(work_uri, extra), *extra]))
 
 

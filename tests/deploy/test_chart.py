@@ -311,3 +311,6 @@ def test_prod_values_share_a_gs_root_with_hmac_keys_from_a_secret():
     assert task_secrets["AWS_ACCESS_KEY_ID"] == secrets["AWS_ACCESS_KEY_ID"]
     plain = storage_env(root, None, None)
     assert plain == {"TIDAL_STORAGE_ROOT": root} and not any(k.startswith("AWS_") for k in plain)
+    # an emulator of GCS's JSON API (checkpoints, handed-over objects) reaches the pods of a gs:// root only
+    assert storage_env(root, None, None, "http://gcs:4443")["TIDAL_GCS_ENDPOINT_URL"] == "http://gcs:4443"
+    assert "TIDAL_GCS_ENDPOINT_URL" not in storage_env("s3://b/t", None, None, "http://gcs:4443")

@@ -1,4 +1,5 @@
-"""A moto S3 server on loopback, and a fault-injecting HTTP proxy in front of it (tests only).
+"""A moto S3 server and a fake-gcs-server GCS emulator on loopback, and a fault-injecting HTTP proxy in front
+of moto (tests only).
 
 The proxy forwards every request to moto unchanged (it is HTTP-aware: it reads the whole
 request, so it can count requests and answer some of them itself) and, as its
@@ -61,6 +62,73 @@ class MotoServer:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_for_port(self.port, timeout_s, self.proc, self.host)
         return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class FakeGcsServer:
+    """fake-gcs-server (GCS's JSON API, built by ``tools/k8s/install.sh``) on a free loopback port, objects in
+    memory, in its own process group. ``env`` is what a tidal process needs to use it for ``gs://``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        # No credentials here, and nothing should look for them slowly: GOOGLE_AUTH_TOKEN_FOR_TESTING is
+        # TensorStore's own hook for a test server, NO_GCE_CHECK google-auth's switch that skips probing a
+        # GCE metadata server (seconds of timeouts, then anonymous)
+        return {"TIDAL_GCS_ENDPOINT_URL": self.endpoint, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",
+                "NO_GCE_CHECK": "True"}
+
+    def start(self, timeout_s: float = 60) -> FakeGcsServer:
+        from tests.cluster.kube import tool_paths
+
+        self.proc = subprocess.Popen([str(tool_paths()["FAKE_GCS_SERVER"]), "-scheme", "http", "-host", "127.0.0.1",
+                                      "-port", str(self.port), "-backend", "memory", "-log-level", "error",
+                                      "-public-host", f"127.0.0.1:{self.port}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for_port(self.port, timeout_s, self.proc)
+        return self
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/storage/v1/b", method="POST",
+                                         data=f'{{"name": "{name}"}}'.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200, answer.status
+
+    def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        """Every object under ``prefix``: key -> bytes (the JSON API's listing, all pages)."""
+        import json
+        from urllib.parse import quote
+
+        out: dict[str, int] = {}
+        token = ""
+        while True:
+            url = f"{self.endpoint}/storage/v1/b/{bucket}/o?prefix={quote(prefix)}&pageToken={quote(token)}"
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                page = json.load(answer)
+            out.update({item["name"]: int(item["size"]) for item in page.get("items", [])})
+            token = page.get("nextPageToken", "")
+            if not token:
+                return out
+
+    def read(self, bucket: str, key: str) -> bytes:
+        from urllib.parse import quote
+
+        with urllib.request.urlopen(f"{self.endpoint}/download/storage/v1/b/{bucket}/o/{quote(key, safe='')}"
+                                    "?alt=media", timeout=10) as answer:
+            return answer.read()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

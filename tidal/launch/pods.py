@@ -187,9 +187,11 @@ def pod_secret_env(value: str | None, source: str = POD_SECRET_ENV_VAR) -> dict[
     return out
 
 
-def storage_env(root: str, endpoint_url: str | None, region: str | None) -> dict[str, str]:
+def storage_env(root: str, endpoint_url: str | None, region: str | None,
+                gcs_endpoint_url: str | None = None) -> dict[str, str]:
     """The plain env a pod needs to reach the storage root (docs/architecture.md §0): the root, the S3 endpoint
-    (``TIDAL_S3_ENDPOINT_URL``; GCS's S3-interoperable endpoint for ``gs://``) and the region. No
+    (``TIDAL_S3_ENDPOINT_URL``; GCS's S3-interoperable endpoint for ``gs://``), the region and, for a
+    ``gs://`` root, the JSON API's endpoint when it is not Google's (``TIDAL_GCS_ENDPOINT_URL``). No
     credentials: those come by ``secretKeyRef`` (:func:`pod_secret_env`: ``AWS_ACCESS_KEY_ID`` /
     ``AWS_SECRET_ACCESS_KEY`` from a Secret; GCS HMAC keys the same way) or Workload Identity.
 
@@ -203,6 +205,8 @@ def storage_env(root: str, endpoint_url: str | None, region: str | None) -> dict
         env["TIDAL_S3_ENDPOINT_URL"] = endpoint_url
     if region:
         env["AWS_DEFAULT_REGION"] = region
+    if gcs_endpoint_url and root.startswith("gs://"):
+        env["TIDAL_GCS_ENDPOINT_URL"] = gcs_endpoint_url
     return env
 
 

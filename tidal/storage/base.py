@@ -58,6 +58,10 @@ class StorageError(RuntimeError):
     """A storage root cannot be used (unsupported scheme, not writable)."""
 
 
+class StorageUnreachable(StorageError):
+    """The bucket's endpoint does not answer, or refuses these credentials (names the setting)."""
+
+
 @dataclass(frozen=True)
 class StorageSettings:
     """Where and how fast step outputs move; never part of a step's hash (recipe ``storage:``).

@@ -40,7 +40,6 @@ from tidal.kinds import kind_spec
 from tidal.storage import uris
 from tidal.storage.base import Storage, StorageError
 from tidal.storage.layout import SIGNATURE_JSON, STEP_JSON, SUCCESS
-from tidal.storage.s3 import transfer_config
 
 STAGING = ".staging"
 JOB_SUFFIX = ".job"
@@ -235,15 +234,9 @@ def publish(storage: Storage, staging: str, step_id: str, manifest: dict[str, An
         uris.delete_dir(job_location(staging))
         return False
 
-    bucket, src_key = uris.split(staging)
-    client = uris.client_for(staging)
     target = storage.step_uri(step_id)
-    _, dst_key = uris.split(target)
-    config = transfer_config(storage.settings)
     names = [e["path"] for e in manifest["files"]] + [MANIFEST_NAME]
-    for rel in names:
-        uris._call(staging, "copy", client.copy, {"Bucket": bucket, "Key": f"{src_key.rstrip('/')}/{rel}"},
-                   uris.split(target)[0], f"{dst_key.rstrip('/')}/{rel}", Config=config)
+    uris.copy_dir(staging, target, names, storage.settings)
     for name, data in records.items():
         uris.write_bytes(uris.join(target, name), data)
     sizes = uris.list_sizes(target)  # fence: a concurrent clear of the uncommitted prefix must not pass

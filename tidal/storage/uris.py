@@ -2,10 +2,11 @@
 
 What one task hands another (a job's config, a training spec, a staged output, a summary) is
 named by a location under the storage root (docs/architecture.md §0), never by a path on the writer's
-disk. A location is ``s3://bucket/key`` (``gs://`` is GCS through its S3-interoperable endpoint,
-:func:`tidal.storage.s3.endpoint_for`) or a local path (a local root: one machine, or a volume
-every machine mounts). These functions are the only readers and writers of such handed-over
-files, so a worker needs nothing but the location and the deployment's storage settings
+disk. A location is ``s3://bucket/key`` (boto3), ``gs://bucket/key`` (GCS's JSON API,
+:mod:`tidal.storage.gcs`, the API the checkpoint arrays use; through boto3 instead when
+``TIDAL_S3_ENDPOINT_URL`` names an S3 server standing in for the bucket) or a local path (a local
+root: one machine, or a volume every machine mounts). These functions are the only readers and
+writers of such handed-over files, so a worker needs nothing but the location and the deployment's storage settings
 (endpoint, region, credentials from the environment or Workload Identity).
 
 Errors name the location and the setting to check: :class:`StorageUnreachable` for an endpoint
@@ -25,16 +26,13 @@ from urllib.parse import urlparse
 
 from tidal.context import is_uri
 from tidal.settings import current
-from tidal.storage.base import StorageError, StorageSettings
+from tidal.storage import gcs
+from tidal.storage.base import StorageError, StorageSettings, StorageUnreachable
 from tidal.storage.layout import atomic_write_bytes
 from tidal.storage.s3 import s3_client, scheme_settings, transfer_config
 
 log = logging.getLogger("tidal.storage")
 SCHEMES = ("s3", "gs")
-
-
-class StorageUnreachable(StorageError):
-    """The bucket's endpoint does not answer, or refuses these credentials (names the setting)."""
 
 
 def split(uri: str) -> tuple[str, str]:
@@ -52,6 +50,12 @@ def split(uri: str) -> tuple[str, str]:
 def join(location: str, *names: str) -> str:
     """``location`` + ``/name`` for a URI or a path (a trailing slash is kept off)."""
     return "/".join([location.rstrip("/"), *(n.strip("/") for n in names if n)])
+
+
+def on_gcs(location: str) -> bool:
+    """True for a ``gs://`` location reached through GCS's JSON API (:mod:`tidal.storage.gcs`): every
+    ``gs://`` one unless ``TIDAL_S3_ENDPOINT_URL`` is set, which puts an S3 server in the bucket's place."""
+    return location.startswith("gs://") and not current().s3_endpoint_url
 
 
 @cache
@@ -115,6 +119,8 @@ def read_bytes(location: str) -> bytes:
             raise FileNotFoundError(f"{path} does not exist")
         return path.read_bytes()
     bucket, key = split(location)
+    if on_gcs(location):
+        return gcs.read_bytes(location, bucket, key)
     client = client_for(location)
     return _call(location, "read", lambda: client.get_object(Bucket=bucket, Key=key)["Body"].read())
 
@@ -123,7 +129,8 @@ def write_bytes(location: str, data: bytes, *, if_absent: bool = False) -> bool:
     """Write one object or file (atomically: a reader sees all of it or nothing).
 
     Args:
-        if_absent: write only if nothing is there (S3 ``If-None-Match: *``; locally ``O_EXCL``).
+        if_absent: write only if nothing is there (S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``;
+            locally ``O_EXCL``).
 
     Returns:
         True if written; False if ``if_absent`` and something was there first.
@@ -138,6 +145,8 @@ def write_bytes(location: str, data: bytes, *, if_absent: bool = False) -> bool:
     from botocore.exceptions import ClientError
 
     bucket, key = split(location)
+    if on_gcs(location):
+        return gcs.write_bytes(location, bucket, key, data, if_absent=if_absent)
     client = client_for(location)
     extra = {"IfNoneMatch": "*"} if if_absent else {}
     try:
@@ -165,6 +174,8 @@ def list_objects(location: str) -> dict[str, tuple[int, float]]:
                 for p in sorted(root.rglob("*")) if p.is_file()}
     bucket, key = split(location)
     head = key.rstrip("/") + "/"
+    if on_gcs(location):
+        return gcs.list_objects(location, bucket, head)
     client = client_for(location)
     out: dict[str, tuple[int, float]] = {}
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=head)
@@ -190,6 +201,10 @@ def upload_dir(local_dir: Path, location: str, names: Iterable[str] | None = Non
         return sum((local_dir / r).stat().st_size for r in rels)
 
     bucket, key = split(location)
+    if on_gcs(location):
+        gcs.upload_files(location, bucket, {f"{key.rstrip('/')}/{rel}": local_dir / rel for rel in rels},
+                         settings or StorageSettings())
+        return sum((local_dir / r).stat().st_size for r in rels)
     client, config = client_for(location), transfer_config(settings or StorageSettings())
 
     def put(rel: str) -> None:
@@ -232,6 +247,12 @@ def copy_dir(source: str, location: str, names: Iterable[str], settings: Storage
             shutil.copyfile(Path(source.removeprefix("file://")) / rel, target)
         return
     (src_bucket, src_key), (bucket, key) = split(source), split(location)
+    if on_gcs(source) != on_gcs(location):
+        raise StorageError(f"cannot copy {source} to {location} inside the store: they are in different stores")
+    if on_gcs(location):
+        gcs.copy_objects(location, [(src_bucket, f"{src_key.rstrip('/')}/{rel}", bucket, f"{key.rstrip('/')}/{rel}")
+                                    for rel in rels], settings or StorageSettings())
+        return
     client, config = client_for(location), transfer_config(settings or StorageSettings())
 
     def copy(rel: str) -> None:
@@ -248,8 +269,24 @@ def delete_dir(location: str) -> None:
         shutil.rmtree(Path(location.removeprefix("file://")), ignore_errors=True)
         return
     bucket, key = split(location)
-    client = client_for(location)
     keys = [f"{key.rstrip('/')}/{rel}" for rel in list_sizes(location)]
+    if on_gcs(location):
+        gcs.delete_keys(location, bucket, keys, StorageSettings())
+        return
+    client = client_for(location)
     for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
         batch = [{"Key": k} for k in keys[start:start + 1000]]
         _call(location, "delete", client.delete_objects, Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+
+
+def delete_object(location: str) -> None:
+    """Remove one object or file (missing is fine)."""
+    if not is_uri(location):
+        Path(location.removeprefix("file://")).unlink(missing_ok=True)
+        return
+    bucket, key = split(location)
+    if on_gcs(location):
+        gcs.delete_keys(location, bucket, [key], StorageSettings())
+        return
+    client = client_for(location)
+    _call(location, "delete", client.delete_object, Bucket=bucket, Key=key)

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidal.context import is_uri
 from tidal.integrity.hashing import manifest_text, verify_manifest
 from tidal.storage import uris
 from tidal.storage.layout import atomic_write_text
@@ -146,12 +145,7 @@ class CheckpointMirror:
         uris.delete_dir(self._checkpoint(step))
 
     def _delete_object(self, location: str) -> None:
-        if not is_uri(location):
-            Path(location.removeprefix("file://")).unlink(missing_ok=True)
-            return
-        bucket, key = uris.split(location)
-        client = uris.client_for(location)
-        uris._call(location, "delete", client.delete_object, Bucket=bucket, Key=key)
+        uris.delete_object(location)
 
     def prune(self, retain: Callable[[list[int]], set[int]]) -> list[int]:
         """Apply retention in the bucket: delete every counted checkpoint not in ``retain(steps)``, where

@@ -27,7 +27,7 @@ import tensorstore as ts
 
 from tidal.context import is_uri
 from tidal.settings import current
-from tidal.storage import uris
+from tidal.storage import gcs, uris
 from tidal.storage.base import StorageSettings
 from tidal.train.packing import _path_key, layout_problems
 
@@ -36,7 +36,10 @@ def kvstore(location: str, settings: StorageSettings | None = None) -> dict[str,
     """The TensorStore kvstore spec of a directory ``location``: ``file`` for a local path, ``s3`` for
     ``s3://bucket/prefix`` (the endpoint of ``TIDAL_S3_ENDPOINT_URL`` or ``storage.endpoint_url``, the
     region of the storage settings, default ``us-east-1``; credentials from ``AWS_*`` as boto3 reads them),
-    ``gcs`` for ``gs://bucket/prefix`` (TensorStore's own GCS client: Application Default Credentials).
+    ``gcs`` for ``gs://bucket/prefix`` (TensorStore's own GCS client: Application Default Credentials, the
+    endpoint of ``TIDAL_GCS_ENDPOINT_URL``; the JSON API the manifest goes through too, :mod:`tidal.storage.gcs`),
+    or ``s3`` for it when ``TIDAL_S3_ENDPOINT_URL`` puts an S3 server in the bucket's place
+    (:func:`tidal.storage.uris.on_gcs`).
 
     Raises:
         ValueError: another scheme.
@@ -45,9 +48,10 @@ def kvstore(location: str, settings: StorageSettings | None = None) -> dict[str,
         return {"driver": "file", "path": location.removeprefix("file://").rstrip("/") + "/"}
     parsed = urlparse(location)
     path = parsed.path.strip("/") + "/"
-    if parsed.scheme == "gs":
+    if uris.on_gcs(location):
+        gcs.tensorstore_env()
         return {"driver": "gcs", "bucket": parsed.netloc, "path": path}
-    if parsed.scheme != "s3":
+    if parsed.scheme not in ("s3", "gs"):
         raise ValueError(f"{location}: a sharded checkpoint needs a local path, s3:// or gs://")
     settings = settings or StorageSettings()
     spec: dict[str, Any] = {"driver": "s3", "bucket": parsed.netloc, "path": path,
@@ -245,7 +249,7 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
         uris.write_bytes(uris.join(base, name, ".zarray"), meta)
         return f"{name}/.zarray", [len(meta), hashlib.sha256(meta).hexdigest()]
 
-    if create_metadata and is_uri(base):
+    if create_metadata and is_uri(base) and not uris.on_gcs(base):
         uris.client_for(base)  # made once here: eight threads missing the cache at once made eight (~10 MB each)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
         if create_metadata:

