@@ -63,6 +63,14 @@ def test_an_endpoint_that_does_not_answer_names_the_setting(gcs, monkeypatch):
         uris.read_bytes(uris.join(gcs, "a/one.json"))
 
 
+def test_a_missing_bucket_is_named_on_writes_and_listings(gcs):
+    missing = "gs://no-such-bucket-" + uuid.uuid4().hex[:8] + "/root"
+    with pytest.raises(StorageUnreachable, match="the bucket does not exist"):
+        uris.write_bytes(uris.join(missing, "a.json"), b"{}")
+    with pytest.raises(StorageUnreachable, match="the bucket does not exist"):
+        uris.list_objects(missing)
+
+
 def test_an_s3_server_standing_in_for_the_bucket_takes_gs_locations(monkeypatch):
     monkeypatch.setenv("TIDAL_S3_ENDPOINT_URL", "http://127.0.0.1:9")
     assert not uris.on_gcs("gs://b/x") and not uris.on_gcs("s3://b/x")

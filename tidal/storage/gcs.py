@@ -23,6 +23,7 @@ an endpoint that does not answer or refuses the credentials.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -30,12 +31,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tidal.settings import current
-from tidal.storage.base import StorageSettings, StorageUnreachable
+from tidal.storage.base import StorageError, StorageSettings, StorageUnreachable
 
 GOOGLE_ENDPOINT = "https://storage.googleapis.com"
-# A request that keeps failing (5xx, 429, a refused connection) is retried with the library's backoff for at
-# most this long, then fails with one error line: the bound the checkpoint arrays' TensorStore requests have
-# (tidal.train.shard_arrays.REQUEST_RETRIES, about 16 s), so a failed save stops in seconds either way.
+# A request that keeps failing (5xx, 429, a refused connection) is retried with the library's backoff until
+# this many seconds have passed, then fails with one error line: the bound the checkpoint arrays' TensorStore
+# requests have (tidal.train.shard_arrays.REQUEST_RETRIES, about 16 s). Each try is bounded by the storage
+# settings' connect and read timeouts (10 s, 120 s), so a stalled endpoint can take one read timeout more.
 RETRY_DEADLINE_S = 16.0
 TENSORSTORE_ENDPOINT_ENV = "TENSORSTORE_GCS_HTTP_URL"  # TensorStore reads its GCS endpoint only from here
 T = TypeVar("T")
@@ -53,6 +55,9 @@ def tensorstore_env() -> None:
         os.environ.setdefault(TENSORSTORE_ENDPOINT_ENV, endpoint())
 
 
+_CLIENT_LOCK = threading.Lock()
+
+
 @cache
 def _client(url: str) -> Any:
     import google.auth
@@ -62,15 +67,20 @@ def _client(url: str) -> Any:
 
     try:
         credentials, project = google.auth.default()
-    except DefaultCredentialsError:
+    except DefaultCredentialsError as err:
+        if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):  # named, but broken: say so, do not go anonymous
+            raise StorageUnreachable(f"GOOGLE_APPLICATION_CREDENTIALS: {err}") from None
         credentials, project = AnonymousCredentials(), None
-    return storage.Client(project=project or "tidal", credentials=credentials,
-                          client_options={"api_endpoint": url})
+    made = storage.Client(project=project or "tidal", credentials=credentials, client_options={"api_endpoint": url})
+    _ = made._http  # the authorized session, made now rather than lazily by the first of several threads
+    return made
 
 
 def client() -> Any:
-    """The process's google-cloud-storage client for :func:`endpoint` (made once)."""
-    return _client(endpoint())
+    """The process's google-cloud-storage client for :func:`endpoint`: made once, under a lock (the save's
+    threads start together, and each would otherwise look up credentials and build its own)."""
+    with _CLIENT_LOCK:
+        return _client(endpoint())
 
 
 @cache
@@ -81,9 +91,12 @@ def retry() -> Any:
     return DEFAULT_RETRY.with_timeout(RETRY_DEADLINE_S)
 
 
-def _call(uri: str, what: str, fn: Callable[[], T]) -> T:
-    """Run one request; "no such object" becomes FileNotFoundError, a refused or unreachable endpoint
-    :class:`StorageUnreachable` naming the setting."""
+def _call(uri: str, what: str, fn: Callable[[], T], *, missing: str = "object") -> T:
+    """Run one request and turn what can go wrong into one line: "not found" becomes FileNotFoundError when
+    ``missing`` is ``"object"`` (a read: the object may be absent) and :class:`StorageUnreachable` naming the
+    bucket when it is ``"bucket"`` (a write or a listing: only the bucket can be missing); a refused,
+    unreachable or failing endpoint :class:`StorageUnreachable` naming the setting to check; any other answer
+    of the API :class:`StorageError` with its code and message."""
     from google.api_core import exceptions as gexc
     from google.auth.exceptions import GoogleAuthError
     from requests.exceptions import ConnectionError as RequestsConnectionError
@@ -91,17 +104,28 @@ def _call(uri: str, what: str, fn: Callable[[], T]) -> T:
 
     try:
         return fn()
-    except gexc.NotFound as err:
-        if "bucket does not exist" in str(err).lower():
-            raise StorageUnreachable(f"{uri}: bucket does not exist (check TIDAL_STORAGE_ROOT)") from None
+    except gexc.NotFound:
+        if missing == "bucket":
+            raise StorageUnreachable(f"{uri}: {what}: the bucket does not exist (check TIDAL_STORAGE_ROOT)") from None
         raise FileNotFoundError(f"{uri} does not exist") from None
     except (gexc.Forbidden, gexc.Unauthorized, GoogleAuthError) as err:
         raise StorageUnreachable(f"{uri}: {what} refused ({err.__class__.__name__}); check the credentials "
-                             "(Workload Identity or GOOGLE_APPLICATION_CREDENTIALS)") from None
-    except (RequestsConnectionError, Timeout, gexc.RetryError) as err:
-        cause = err.cause if isinstance(err, gexc.RetryError) and err.cause is not None else err
-        raise StorageUnreachable(f"{uri}: {what}: {endpoint()} does not answer ({type(cause).__name__}, retried "
-                                 f"for {RETRY_DEADLINE_S:.0f} s); check TIDAL_GCS_ENDPOINT_URL") from None
+                                 "(Workload Identity or GOOGLE_APPLICATION_CREDENTIALS)") from None
+    except (RequestsConnectionError, Timeout) as err:
+        raise StorageUnreachable(f"{uri}: {what}: {endpoint()} does not answer ({type(err).__name__}); check "
+                                 "TIDAL_GCS_ENDPOINT_URL") from None
+    except gexc.RetryError as err:
+        cause = err.cause if err.cause is not None else err
+        if isinstance(cause, (RequestsConnectionError, Timeout)):
+            raise StorageUnreachable(f"{uri}: {what}: {endpoint()} does not answer ({type(cause).__name__}, "
+                                     f"retried for {RETRY_DEADLINE_S:.0f} s); check TIDAL_GCS_ENDPOINT_URL") from None
+        raise StorageUnreachable(f"{uri}: {what} kept failing for {RETRY_DEADLINE_S:.0f} s ({type(cause).__name__}: "
+                                 f"{str(cause)[:200]})") from None
+    except gexc.PreconditionFailed:
+        raise  # a create-if-absent that found an object: write_bytes's answer, not an error
+    except gexc.GoogleAPICallError as err:  # an answer no retry changes: say which, no traceback
+        raise StorageError(f"{uri}: {what} failed ({err.code} {type(err).__name__}: {str(err.message)[:200]})") \
+            from None
 
 
 def _timeout(settings: StorageSettings) -> tuple[float, float]:
@@ -125,19 +149,21 @@ def write_bytes(uri: str, bucket: str, key: str, data: bytes, *, if_absent: bool
         # a whole-object overwrite with the same bytes is safe to repeat, so unconditional writes retry too
         _call(uri, "write", lambda: blob.upload_from_string(
             data, if_generation_match=0 if if_absent else None, retry=retry(),
-            timeout=_timeout(StorageSettings())))
+            timeout=_timeout(StorageSettings())), missing="bucket")
     except gexc.PreconditionFailed:
         return False
     return True
 
 
 def list_objects(uri: str, bucket: str, head: str) -> dict[str, tuple[int, float]]:
-    """Every object under ``head`` (a key prefix ending in '/'): name after it -> (bytes, updated, unix s)."""
+    """Every object under ``head`` (a key prefix ending in '/'): name after it -> (bytes, created, unix s)."""
     def listing() -> dict[str, tuple[int, float]]:
-        return {blob.name[len(head):]: (int(blob.size), blob.updated.timestamp())
+        # time_created: when these bytes were written (a metadata change moves ``updated``, as it does not
+        # move S3's LastModified), which is what a reader compares with the commit's marker
+        return {blob.name[len(head):]: (int(blob.size), blob.time_created.timestamp())
                 for blob in client().list_blobs(bucket, prefix=head, timeout=_timeout(StorageSettings()),
                                                 retry=retry())}
-    return _call(uri, "list", listing)
+    return _call(uri, "list", listing, missing="bucket")
 
 
 def upload_files(uri: str, bucket: str, files: dict[str, Path], settings: StorageSettings) -> None:
@@ -145,7 +171,8 @@ def upload_files(uri: str, bucket: str, files: dict[str, Path], settings: Storag
     def put(item: tuple[str, Path]) -> None:
         key, path = item
         blob = client().bucket(bucket).blob(key)
-        _call(uri, "upload", lambda: blob.upload_from_filename(str(path), retry=retry(), timeout=_timeout(settings)))
+        _call(uri, "upload", lambda: blob.upload_from_filename(str(path), retry=retry(), timeout=_timeout(settings)),
+              missing="bucket")
 
     with ThreadPoolExecutor(max_workers=settings.max_concurrency) as pool:
         list(pool.map(put, sorted(files.items())))

@@ -54,8 +54,9 @@ def kvstore(location: str, settings: StorageSettings | None = None) -> dict[str,
     if parsed.scheme not in ("s3", "gs"):
         raise ValueError(f"{location}: a sharded checkpoint needs a local path, s3:// or gs://")
     settings = settings or StorageSettings()
+    # a gs:// bucket through an S3 endpoint (GCS's own XML API included) signs for region "auto"
     spec: dict[str, Any] = {"driver": "s3", "bucket": parsed.netloc, "path": path,
-                            "aws_region": settings.region or "us-east-1"}
+                            "aws_region": settings.region or ("auto" if parsed.scheme == "gs" else "us-east-1")}
     endpoint = current().s3_endpoint_url or settings.endpoint_url
     if endpoint:
         spec["endpoint"] = str(endpoint).rstrip("/")  # path-style: {endpoint}/{bucket}/{key}
@@ -249,8 +250,11 @@ def write_arrays(base: str, host: HostShards, *, create_metadata: bool, workers:
         uris.write_bytes(uris.join(base, name, ".zarray"), meta)
         return f"{name}/.zarray", [len(meta), hashlib.sha256(meta).hexdigest()]
 
-    if create_metadata and is_uri(base) and not uris.on_gcs(base):
-        uris.client_for(base)  # made once here: eight threads missing the cache at once made eight (~10 MB each)
+    # the metadata's client made once here: eight threads missing the cache at once made eight (~10 MB each)
+    if create_metadata and uris.on_gcs(base):
+        gcs.client()
+    elif create_metadata and is_uri(base):
+        uris.client_for(base)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-shards") as pool:
         if create_metadata:
             record.update(pool.map(metadata, host.leaves))
