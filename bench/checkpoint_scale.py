@@ -12,20 +12,27 @@ google-cloud-storage) from the same processes (the baseline, same run). Then ``-
 with 2 devices each and mesh fsdp x tensor=2 (another process count and split) restore it and check every
 shard bit for bit. Prints
 
-    RESULT store=s3|gs hosts=… state_MB=… peak_host_rss_over_state=… stall_s_per_save=… save_MBps=…
-           save_vs_raw_put=… restore_MBps=… resharded_restore=true|false bitwise=true|false
+    RESULT store=s3|gs hosts=… state_MB=… peak_host_rss_over_state=… peak_host_rss_beyond_devices_over_state=…
+           stall_s_per_save=… save_MBps=… save_vs_raw_put=… restore_MBps=… resharded_restore=true|false
+           bitwise=true|false
 
 ``peak_host_rss_over_state``: the largest process's peak resident memory while it saved (or restored),
 sampled every 5 ms, above what it held before it built (or read) any of the state (the interpreter and
 JAX: ~240 MB here, the same in every process), over the whole state's bytes: its own share of the state
 plus what the save or restore needs beside it; the aim is at most 1/hosts + 0.1.
-``stall_s_per_save``: the seconds ``save`` blocked the slowest process (the device-to-host copy; on the
-CPU backend with a never-donated state, only bookkeeping). ``save_MBps``: the state's bytes (10^6) over
-the slowest process's seconds from ``save`` to its shards written (process 0: to the manifest written).
-``save_vs_raw_put``: that over the rate of the plain PUTs of the same shards (8 at a time per process, as
-the save writes them) by the same processes. ``restore_MBps``: the state's bytes over the slowest restoring
-process's seconds. On this 2-core machine the server (moto: Python; fake-gcs-server: Go) shares the cores
-with the processes.
+``peak_host_rss_beyond_devices_over_state``: the same less the bytes of that process's own device arrays of
+the state (its shards, on every device it drives): on a TPU or GPU host those are in HBM, on this CPU backend
+they are host memory, so this is what the host's RAM holds beside them (a save's host copy, a restore's chunks
+in flight, the allocator's retained free memory).
+Each process saves twice (steps 99 and 100) and the second save is measured, as training repeats saves: the
+first pays one-time costs (the bucket clients, ~0.7 s for boto3's; TensorStore's connections), which the
+baseline pays before its clock starts too. ``stall_s_per_save``: the seconds ``save`` blocked the slowest
+process (the device-to-host copy; on the CPU backend with a never-donated state, only bookkeeping).
+``save_MBps``: the state's bytes (10^6) over the slowest process's seconds from ``save`` to its shards written
+(process 0: to the manifest written). ``save_vs_raw_put``: that over the rate of the plain PUTs of the same
+shards (8 at a time per process, as the save writes them) by the same processes. ``restore_MBps``: the state's
+bytes over the slowest restoring process's seconds. On this 2-core machine the server (moto: Python;
+fake-gcs-server: Go) shares the cores with the processes.
 """
 
 from __future__ import annotations
@@ -111,7 +118,8 @@ def main() -> int:
             boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id="bench",
                          aws_secret_access_key="bench").create_bucket(Bucket=bucket)
         location = f"{args.store}://{bucket}/.staging/train-bench/"
-        saved = run(server, "save", location, args.hosts, 1, args.hosts, 1, args.scale, {"SHARDS_RAW_PUT": "1"})
+        saved = run(server, "save", location, args.hosts, 1, args.hosts, 1, args.scale,
+                    {"SHARDS_RAW_PUT": "1", "SHARDS_WARM_SAVE": "1"})
         if args.list:  # the layout of the checkpoint in the bucket, with sizes
             for key, size in _layout(server, bucket, location.removeprefix(f"{args.store}://{bucket}/")).items():
                 print(f"LAYOUT {size:>12} {key}", flush=True)
@@ -123,10 +131,13 @@ def main() -> int:
     restore_s = max(r["restore_s"] for r in restored)
     peak = max([r["peak_rss_in_save_bytes"] - r["rss_before_bytes"] for r in saved]
                + [r["peak_rss_in_restore_bytes"] - r["rss_before_bytes"] for r in restored])
+    beyond = max([r["peak_rss_in_save_bytes"] - r["rss_before_bytes"] - r["device_bytes"] for r in saved]
+                 + [r["peak_rss_in_restore_bytes"] - r["rss_before_bytes"] - r["device_bytes"] for r in restored])
     bitwise = all(r["step"] == 100 and not r["wrong"] for r in restored)
     print(json.dumps({"save": saved, "restore": restored}), flush=True)
     print(f"RESULT store={args.store} hosts={args.hosts} state_MB={state_bytes / 1e6:.1f} "
           f"peak_host_rss_over_state={peak / state_bytes:.3f} "
+          f"peak_host_rss_beyond_devices_over_state={beyond / state_bytes:.3f} "
           f"stall_s_per_save={max(r['blocking_s'] for r in saved):.3f} save_MBps={state_bytes / 1e6 / save_s:.1f} "
           f"save_vs_raw_put={raw_s / save_s:.2f} restore_MBps={state_bytes / 1e6 / restore_s:.1f} "
           f"resharded_restore={'true' if bitwise and args.restore_hosts != args.hosts else 'false'} "
