@@ -48,6 +48,17 @@ def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = N
     raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s} s")
 
 
+def stop_group(proc: subprocess.Popen | None) -> None:
+    """Stop a server started in its own process group: SIGTERM to the group, SIGKILL after 10 s."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 class MotoServer:
     """``python -m moto.server`` on a free port of ``host`` (default loopback), in its own process group."""
 
@@ -64,13 +75,7 @@ class MotoServer:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
 
 
 class FakeGcsServer:
@@ -131,13 +136,7 @@ class FakeGcsServer:
             return answer.read()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
 
 
 @dataclass
