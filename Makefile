@@ -16,7 +16,7 @@ export TIDAL_ARCHIVE_CACHE ?= $(HOME)/.cache/tidal/archives
 export RAYON_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help uv venv bytecode corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier setup flink-tools k8s-tools lint clean-demo
+.PHONY: help uv venv bytecode corpora tools services services-stop demo airflow cluster-demo test test-fast test-tier setup flink-tools k8s-tools tpu-tools lint clean-demo
 
 help:
 	@echo "make demo   run the tiny recipe end to end through Airflow (installs everything first)"
@@ -131,11 +131,14 @@ flink-tools:
 	bash tools/flink/install.sh
 k8s-tools:
 	bash tools/k8s/install.sh
+# libtpu for `tidal size` (compiling a train step for a TPU slice on this CPU), outside the venv: about 700 MB
+tpu-tools: venv
+	bash tools/tpu/install.sh
 
-# Everything the tests need, built concurrently (the venv and corpora, Flink, the Kubernetes tools):
+# Everything the tests need, built concurrently (the venv and corpora, Flink, the Kubernetes tools, libtpu):
 # on a fresh machine the Go builds of the Kubernetes tools are the long pole; cached, seconds.
 setup:
-	@start=$$(date +%s); $(MAKE) --no-print-directory -j3 corpora flink-tools k8s-tools \
+	@start=$$(date +%s); $(MAKE) --no-print-directory -j3 corpora flink-tools k8s-tools tpu-tools \
 	  && echo "== setup (venv, corpora, tools) took $$(( $$(date +%s) - start )) s"
 
 services:

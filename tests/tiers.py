@@ -66,6 +66,7 @@ FILE_TIERS: dict[str, str] = {
     "train/test_preemption.py": "integration",
     "train/test_train_e2e.py": "integration",
     "train/test_sharded_checkpoints.py": "integration",
+    "train/test_sizing.py": "integration",  # the sizer's process with libtpu
     # the Kubernetes API server (tests/cluster/kube.py) and the chart installed on it
     "deploy/test_kube_server.py": "cluster",
     "deploy/test_node_pools.py": "cluster",

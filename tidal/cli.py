@@ -343,6 +343,26 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_size(args: argparse.Namespace) -> int:
+    from tidal.train.sizing import compiled_decides, size_pipeline
+
+    with compiled_decides():  # the compiler decides, not the analytical plan recipe validation uses
+        pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
+    sizings = size_pipeline(pipe, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps([s.as_json() for s in sizings], indent=1))
+    elif not sizings:
+        acc = pipe.recipe.train.resources.accelerator
+        print(f"recipe {pipe.recipe.name}: training runs on {acc.kind}, nothing to size against (set "
+              "train.resources.accelerator to a TPU slice or GPUs)")
+    for sizing in sizings:
+        if not args.json:
+            print("\n".join(sizing.describe()))
+        if not sizing.fits:
+            print(f"error: {sizing.refusal_line()}", file=sys.stderr)
+    return 0 if all(s.fits for s in sizings) else 1
+
+
 def _cmd_recipe_schema(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_reference(Recipe.model_json_schema()), end="")
@@ -411,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     failures.add_argument("--limit", type=int, default=1000, help="newest N failures")
     failures.add_argument("--json", action="store_true", help="print the records as JSON")
     failures.set_defaults(func=_cmd_failures)
+    size = with_set(add("size", _cmd_size, "size each train step for its accelerator before booking it: HBM, FLOPs, "
+                        "collectives, step time and MFU per chip (a TPU slice: compiled ahead of time on this CPU); "
+                        "exit 1 when it does not fit"))
+    size.add_argument("--json", action="store_true", help="print the sizings as JSON")
     base = add("baseline", _cmd_baseline, "write the recipe's baseline (stats, loss curve) from a committed run")
     base.add_argument("--from-run", help="MLflow run key of the known-good run (default: current step ids)")
     base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")
@@ -436,6 +460,7 @@ USER_ERRORS = frozenset({
     "PermissionError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",  # a root or cache not writable
     "DiskFull",  # tidal/storage/disk.py: the message says where and what to do
     "CheckpointMismatch",  # tidal export / sample: a checkpoint that does not fit its step's config
+    "SizingError", "UnknownChip",  # tidal size: the sizer process failed; an accelerator with no constants
 })
 
 

@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     train_profile_steps: str | None = _env(
         "TIDAL_TRAIN_PROFILE_STEPS", "FIRST:LAST training steps to trace with jax.profiler (profile_trace/)",
         default=None)
+    libtpu_dir: str | None = _env(
+        "TIDAL_LIBTPU_DIR", "folder holding the libtpu package the sizer compiles with (tidal size; default "
+        "~/.cache/tidal/tools/libtpu-<version>, made by tools/tpu/install.sh)", default=None)
+    sizing_cache: str | None = _env(
+        "TIDAL_SIZING_CACHE", "where sizings are kept by content (default ~/.cache/tidal/sizing)", default=None)
     hold_before_marker: str | None = _env(
         "TIDAL_STORAGE_HOLD_BEFORE_MARKER", "tests only: a file to create, then pause before _SUCCESS", default=None)
 

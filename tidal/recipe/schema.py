@@ -29,7 +29,7 @@ from tidal.quality.licences import Use, gate_problems
 from tidal.recipe.data import EvaluationConfig, LicenceTable, Source, licences_section
 from tidal.recipe.operations import SCHEDULE_PRESETS, BaselineConfig, BeamConfig, StorageConfig
 from tidal.recipe.training import TrainSection
-from tidal.train.memory import check_recipe
+from tidal.train.sizing import check_recipe_fits
 
 # A source's name becomes step names (``fetch-<name>``), task ids, path components, metric keys
 # (``eval_loss/<name>``) and MLflow run names: letters, digits, '_' and '-', starting with a letter
@@ -158,7 +158,7 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _training_fits(self) -> Recipe:
-        check_recipe(self)  # MemoryPlanError (a ValueError) names every term in GiB and the capacity
+        check_recipe_fits(self)  # MemoryPlanError (a ValueError): the compiled sizing's figure or every analytical term
         return self
 
     @model_validator(mode="after")

@@ -134,6 +134,59 @@ class Run:
         return model_flops_utilisation(tokens_per_s, self.model_cfg, self.context, self.peak)
 
 
+def _loss_parts(model_cfg: ModelShape) -> Callable:
+    """``loss_parts(params, batch) -> (loss, parts)``: the training loss and, for MoE models, its parts
+    (cross-entropy, load-balancing and z losses, dropped fraction); otherwise ``{"ce": ...}``."""
+    with_parts = getattr(modellib, "loss_and_metrics", None)
+    moe = bool(getattr(model_cfg, "n_moe_layers", 0))
+
+    def loss_parts(params, batch):
+        if with_parts is None:
+            return modellib.next_token_loss(params, model_cfg, batch), {}
+        loss, parts = with_parts(params, model_cfg, batch)
+        return loss, (dict(parts) if moe else {"ce": parts["ce"]})
+
+    return loss_parts
+
+
+def train_functions(cfg: TrainStepConfig, model_cfg: ModelShape, context: int) -> tuple[Callable, Callable, Any,
+                                                                                      Callable]:
+    """The pure functions of one training run, before any mesh or data: ``(init, step_fn, tx, schedule)``.
+
+    ``init(key) -> {"params", "opt_state"}``; ``step_fn(state, batch, index) -> (state, stats)`` with
+    ``batch`` int32 ``[B, S]`` token ids (``S = context + 1``) and stats ``loss``, ``grad_norm``, ``lr``
+    (and the MoE loss parts); ``tx`` the optax transformation; ``schedule(index)`` the learning rate.
+    A continued run's schedule follows ``cfg.continue_from`` (a rewarm restarts it over the new updates;
+    a decay branch decays from the parent's step). Shared by :func:`build` (training and profiling) and
+    the ahead-of-time sizer (:mod:`tidal.train.aot`), so what is sized is what trains.
+    """
+    ref = cfg.continue_from
+    if ref is not None and ref.schedule == "rewarm":  # a new schedule over the new updates, fresh Adam state
+        tx, new_schedule = make_optimizer(cfg.optimizer, cfg.steps - ref.checkpoint_step)
+        schedule = lambda index: new_schedule(index - ref.checkpoint_step)
+    elif ref is not None and ref.schedule == "decay":  # a WSD trunk's decay branch: decay from its checkpoint on
+        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps, decay_start=ref.checkpoint_step)
+    else:
+        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
+    loss_parts = _loss_parts(model_cfg)
+    moe = bool(getattr(model_cfg, "n_moe_layers", 0))
+
+    def init(key):
+        params = init_params(model_cfg, key, context)
+        return {"params": params, "opt_state": tx.init(params)}
+
+    def step_fn(state, batch, index):
+        (loss, parts), grads = jax.value_and_grad(loss_parts, has_aux=True)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
+        if moe:  # cross-entropy, load-balancing and z losses, dropped fraction
+            stats |= parts
+        return {"params": params, "opt_state": opt_state}, stats
+
+    return init, step_fn, tx, schedule
+
+
 def step_seed(spec: dict[str, Any], where: str | Path = SPEC) -> int:
     """The step seed of ``spec``: derived by the runner from the recipe seed and the step name,
     written by :func:`tidal.train.write_spec`. Never defaulted: a missing seed would silently
@@ -195,41 +248,13 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
               f"of each batch of {cfg.batch_size}", flush=True)
     eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
                  for src, shards in data.evals.items()}
-    if ref is not None and ref.schedule == "rewarm":  # a new schedule over the new updates, fresh Adam state
-        tx, new_schedule = make_optimizer(cfg.optimizer, cfg.steps - ref.checkpoint_step)
-        schedule = lambda index: new_schedule(index - ref.checkpoint_step)
-    elif ref is not None and ref.schedule == "decay":  # a WSD trunk's decay branch: decay from its checkpoint on
-        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps, decay_start=ref.checkpoint_step)
-    else:
-        tx, schedule = make_optimizer(cfg.optimizer, cfg.steps)
-
-    def init(key):
-        params = init_params(model_cfg, key, context)
-        return {"params": params, "opt_state": tx.init(params)}
-
+    init, step_fn, tx, schedule = train_functions(cfg, model_cfg, context)
     key = jax.random.key(_seed32(seed, 0))
     abstract = jax.eval_shape(init, key)
     heads = (model_cfg.n_heads, model_cfg.kv_heads)
     shardings = meshlib.state_shardings(abstract, mesh, heads)
     replicated = meshlib.replicated(mesh)
-    with_parts = getattr(modellib, "loss_and_metrics", None)
-    moe = bool(getattr(model_cfg, "n_moe_layers", 0))
-
-    def loss_parts(params, batch):
-        if with_parts is None:
-            return modellib.next_token_loss(params, model_cfg, batch), {}
-        loss, parts = with_parts(params, model_cfg, batch)
-        return loss, (dict(parts) if moe else {"ce": parts["ce"]})
-
-    def step_fn(state, batch, index):
-        (loss, parts), grads = jax.value_and_grad(loss_parts, has_aux=True)(state["params"], batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
-        if moe:  # cross-entropy, load-balancing and z losses, dropped fraction
-            stats |= parts
-        return {"params": params, "opt_state": opt_state}, stats
-
+    loss_parts = _loss_parts(model_cfg)
     # Donating the old state halves state memory on GPU/TPU; on CPU a checkpoint's host copy may
     # alias the device buffer, so the CPU step keeps its input.
     donate = (0,) if jax.default_backend() != "cpu" else ()

@@ -1,0 +1,423 @@
+"""Size a training run before booking a chip: HBM, FLOPs, collectives, step time and MFU per chip.
+
+A TPU run is sized from its real train step compiled ahead of time for its slice
+(:mod:`tidal.train.aot`, in a process of its own that loads libtpu from ``TIDAL_LIBTPU_DIR``, which
+``tools/tpu/install.sh`` fills); everything else, and a TPU run on a machine without libtpu, from the
+analytical plan of :mod:`tidal.train.memory` and :mod:`tidal.train.flops`, and the record says which.
+
+A sizing is a pure function of its request (the train step's config, vocabulary, context, the slice, the
+versions of jax, libtpu and this module's record), so it is kept by that content under
+``TIDAL_SIZING_CACHE``: a second ``tidal size`` or ``tidal plan`` of the same recipe compiles nothing.
+
+The predicted step time is a roofline with no overlap of communication (so it errs long):
+``max(flops / peak, bytes accessed / HBM bandwidth) + wire bytes / ICI bandwidth``, each per chip (chip
+constants: :mod:`tidal.train.chips`). MFU is the model's FLOPs per step (:func:`tidal.train.flops.flops_per_token`
+times tokens, the count MFU uses everywhere in tidal; PaLM, Appendix B) over that time at peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tidal.launch.resources import tpu_slice
+from tidal.settings import current
+from tidal.train.chips import Chip, chip
+from tidal.train.flops import flops_per_token
+from tidal.train.memory import MemoryPlanError, MeshShape, check_recipe, default_mesh, plan_memory
+
+RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning: it is part of the cache key
+LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
+COMPILE_TIMEOUT_S = 3600.0
+# what of a train config the compiled step depends on (its input step names, seed and schedule's parent do not)
+SIZED_FIELDS = ("model", "optimizer", "steps", "batch_size", "mesh")
+GIB, MIB = 2**30, 2**20
+# the TPU compiler's refusal: "... the total memory required for HLO temporaries (77.81G) exceeds available HBM"
+_TEMPORARIES = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class SizingError(RuntimeError):
+    """The sizer could not run (its process failed or timed out); the message says why and where."""
+
+
+class SizingRefused(ValueError):
+    """The run does not fit its chips; one line naming the chip, the figure, its largest part and what to change."""
+
+
+def libtpu_dir() -> Path:
+    """Where the sizer finds the ``libtpu`` package: ``TIDAL_LIBTPU_DIR`` or tools/tpu/install.sh's folder."""
+    configured = current().libtpu_dir
+    return Path(configured) if configured else Path.home() / ".cache" / "tidal" / "tools" / f"libtpu-{LIBTPU_VERSION}"
+
+
+def libtpu_installed() -> bool:
+    """True when :func:`libtpu_dir` holds ``libtpu/libtpu.so``."""
+    return (libtpu_dir() / "libtpu" / "libtpu.so").is_file()
+
+
+def request(train: Any, vocab_size: int, context: int, accelerator: Any) -> dict[str, Any]:
+    """The content a sizing is a function of: the train config's :data:`SIZED_FIELDS`, the vocabulary,
+    the context, the accelerator and the versions of what compiles it.
+
+    Args:
+        train: the recipe's ``train`` section or a train step's parsed config (:class:`tidal.train.config.TrainConfig`).
+        vocab_size: the tokenizer's vocabulary size.
+        context: tokens per sequence the model sees (``tokenize.seq_len - 1``).
+        accelerator: the recipe's ``train.resources.accelerator`` (:class:`tidal.launch.config.AcceleratorConfig`).
+    """
+    acc = {"kind": accelerator.kind, "type": accelerator.type, "topology": accelerator.topology,
+           "slices": accelerator.slices, "count": accelerator.count, "nodes": accelerator.nodes}
+    if accelerator.kind in ("tpu", "gpu"):
+        acc["chip"] = chip(accelerator.type).name
+    config = train.model_dump(mode="json", include=set(SIZED_FIELDS))
+    return {"config": config, "vocab_size": int(vocab_size), "context": int(context), "accelerator": acc,
+            "versions": {"record": RECORD_VERSION, "jax": _jax_version(), "libtpu": LIBTPU_VERSION}}
+
+
+@functools.cache
+def _jax_version() -> str:
+    return metadata.version("jax")  # without importing jax
+
+
+def request_key(req: dict[str, Any]) -> str:
+    """sha256 of the request's canonical JSON: the sizing's cache key."""
+    return hashlib.sha256(json.dumps(req, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _cache_dir() -> Path:
+    configured = current().sizing_cache
+    return Path(configured) if configured else Path.home() / ".cache" / "tidal" / "sizing"
+
+
+def _sizer_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(libtpu_dir()), env.get("PYTHONPATH", "")) if p)
+    # libtpu's one-process-per-machine lock guards real chips; compile-only devices need none, and a
+    # lockfile left by a killed sizer would make the next one fail
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    return env
+
+
+def cached_record(req: dict[str, Any]) -> dict[str, Any] | None:
+    """The compiler's record for ``req`` if a sizing of it is in the cache, else None (nothing is compiled)."""
+    path = _cache_dir() / f"{request_key(req)}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def compiled_record(req: dict[str, Any], *, timeout_s: float = COMPILE_TIMEOUT_S,
+                    progress: Any = None) -> tuple[dict[str, Any], bool]:
+    """The compiler's record for a TPU request, from the cache or a sizer process; ``(record, cached)``.
+
+    Raises:
+        SizingError: the sizer process failed or ran past ``timeout_s`` (its last lines in the message).
+    """
+    path = _cache_dir() / f"{request_key(req)}.json"
+    cached = cached_record(req)
+    if cached is not None:
+        return cached, True
+    acc = req["accelerator"]
+    if progress is not None:
+        progress(f"sizing: compiling the train step for {acc['chip']} {acc['topology']} ahead of time "
+                 f"(libtpu {LIBTPU_VERSION}; seconds for small models, minutes for billions of parameters)")
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "tidal.train.aot"], input=json.dumps(req), env=_sizer_env(),
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise SizingError(f"the sizer compiled for {acc['chip']} {acc['topology']} for more than {timeout_s:.0f} s "
+                          "and was stopped") from None
+    line = next((x for x in done.stdout.splitlines() if x.startswith("SIZING ")), None)
+    if done.returncode != 0 or line is None:
+        tail = "; ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise SizingError(f"the sizer (python -m tidal.train.aot) exited {done.returncode}: {tail[-800:]}")
+    record = json.loads(line.removeprefix("SIZING "))
+    record["wall_s"] = round(time.monotonic() - started, 1)
+    if "error" not in record:  # a config the slice refuses is not kept: the recipe will change
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record, sort_keys=True))
+        tmp.replace(path)
+    return record, False
+
+
+@dataclass
+class Sizing:
+    """One train step sized for its accelerator: bytes per chip, FLOPs, collectives and the prediction.
+
+    Attributes:
+        step: the train step's name.
+        chip: the chip's constants.
+        where: ``"v5e 4x4 (16 chips, 4 hosts)"``.
+        method: ``"compiled"`` (the TPU compiler's figures) or ``"analytical"`` (:mod:`tidal.train.memory`).
+        note: why a sizing is analytical, or ``""``.
+        mesh: the mesh sizes the step was sized on.
+        chips: chips of the run (all slices).
+        parts: bytes per chip by part: ``params``, ``optimizer``, ``batch and outputs``, ``temporaries``
+            (compiled: activations, gradients and scratch) or ``gradients``, ``activations`` (analytical).
+        total_bytes: peak bytes per chip.
+        flops_per_chip: FLOPs of one step on one chip (compiled, or analytical when not compiled).
+        model_flops_per_chip: the model's FLOPs per step per chip (:func:`tidal.train.flops.flops_per_token`).
+        bytes_accessed: HBM bytes one chip reads and writes per step (compiled only; 0 otherwise).
+        collectives: per kind ``{"count", "buffer_bytes", "wire_bytes"}`` per chip (compiled only).
+        tokens_per_step: ``batch_size * context``.
+        refusal: the TPU compiler's own refusal line, or None.
+        compile_s: seconds the compile took when it ran (the cached figure on a cache hit).
+        cached: True when the record came from the sizing cache.
+        sequences_per_chip: sequences of the global batch one chip computes (``batch / (data * fsdp)``).
+    """
+
+    step: str
+    chip: Chip
+    where: str
+    method: str
+    note: str
+    mesh: dict[str, int]
+    chips: int
+    parts: dict[str, int]
+    total_bytes: int
+    flops_per_chip: float
+    model_flops_per_chip: float
+    tokens_per_step: int
+    bytes_accessed: float = 0.0
+    collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    refusal: str | None = None
+    compile_s: float | None = None
+    cached: bool = False
+    sequences_per_chip: int = 0
+
+    @property
+    def fits(self) -> bool:
+        """True when the compiler accepted the step and its peak is within one chip's HBM."""
+        return self.refusal is None and self.total_bytes <= self.chip.hbm_bytes
+
+    @property
+    def compiled(self) -> bool:
+        """True when the figures are the compiled program's (the TPU compiler accepted it)."""
+        return self.method == "compiled" and self.refusal is None
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one chip sends per step over all collectives (ring model, :mod:`tidal.train.aot`)."""
+        return sum(row["wire_bytes"] for row in self.collectives.values())
+
+    @property
+    def predicted(self) -> dict[str, float]:
+        """``compute_s``, ``hbm_s``, ``collective_s``, ``step_s`` (seconds per step), ``mfu`` (fraction) and
+        ``tokens_per_s`` (all chips), by the roofline of the module docstring."""
+        c = self.chip
+        compute = self.flops_per_chip / c.peak_bf16_flops
+        hbm = self.bytes_accessed / c.hbm_bytes_per_s
+        wire = self.wire_bytes / c.ici_bytes_per_s
+        step = max(compute, hbm) + wire
+        return {"compute_s": compute, "hbm_s": hbm, "collective_s": wire, "step_s": step,
+                "mfu": self.model_flops_per_chip / (step * c.peak_bf16_flops) if step > 0 else 0.0,
+                "tokens_per_s": self.tokens_per_step / step if step > 0 else 0.0}
+
+    def largest_part(self) -> tuple[str, int]:
+        """The part with the most bytes per chip: ``(name, bytes)``."""
+        return max(self.parts.items(), key=lambda kv: kv[1])
+
+    def refusal_line(self) -> str:
+        """One line: the chip, the figure, its largest part and what to change (for a run that does not fit)."""
+        part, size = self.largest_part()
+        if part in ("params", "optimizer", "gradients"):
+            change = ("shard the state over more chips (a larger topology, or train.mesh with more fsdp) or use a "
+                      "smaller model")
+        else:
+            change = (f"cut train.batch_size ({self.sequences_per_chip} sequences per chip now) or "
+                      "tokenize.seq_len, or spread the batch over more chips (a larger topology)")
+        figure = (f"the TPU compiler refused it ({self.refusal})" if self.refusal is not None else
+                  f"it needs {self.total_bytes / GIB:.2f} GiB per chip")
+        return (f"{self.step} on {self.where} does not fit: {figure}; {self.chip.name} has "
+                f"{self.chip.hbm_bytes / GIB:.2f} GiB HBM per chip; largest part {part} {size / GIB:.2f} GiB per chip; "
+                f"{change}")
+
+    def describe(self) -> list[str]:
+        """The sizing as lines of text (``tidal size`` and ``tidal plan`` print them)."""
+        m = self.mesh
+        lines = [(f"{self.step}  {self.where}, mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}, "
+                  f"{self.tokens_per_step:,} tokens per step")]
+        how = (f"compiled for {self.chip.name} by libtpu {LIBTPU_VERSION}"
+               + (f" in {self.compile_s:.0f} s" if self.compile_s is not None else "")
+               + (" (cached)" if self.cached else "")) if self.method == "compiled" else f"analytical: {self.note}"
+        lines.append(f"  {how}")
+        if self.refusal is not None:
+            lines.append(f"  the compiler refused it: {self.refusal}")
+        else:
+            parts = " + ".join(f"{name} {_size(size)}" for name, size in self.parts.items())
+            share = self.total_bytes / self.chip.hbm_bytes
+            lines.append(f"  HBM per chip: {parts} = {_size(self.total_bytes)} of {_size(self.chip.hbm_bytes)} "
+                         f"({share:.1%})")
+        ratio = self.flops_per_chip / self.model_flops_per_chip if self.model_flops_per_chip else float("nan")
+        flops = (f"{self.flops_per_chip:.3g} compiled, {self.model_flops_per_chip:.3g} the model's "
+                 f"(x{ratio:.2f}: recomputation, softmax, norms, optimizer)") if self.compiled else \
+            f"{self.model_flops_per_chip:.3g} (the model's)"
+        lines.append(f"  FLOPs per chip per step: {flops}")
+        if self.collectives:
+            kinds = ", ".join(f"{kind} {int(row['count'])}x {row['wire_bytes'] / MIB:.1f} MiB"
+                              for kind, row in self.collectives.items() if row["count"])
+            lines.append(f"  collectives per chip per step (bytes on the wire): {kinds or 'none'}")
+        if self.compiled:
+            p = self.predicted
+            lines.append(f"  predicted step {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} at peak, "
+                         f"HBM {p['hbm_s'] * 1e3:.2f}, collectives {p['collective_s'] * 1e3:.2f}, not overlapped): "
+                         f"MFU {p['mfu']:.1%}, {p['tokens_per_s']:,.0f} tokens/s")
+        lines.append("  fits" if self.fits else "  does not fit")
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        """The sizing as a JSON-able dict (``tidal size --json``): every attribute, the chip's name, the
+        prediction and ``fits``."""
+        return {"step": self.step, "chip": self.chip.name, "where": self.where, "method": self.method,
+                "note": self.note, "mesh": self.mesh, "chips": self.chips, "parts_bytes": self.parts,
+                "total_bytes": self.total_bytes, "hbm_bytes": self.chip.hbm_bytes, "fits": self.fits,
+                "flops_per_chip": self.flops_per_chip, "model_flops_per_chip": self.model_flops_per_chip,
+                "bytes_accessed": self.bytes_accessed, "collectives": self.collectives,
+                "tokens_per_step": self.tokens_per_step, "predicted": self.predicted if self.fits else None,
+                "refusal": None if self.fits else self.refusal_line(), "compile_s": self.compile_s,
+                "cached": self.cached}
+
+
+def _size(n: float) -> str:
+    """Bytes as GiB from 1 GiB up, else MiB."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def _where(acc: dict[str, Any], chips: int) -> str:
+    if acc["kind"] == "tpu":
+        _, topo = tpu_slice(acc["type"], acc["topology"])
+        slices = f" x {acc['slices']} slices" if acc["slices"] > 1 else ""
+        hosts = topo.hosts * acc["slices"]
+        return (f"{acc['chip']} {acc['topology']}{slices} ({chips} chip{'s' if chips > 1 else ''}, "
+                f"{hosts} host{'s' if hosts > 1 else ''})")
+    return f"{acc['chip']} x {acc['count']} per node x {acc['nodes']} nodes ({chips} GPUs)"
+
+
+def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any = None,
+              timeout_s: float = COMPILE_TIMEOUT_S, record: tuple[dict[str, Any], bool] | None = None) -> Sizing:
+    """Size one train step from its :func:`request` (``model_cfg``: its :class:`tidal.train.flops.ModelShape`);
+    ``record``: the compiler's ``(record, cached)`` when the caller has it (else compiled or read here).
+
+    Raises:
+        SizingError: the sizer process failed.
+        tidal.train.config.ConfigError: the slice refuses the config (a mesh that does not divide it).
+        tidal.train.chips.UnknownChip: an accelerator with no constants.
+    """
+    from tidal.train.config import ConfigError
+
+    acc = req["accelerator"]
+    c = chip(acc["chip"])
+    cfg = req["config"]
+    batch, context = int(cfg["batch_size"]), req["context"]
+    tokens = batch * context
+    model_flops = flops_per_token(model_cfg, context) * tokens
+    if acc["kind"] == "tpu":
+        _, topo = tpu_slice(acc["type"], acc["topology"])
+        chips = topo.chips * acc["slices"]
+    else:
+        chips = acc["count"] * acc["nodes"]
+    where = _where(acc, chips)
+    if acc["kind"] == "tpu" and (record is not None or libtpu_installed()):
+        record, cached = record or compiled_record(req, timeout_s=timeout_s, progress=progress)
+        if "error" in record:
+            raise ConfigError(f"{step} on {where}: {record['error']}")
+        params, optimizer = record["params_bytes"], record["optimizer_bytes"]
+        if record["compiled"]:
+            args_out = record["argument_bytes"] + record["output_bytes"] - record["alias_bytes"]
+            parts = {"params": params, "optimizer": optimizer,
+                     "batch and outputs": max(args_out - params - optimizer, 0), "temporaries": record["temp_bytes"]}
+        else:  # what the compiler says the temporaries needed, when it says
+            parts = {"params": params, "optimizer": optimizer}
+            if match := _TEMPORARIES.search(record["compiler_refusal"]):
+                parts["temporaries"] = int(float(match.group(1)) * _UNIT[match.group(2)])
+        sizing = Sizing(step, c, where, "compiled", "", record["mesh"], chips, parts, sum(parts.values()),
+                        record.get("flops", model_flops / chips), model_flops / chips, tokens,
+                        record.get("bytes_accessed", 0.0), record.get("collectives", {}),
+                        None if record["compiled"] else record["compiler_refusal"], record.get("compile_s"), cached)
+    else:
+        note = ("libtpu is not installed (make tpu-tools, or set TIDAL_LIBTPU_DIR)" if acc["kind"] == "tpu" else
+                "GPU programs are not compiled here: the CUDA plugin needs a GPU to compile, so these are the "
+                "analytical estimate of tidal/train/memory.py")
+        requested = cfg.get("mesh")
+        mesh = default_mesh(chips, acc.get("slices", 1), requested)
+        plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, mesh=mesh, capacity_bytes=c.hbm_bytes)
+        parts = {"params": plan.params_bytes, "optimizer": plan.optimizer_bytes, "gradients": plan.grads_bytes,
+                 "activations": plan.activation_bytes}
+        sizing = Sizing(step, c, where, "analytical", note, _mesh_dict(mesh), chips, parts, plan.total_bytes,
+                        model_flops / chips, model_flops / chips, tokens)
+    sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"]))
+    return sizing
+
+
+_COMPILED_DECIDES: contextvars.ContextVar[bool] = contextvars.ContextVar("tidal_sizing_compiled_decides",
+                                                                         default=False)
+
+
+@contextlib.contextmanager
+def compiled_decides() -> Iterator[None]:
+    """While active, recipe validation does not refuse by the analytical plan: ``tidal size`` loads the
+    recipe so that the compiler decides (the analytical plan errs both ways: tidal/train/memory.py)."""
+    token = _COMPILED_DECIDES.set(True)
+    try:
+        yield
+    finally:
+        _COMPILED_DECIDES.reset(token)
+
+
+def check_recipe_fits(recipe: Any) -> None:
+    """Refuse a recipe whose training cannot fit its accelerator (recipe validation: ``tidal plan``, DAG
+    parsing). A TPU recipe sized by ``tidal size`` (its compiled sizing in the cache) is judged by the
+    compiler's figure; any other by the analytical plan (:func:`tidal.train.memory.check_recipe`). Nothing
+    is compiled here.
+
+    Raises:
+        tidal.train.memory.MemoryPlanError: naming the chip, the figure, its largest part and what to change.
+    """
+    acc = recipe.train.resources.accelerator
+    if acc.kind == "tpu":
+        req = request(recipe.train, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        record = cached_record(req)
+        if record is not None and "error" not in record:
+            sizing = size_step("train", req, recipe.train.model.shape(recipe.tokenizer.vocab_size),
+                               record=(record, True))
+            if not sizing.fits:
+                raise MemoryPlanError(f"{sizing.refusal_line()} (the compiled sizing of tidal size)")
+            return
+    if not _COMPILED_DECIDES.get():
+        check_recipe(recipe)
+
+
+def _mesh_dict(mesh: MeshShape) -> dict[str, int]:
+    return {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+
+
+def size_pipeline(pipe: Any, *, progress: Any = None) -> list[Sizing]:
+    """Size every train step of a loaded pipeline (:func:`tidal.core.load.load_pipeline`) whose recipe names a
+    TPU or GPU accelerator; ``[]`` for a CPU run (nothing to size against)."""
+    recipe = pipe.recipe
+    acc = recipe.train.resources.accelerator
+    if acc.kind not in ("tpu", "gpu"):
+        return []
+    out = []
+    for step in pipe.graph:
+        if step.kind != "train":
+            continue
+        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
+        req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        out.append(size_step(step.name, req, model_cfg, progress=progress))
+    return out
