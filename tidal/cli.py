@@ -59,6 +59,7 @@ from tidal.tracking.failures import (
     list_failures,
     record_failure,
 )
+from tidal.train.sizing import plan_lines
 
 
 def _check_bucket(storage) -> None:
@@ -136,6 +137,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "blocked": "waits on " + ", ".join(d.name for d in step.inputs if pipe.status(d.name) != "skip"),
         }[status]
         print(f"  {step.step_id:<{width}}  {status:<7}  {step.kind:<9}  {reason}")
+    for line in plan_lines(pipe):  # a GKE recipe's train steps sized for their chips (from the sizing cache)
+        print(line)
     return _print_mixture(pipe)
 
 

@@ -70,21 +70,40 @@ def test_a_small_model_is_compiled_for_a_v5e_slice_and_sized_per_chip_then_read_
     assert cached["cached"] and "compiling" not in again.stderr
     assert {k: v for k, v in cached.items() if k != "cached"} == {k: v for k, v in sizing.items() if k != "cached"}
     assert time.monotonic() - started < 30  # no compile: the CLI's own start-up
+    # and `tidal plan` of the same recipe shows it from the cache, compiling nothing
+    plan = tidal("plan", *args[1:-1], "--storage-root", env["TIDAL_SIZING_CACHE"], env=env)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    section = plan.stdout[plan.stdout.index("sizing (tidal size):"):]
+    assert "compiled for v5e by libtpu" in section and "(cached)" in section and "fits" in section, section
+    assert "compiling" not in plan.stderr
 
 
-def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_then_refuses_it_by_the_compiled_figure(env):
+def test_a_step_over_hbm_is_refused_with_one_error_line_plan_agrees_and_microbatches_make_it_fit(env):
     size = tidal("size", str(TINY), *V5E, *TOO_BIG, env=env)
     assert size.returncode == 1, size.stderr[-3000:]
     errors = [line for line in size.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in size.stderr, size.stderr
     [error] = errors
     assert "v5e 1x1" in error and "RESOURCE_EXHAUSTED" in error and "16.00 GiB HBM per chip" in error, error
-    assert "largest part temporaries" in error and "train.batch_size (256 sequences per chip now)" in error, error
+    assert "largest part temporaries" in error and "raise train.microbatches (each chip computes 256 sequences" in error
     assert "does not fit" in size.stdout
 
-    plan = tidal("plan", str(TINY), *V5E, *TOO_BIG, "--storage-root", str(env["TIDAL_SIZING_CACHE"]), env=env)
+    root = str(env["TIDAL_SIZING_CACHE"])
+    plan = tidal("plan", str(TINY), *V5E, *TOO_BIG, "--storage-root", root, env=env)
     assert plan.returncode == 2, plan.stdout[-2000:] + plan.stderr[-2000:]
     assert "the compiled sizing of tidal size" in plan.stderr and "RESOURCE_EXHAUSTED" in plan.stderr
+
+    # what the error line says to change: 8 microbatches (item 3) hold the activations of 32 sequences at once
+    eight = [*TOO_BIG, "--set", "train.microbatches=8"]
+    size = tidal("size", str(TINY), *V5E, *eight, "--json", env=env)
+    assert size.returncode == 0, size.stderr[-3000:]
+    [sizing] = json.loads(size.stdout)
+    assert sizing["fits"] and 12 * 2**30 < sizing["total_bytes"] < sizing["hbm_bytes"], sizing["parts_bytes"]
+    # the scan's body runs 8 times: its FLOPs are counted 8 times (XLA's cost analysis counts a body once)
+    assert 0.9 < sizing["flops_per_chip"] / sizing["model_flops_per_chip"] < 1.3, sizing
+    assert 0 < sizing["predicted"]["mfu"] < 1
+    plan = tidal("plan", str(TINY), *V5E, *eight, "--storage-root", root, env=env)
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
 
 
 def test_without_libtpu_a_tpu_run_is_sized_by_the_analytical_plan_and_says_why(env, tmp_path):
@@ -121,6 +140,21 @@ ENTRY %main (p: bf16[256,64]) -> f32[4,128] {
 """
 
 
+LOOP_HLO = """\
+%fused_gather (p: f32[4,8]) -> f32[16,8] {
+  %g = f32[16,8]{1,0} all-gather(f32[4,8]{1,0} %p), replica_groups=mesh['axis_0'=4] {'axis_0'}, dimensions={0}
+}
+%body (t: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+  %g2 = f32[16,8]{1,0} all-gather(f32[4,8]{1,0} %x), replica_groups=mesh['axis_0'=4] {'axis_0'}, dimensions={0}
+  %f = f32[16,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_gather
+}
+ENTRY %main (p: f32[4,8]) -> f32[16,8] {
+  %w = (s32[], f32[4,8]) while(%t), condition=%cond, body=%body
+  ROOT %g3 = f32[16,8]{1,0} all-gather(f32[4,8]{1,0} %p), replica_groups=mesh['axis_0'=4] {'axis_0'}, dimensions={0}
+}
+"""
+
+
 def test_collectives_are_read_in_each_replica_group_form_and_fused_reduce_scatters_count_once():
     out = collectives(HLO, devices=8)
     gathered = 1024 * 64 * 2
@@ -130,3 +164,6 @@ def test_collectives_are_read_in_each_replica_group_form_and_fused_reduce_scatte
     assert out["reduce-scatter"] == {"count": 1, "buffer_bytes": 4 * 4 * 128 * 4, "wire_bytes": 0.75 * 4 * 4 * 128 * 4}
     assert out["all-reduce"]["count"] == 0
     assert out["all-to-all"] == {"count": 1, "buffer_bytes": 256, "wire_bytes": 256 * 7 / 8}
+    # a collective in a while loop's body (the microbatch scan) and in a fusion that body calls: once per pass
+    looped = collectives(LOOP_HLO, devices=4, loop_passes=8)
+    assert looped["all-gather"]["count"] == 2 * 8 + 1 and looped["all-reduce"]["count"] == 0, looped

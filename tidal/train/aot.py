@@ -43,6 +43,8 @@ _LIST_GROUPS = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([\w.-]+)\s")
 # TPU reduce-scatters are custom fusions: `fusion(...), kind=kCustom, calls=%all-reduce-scatter.3`
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%([\w.-]+)")
+_BODY = re.compile(r"\bwhile\(.*body=%([\w.-]+)")
 _FUSED_SCATTER = re.compile(r"=\s*(?P<result>.+?)\s+fusion\(.*calls=%(?P<comp>all-reduce-scatter[\w.-]*)")
 
 
@@ -64,40 +66,54 @@ def _group_size(line: str, devices: int) -> int | None:
     return None
 
 
-def collectives(hlo_text: str, devices: int) -> dict[str, dict[str, float]]:
+def collectives(hlo_text: str, devices: int, loop_passes: int = 1) -> dict[str, dict[str, float]]:
     """Collectives of an optimized HLO module, by kind: ``{"all-gather": {"count", "buffer_bytes",
-    "wire_bytes"}, ...}`` per chip (formulas in the module docstring). Each instruction counts once: tidal's
-    model unrolls its layers, so its step has no loop around a collective. A TPU reduce-scatter is a custom
+    "wire_bytes"}, ...}`` per chip (formulas in the module docstring). Each instruction counts once, or
+    ``loop_passes`` times inside the one loop a step has (the microbatch scan; tidal's model unrolls its
+    layers). A TPU reduce-scatter is a custom
     fusion calling an ``all-reduce-scatter`` computation: its call counts, with the scattered result times
     the group as its buffer, and the all-reduce inside that computation does not.
 
     Args:
         hlo_text: ``compiled.as_text()`` of one device's program.
         devices: devices of the program (the group of an instruction that names none).
+        loop_passes: times the program's while loop runs (the microbatch scan): what a loop body and the
+            computations it calls hold counts that many times.
     """
     out = {kind: {"count": 0, "buffer_bytes": 0, "wire_bytes": 0.0} for kind in COLLECTIVES}
     scatter_groups: dict[str, int] = {}
+    calls: dict[str, set[str]] = {}
+    bodies: set[str] = set()
     lines, computation = [], ""
     for line in hlo_text.splitlines():
         if match := _COMPUTATION.match(line):
             computation = match.group(1)
         lines.append((computation, line))
+        calls.setdefault(computation, set()).update(_CALLED.findall(line))
+        bodies.update(_BODY.findall(line))
         if computation.startswith("all-reduce-scatter") and (n := _group_size(line, devices)):
             scatter_groups[computation] = n
+    in_loop, todo = set(), list(bodies)
+    while todo:
+        name = todo.pop()
+        if name not in in_loop:
+            in_loop.add(name)
+            todo.extend(calls.get(name, ()))
 
-    def add(kind: str, buffer: int, n: int) -> None:
+    def add(kind: str, buffer: int, n: int, times: int) -> None:
         row = out[kind]
-        row["count"] += 1
-        row["buffer_bytes"] += buffer
-        row["wire_bytes"] += (2 if kind == "all-reduce" else 1) * (n - 1) / n * buffer
+        row["count"] += times
+        row["buffer_bytes"] += times * buffer
+        row["wire_bytes"] += times * (2 if kind == "all-reduce" else 1) * (n - 1) / n * buffer
 
     for computation, line in lines:
+        times = loop_passes if computation in in_loop else 1
         if computation.startswith("all-reduce-scatter"):
             continue
         if match := _FUSED_SCATTER.search(line):
             n = scatter_groups.get(match.group("comp"), devices)
             if n > 1:
-                add("reduce-scatter", n * sum(_array_bytes(match.group("result"))), n)
+                add("reduce-scatter", n * sum(_array_bytes(match.group("result"))), n, times)
             continue
         match = _INSTRUCTION.search(line)
         if match is None:
@@ -110,11 +126,11 @@ def collectives(hlo_text: str, devices: int) -> dict[str, dict[str, float]]:
         # an all-gather's buffer is what it gathers to (its largest result: an async start's tuple holds the
         # operand too), a reduce-scatter's what it is given (n times its result); the others' their result
         if kind == "all-gather":
-            add(kind, max(result), n)
+            add(kind, max(result), n, times)
         elif kind == "reduce-scatter":
-            add(kind, n * max(result), n)
+            add(kind, n * max(result), n, times)
         else:
-            add(kind, sum(result), n)
+            add(kind, sum(result), n, times)
     return out
 
 
@@ -172,6 +188,7 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
         sizes = meshlib.mesh_shape(len(devices), requested, request["accelerator"].get("slices", 1))
         mesh = meshlib.make_mesh(sizes, devices)
         meshlib.check_batch(cfg.batch_size, mesh)
+        meshlib.check_batch(cfg.batch_size // cfg.microbatches, mesh)
     except ValueError as err:  # MeshError, a vocabulary the model refuses
         raise ConfigError(f"train: {err}") from None
     init, step_fn, _, _ = train_functions(cfg, model_cfg, context)
@@ -202,11 +219,15 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    # XLA's cost analysis counts a loop body once: with microbatches the step is that many passes of the scan's
+    # body, so its FLOPs and bytes are scaled by them (counting the one update m times too: an upper bound)
+    passes = cfg.microbatches
     return {**record, "compiled": True, "compile_s": round(time.monotonic() - started, 1),
             "argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
             "alias_bytes": int(memory.alias_size_in_bytes), "temp_bytes": int(memory.temp_size_in_bytes),
-            "flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-            "collectives": collectives(compiled.as_text(), len(devices))}
+            "flops": passes * float(cost.get("flops", 0.0)),
+            "bytes_accessed": passes * float(cost.get("bytes accessed", 0.0)),
+            "collectives": collectives(compiled.as_text(), len(devices), loop_passes=passes)}
 
 
 def main() -> int:

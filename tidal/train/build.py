@@ -149,6 +149,31 @@ def _loss_parts(model_cfg: ModelShape) -> Callable:
     return loss_parts
 
 
+def accumulated_value_and_grad(value_and_grad: Callable, microbatches: int) -> Callable:
+    """``value_and_grad(params, batch)`` over ``microbatches`` equal parts of ``batch`` accumulated in a
+    ``lax.scan``: the mean of their losses, parts and gradients, which is the whole batch's (every sequence
+    has the same number of predicted tokens, so the mean of the parts' means is the batch's mean), with the
+    activations of one part alive at a time. Part ``j`` holds rows ``j, j + m, j + 2m, ...``: with the batch
+    sharded over ``data x fsdp`` in contiguous blocks, every device keeps its own rows (no resharding) when
+    ``batch_size / microbatches`` divides over them (:func:`tidal.train.build.build` checks it)."""
+    if microbatches == 1:
+        return value_and_grad
+    import jax.numpy as jnp
+
+    def accumulated(params, batch):
+        parts = batch.reshape(batch.shape[0] // microbatches, microbatches, batch.shape[1]).swapaxes(0, 1)
+        shapes = jax.eval_shape(value_and_grad, params, parts[0])
+        zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
+
+        def add(total, part):
+            return jax.tree.map(jnp.add, total, value_and_grad(params, part)), None
+
+        total, _ = jax.lax.scan(add, zeros, parts)
+        return jax.tree.map(lambda leaf: leaf / microbatches, total)
+
+    return accumulated
+
+
 def train_functions(cfg: TrainStepConfig, model_cfg: ModelShape, context: int) -> tuple[Callable, Callable, Any,
                                                                                       Callable]:
     """The pure functions of one training run, before any mesh or data: ``(init, step_fn, tx, schedule)``.
@@ -175,8 +200,10 @@ def train_functions(cfg: TrainStepConfig, model_cfg: ModelShape, context: int) -
         params = init_params(model_cfg, key, context)
         return {"params": params, "opt_state": tx.init(params)}
 
+    grads_of = accumulated_value_and_grad(jax.value_and_grad(loss_parts, has_aux=True), cfg.microbatches)
+
     def step_fn(state, batch, index):
-        (loss, parts), grads = jax.value_and_grad(loss_parts, has_aux=True)(state["params"], batch)
+        (loss, parts), grads = grads_of(state["params"], batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         stats = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(index)}
@@ -230,6 +257,7 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
         sizes = meshlib.mesh_shape(jax.device_count(), requested, meshlib.slice_count())
         mesh = meshlib.make_mesh(sizes)
         meshlib.check_batch(cfg.batch_size, mesh)
+        meshlib.check_batch(cfg.batch_size // cfg.microbatches, mesh)  # each microbatch over every device
     except ValueError as err:  # a vocabulary size pydantic refuses, MeshError
         raise ConfigError(f"{where}: {err}") from None
     seq_len = data.train.seq_len

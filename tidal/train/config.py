@@ -191,6 +191,10 @@ class TrainConfig(Strict):
     batch_size: PositiveInt = Field(
         default=16, le=MAX_BATCH_SIZE, description=f"sequences per update (all devices); at most "
         f"{MAX_BATCH_SIZE:,} (32x the largest published batches: a larger value is a typo)")
+    microbatches: PositiveInt = Field(
+        default=1, description="split each step's batch into this many microbatches whose gradients are "
+        "accumulated in a scan before the one update: the same update (within float32 rounding) with the "
+        "activations of batch_size / microbatches sequences; must divide batch_size")
     checkpoint_every: PositiveInt = Field(default=50, description="steps between checkpoints")
     keep_checkpoints: PositiveInt = Field(default=2, description="newest checkpoints kept on disk")
     eval_every: PositiveInt = Field(default=50, description="steps between held-out evaluations")
@@ -214,6 +218,8 @@ class TrainConfig(Strict):
     def _warmup_below_steps(self) -> TrainConfig:
         # checked where the recipe (or a trigger's train_steps override) is loaded, not by the trainer
         # after every data step ran: a schedule whose warmup never ends is a mistake in the recipe
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"microbatches ({self.microbatches}) must divide batch_size ({self.batch_size})")
         if self.optimizer.warmup_steps >= self.steps:
             raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be below "
                              f"steps ({self.steps})")
@@ -232,8 +238,9 @@ class TrainConfig(Strict):
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
         # unset optional fields stay out of the step config, so existing recipes keep their step ids
         # (decay_branches: the recipe's TrainSection, tidal/recipe/training.py; one serializer per model tree)
-        return omit_unused(handler(self), dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
-                                                          "continue_from", "block_reads", "decay_branches")))
+        return omit_unused(handler(self), {**dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
+                                                             "continue_from", "block_reads", "decay_branches")),
+                                           "microbatches": 1})
 
 
 class TrainStepConfig(TrainConfig):
@@ -259,7 +266,7 @@ class TrainStepConfig(TrainConfig):
         # dump is the planned config, so spec.json holds what was hashed
         return omit_unused(handler(self), {**dict.fromkeys(("checkpoint_permanent_every", "mesh", "divergence",
                                                             "continue_from", "block_reads", "seed")),
-                                           "heldout_data": {}})
+                                           "heldout_data": {}, "microbatches": 1})
 
     @model_validator(mode="after")
     def _continues_forward(self) -> TrainStepConfig:

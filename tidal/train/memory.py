@@ -145,7 +145,7 @@ def activation_elements_per_token_layer(cfg: ModelShape, layer: int, seq_len: in
 def plan_memory(cfg: ModelShape, *, batch_size: int, seq_len: int, mesh: MeshShape, capacity_bytes: int,
                 device: str = "device", param_dtype: str = "float32", compute_dtype: str | None = None,
                 remat: bool | None = None, flash: bool | None = None,
-                usable_fraction: float = USABLE_FRACTION) -> MemoryPlan:
+                usable_fraction: float = USABLE_FRACTION, microbatches: int = 1) -> MemoryPlan:
     """Estimate per-device bytes of one training step (formulas in the module docstring).
 
     Args:
@@ -157,6 +157,8 @@ def plan_memory(cfg: ModelShape, *, batch_size: int, seq_len: int, mesh: MeshSha
         capacity_bytes: memory of one device, bytes.
         device: label of the device for messages.
         param_dtype: dtype of parameters and gradients (``"float32"``).
+        microbatches: the batch is computed in this many parts (``train.microbatches``): activations of
+            ``b / microbatches`` sequences, and one more gradient-sized buffer (the accumulated sum).
 
     Returns:
         A :class:`MemoryPlan`.
@@ -168,7 +170,7 @@ def plan_memory(cfg: ModelShape, *, batch_size: int, seq_len: int, mesh: MeshSha
     n = param_count(cfg)
     shards = mesh.fsdp * mesh.tensor
     params = math.ceil(n * par / shards)
-    b = math.ceil(batch_size / (mesh.data * mesh.fsdp))
+    b = math.ceil(batch_size / (mesh.data * mesh.fsdp * microbatches))
     tokens = b * seq_len
     per_layer = []
     for layer in range(cfg.n_layers):
@@ -183,7 +185,7 @@ def plan_memory(cfg: ModelShape, *, batch_size: int, seq_len: int, mesh: MeshSha
     else:
         blocks = sum(per_layer)
     head = tokens * cfg.vocab_size / mesh.tensor * (act + 8)
-    return MemoryPlan(params_bytes=params, grads_bytes=params,
+    return MemoryPlan(params_bytes=params, grads_bytes=params * (2 if microbatches > 1 else 1),
                       optimizer_bytes=math.ceil(n * ADAM_MOMENT_BYTES / shards),
                       activation_bytes=math.ceil(blocks + head), capacity_bytes=int(capacity_bytes),
                       usable_fraction=usable_fraction, device=device, mesh=mesh, sequences_per_device=b,
@@ -200,8 +202,9 @@ def check_fits(cfg: ModelShape, **kwargs: Any) -> MemoryPlan:
     plan = plan_memory(cfg, **kwargs)
     if not plan.fits:
         raise MemoryPlanError(
-            f"training will not fit in device memory: {plan.describe()}. Use a smaller preset, batch_size or "
-            f"seq_len, more devices (fsdp shards parameters and optimizer state), or compute_dtype bfloat16")
+            f"training will not fit in device memory: {plan.describe()}. Use more microbatches, a smaller preset, "
+            f"batch_size or seq_len, more devices (fsdp shards parameters and optimizer state), or compute_dtype "
+            f"bfloat16")
     return plan
 
 
@@ -290,7 +293,7 @@ def check_recipe(recipe: Any) -> MemoryPlan | None:
     cfg = recipe.train.model.shape(recipe.tokenizer.vocab_size)
     try:
         return check_fits(cfg, batch_size=recipe.train.batch_size, seq_len=recipe.tokenize.seq_len - 1,
-                          mesh=mesh, capacity_bytes=capacity, device=label)
+                          mesh=mesh, capacity_bytes=capacity, device=label, microbatches=recipe.train.microbatches)
     except MemoryPlanError as err:
         raise MemoryPlanError(f"train (model, batch_size, resources.accelerator) with tokenize.seq_len "
                               f"{recipe.tokenize.seq_len}: {err}") from None

@@ -44,7 +44,7 @@ RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning:
 LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
 COMPILE_TIMEOUT_S = 3600.0
 # what of a train config the compiled step depends on (its input step names, seed and schedule's parent do not)
-SIZED_FIELDS = ("model", "optimizer", "steps", "batch_size", "mesh")
+SIZED_FIELDS = ("model", "optimizer", "steps", "batch_size", "microbatches", "mesh")
 GIB, MIB = 2**30, 2**20
 # the TPU compiler's refusal: "... the total memory required for HLO temporaries (77.81G) exceeds available HBM"
 _TEMPORARIES = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
@@ -178,7 +178,7 @@ class Sizing:
         refusal: the TPU compiler's own refusal line, or None.
         compile_s: seconds the compile took when it ran (the cached figure on a cache hit).
         cached: True when the record came from the sizing cache.
-        sequences_per_chip: sequences of the global batch one chip computes (``batch / (data * fsdp)``).
+        sequences_per_chip: sequences one chip computes at once (``batch / (data * fsdp * microbatches)``).
     """
 
     step: str
@@ -239,8 +239,9 @@ class Sizing:
             change = ("shard the state over more chips (a larger topology, or train.mesh with more fsdp) or use a "
                       "smaller model")
         else:
-            change = (f"cut train.batch_size ({self.sequences_per_chip} sequences per chip now) or "
-                      "tokenize.seq_len, or spread the batch over more chips (a larger topology)")
+            change = (f"raise train.microbatches (each chip computes {self.sequences_per_chip} sequences at once now), "
+                      "cut train.batch_size or tokenize.seq_len, or spread the batch over more chips (a larger "
+                      "topology)")
         figure = (f"the TPU compiler refused it ({self.refusal})" if self.refusal is not None else
                   f"it needs {self.total_bytes / GIB:.2f} GiB per chip")
         return (f"{self.step} on {self.where} does not fit: {figure}; {self.chip.name} has "
@@ -305,7 +306,8 @@ def _where(acc: dict[str, Any], chips: int) -> str:
         hosts = topo.hosts * acc["slices"]
         return (f"{acc['chip']} {acc['topology']}{slices} ({chips} chip{'s' if chips > 1 else ''}, "
                 f"{hosts} host{'s' if hosts > 1 else ''})")
-    return f"{acc['chip']} x {acc['count']} per node x {acc['nodes']} nodes ({chips} GPUs)"
+    return (f"{acc['chip']} x {acc['count']} per node x {acc['nodes']} node{'s' if acc['nodes'] > 1 else ''} "
+            f"({chips} GPUs)")
 
 
 def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any = None,
@@ -355,12 +357,14 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
                 "analytical estimate of tidal/train/memory.py")
         requested = cfg.get("mesh")
         mesh = default_mesh(chips, acc.get("slices", 1), requested)
-        plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, mesh=mesh, capacity_bytes=c.hbm_bytes)
+        plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, mesh=mesh, capacity_bytes=c.hbm_bytes,
+                           microbatches=int(cfg.get("microbatches", 1)))
         parts = {"params": plan.params_bytes, "optimizer": plan.optimizer_bytes, "gradients": plan.grads_bytes,
                  "activations": plan.activation_bytes}
         sizing = Sizing(step, c, where, "analytical", note, _mesh_dict(mesh), chips, parts, plan.total_bytes,
                         model_flops / chips, model_flops / chips, tokens)
-    sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"]))
+    micro = int(cfg.get("microbatches", 1))
+    sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"] * micro))
     return sizing
 
 
@@ -421,3 +425,31 @@ def size_pipeline(pipe: Any, *, progress: Any = None) -> list[Sizing]:
         req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
         out.append(size_step(step.name, req, model_cfg, progress=progress))
     return out
+
+
+def plan_lines(pipe: Any) -> list[str]:
+    """The sizing section of ``tidal plan`` for a recipe on GKE: each train step's sizing when it costs
+    nothing (a TPU sizing in the cache, a GPU's analytical one), else how to make it; ``[]`` for a local
+    or CPU run. Never compiles: ``tidal size`` does, once per content."""
+    recipe = pipe.recipe
+    acc = recipe.train.resources.accelerator
+    if recipe.train.resources.launcher != "gke" or acc.kind not in ("tpu", "gpu"):
+        return []
+    lines = ["sizing (tidal size):"]
+    for step in pipe.graph:
+        if step.kind != "train":
+            continue
+        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
+        req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        record = cached_record(req) if acc.kind == "tpu" else None
+        if acc.kind == "tpu" and record is None:
+            how = "compiles it ahead of time" if libtpu_installed() else "sizes it (make tpu-tools first to compile)"
+            lines.append(f"  {step.name}: not sized yet for {acc.type} {acc.topology}: `tidal size` with this "
+                         f"command's arguments {how}")
+            continue
+        if record is not None and "error" in record:
+            lines.append(f"  {step.name}: {record['error']}")
+            continue
+        sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True))
+        lines.extend("  " + line for line in sizing.describe())
+    return lines
