@@ -46,6 +46,7 @@ def test_no_tidal_module_reads_its_configuration_from_os_environ():
         "tidal/core/pipeline.py",
         "tidal/launch/local.py", "tidal/eval/step.py",
         "tidal/storage/gcs.py",  # Google's GOOGLE_APPLICATION_CREDENTIALS; TensorStore's endpoint, written
+        "tidal/train/sizing.py",  # the sizer's env: this one's, with libtpu on PYTHONPATH and without JAX_PLATFORMS
     }
     out = subprocess.run(["git", "grep", "-l", "-E", r"os\.environ|getenv\(", "--", "tidal"], cwd=REPO,
                          capture_output=True, text=True, check=False)
