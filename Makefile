@@ -126,7 +126,7 @@ test-tier: setup bytecode
 # for the Flink cluster of the test cluster, and the Kubernetes tools (Helm, kube-apiserver, kubectl,
 # the JobSet CRD; tools/k8s/install.sh) for the API server tests; cached by version under
 # ~/.cache/tidal/tools, once per machine (a cold build of Helm and kube-apiserver takes ~10 minutes).
-tools: flink-tools k8s-tools
+tools: flink-tools k8s-tools tpu-tools
 flink-tools:
 	bash tools/flink/install.sh
 k8s-tools:

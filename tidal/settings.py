@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     train_profile_steps: str | None = _env(
         "TIDAL_TRAIN_PROFILE_STEPS", "FIRST:LAST training steps to trace with jax.profiler (profile_trace/)",
         default=None)
+    tools_cache: str | None = _env(
+        "TIDAL_TOOLS_CACHE", "where make tools keeps Flink, the Kubernetes tools and libtpu (default "
+        "~/.cache/tidal/tools)", default=None)
     libtpu_dir: str | None = _env(
         "TIDAL_LIBTPU_DIR", "folder holding the libtpu package the sizer compiles with (tidal size; default "
         "~/.cache/tidal/tools/libtpu-<version>, made by tools/tpu/install.sh)", default=None)

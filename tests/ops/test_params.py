@@ -32,6 +32,7 @@ def gke_recipe(tmp_path_factory) -> Path:
     data = yaml.safe_load(path.read_text())
     data["train"]["resources"] = {"launcher": "gke", "accelerator": {"kind": "tpu", "type": "tpu-v5-lite-podslice",
                                                                      "topology": "2x4"}}
+    data["train"]["batch_size"] = 64  # whole sequences on each of the 8 chips, and of every profile's 8 or 32
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

@@ -57,8 +57,11 @@ def _array_bytes(text: str) -> list[int]:
 def _group_size(line: str, devices: int) -> int | None:
     """Devices in each replica group of an instruction, None when it names none."""
     if match := _MESH_GROUPS.search(line):
-        sizes = {k.strip().strip("'"): int(v) for k, v in (x.split("=") for x in match.group(1).split(","))}
-        return math.prod(sizes[a.strip().strip("'")] for a in match.group(2).split(",") if a.strip())
+        try:
+            sizes = {k.strip().strip("'"): int(v) for k, v in (x.split("=") for x in match.group(1).split(","))}
+            return math.prod(sizes[a.strip().strip("'")] for a in match.group(2).split(",") if a.strip())
+        except (KeyError, ValueError):  # a form this parser does not know (sub-axes): every device
+            return None
     if match := _IOTA_GROUPS.search(line):
         return int(match.group(2))
     if (match := _LIST_GROUPS.search(line)) and match.group(1):
@@ -120,17 +123,14 @@ def collectives(hlo_text: str, devices: int, loop_passes: int = 1) -> dict[str, 
             continue
         kind = match.group("op")
         result = _array_bytes(match.group("result"))
+        if kind == "all-gather" and f"{kind}-start(" in line:
+            result = result[len(result) // 2:]  # an async all-gather's tuple: its operands, then its results
         n = _group_size(line, devices) or devices
         if n <= 1 or not result:
             continue
-        # an all-gather's buffer is what it gathers to (its largest result: an async start's tuple holds the
-        # operand too), a reduce-scatter's what it is given (n times its result); the others' their result
-        if kind == "all-gather":
-            add(kind, max(result), n, times)
-        elif kind == "reduce-scatter":
-            add(kind, n * max(result), n, times)
-        else:
-            add(kind, sum(result), n, times)
+        # an all-gather's buffer is what it gathers to (every result of a combined one), a reduce-scatter's
+        # what it is given (n times its results); the others' their results
+        add(kind, (n if kind == "reduce-scatter" else 1) * sum(result), n, times)
     return out
 
 
@@ -174,7 +174,7 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from tidal.train import mesh as meshlib
-    from tidal.train.build import train_functions
+    from tidal.train.build import guarded_step_fn, train_functions
     from tidal.train.config import ConfigError, parse_step_config
 
     started = time.monotonic()
@@ -198,10 +198,15 @@ def compile_step(request: dict[str, Any]) -> dict[str, Any]:
     batch_layout = meshlib.batch_sharding(mesh)
     batch = jax.ShapeDtypeStruct((cfg.batch_size, context + 1), jnp.int32, sharding=batch_layout)
     index = jax.ShapeDtypeStruct((), jnp.int32)
-    # as the trainer jits it on an accelerator: the old state donated (tidal/train/build.py)
-    jitted = jax.jit(step_fn, in_shardings=(shardings, batch_layout, None),
+    # as the trainer jits it on an accelerator: the old state donated, the divergence guard's step when the
+    # config has one (tidal/train/build.py)
+    args: tuple[Any, ...] = (state, batch, index)
+    if cfg.divergence is not None:
+        step_fn = guarded_step_fn(step_fn, cfg.divergence.action == "skip")
+        args += (jax.ShapeDtypeStruct((), jnp.float32),)
+    jitted = jax.jit(step_fn, in_shardings=(shardings, batch_layout) + (None,) * (len(args) - 2),
                      out_shardings=(shardings, meshlib.replicated(mesh)), donate_argnums=(0,))
-    lowered = jitted.lower(state, batch, index)
+    lowered = jitted.lower(*args)
     record: dict[str, Any] = {
         "mesh": sizes, "devices": len(devices), "device_kind": devices[0].device_kind,
         "params_bytes": _state_bytes(state["params"]), "optimizer_bytes": _state_bytes(state["opt_state"]),

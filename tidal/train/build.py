@@ -153,7 +153,9 @@ def accumulated_value_and_grad(value_and_grad: Callable, microbatches: int) -> C
     """``value_and_grad(params, batch)`` over ``microbatches`` equal parts of ``batch`` accumulated in a
     ``lax.scan``: the mean of their losses, parts and gradients, which is the whole batch's (every sequence
     has the same number of predicted tokens, so the mean of the parts' means is the batch's mean), with the
-    activations of one part alive at a time. Part ``j`` holds rows ``j, j + m, j + 2m, ...``: with the batch
+    activations of one part alive at a time. An MoE model's load-balancing loss is a product of two batch
+    means (Switch eq. 4): its mean over the parts is not the whole batch's, so there the update differs by
+    that term. Part ``j`` holds rows ``j, j + m, j + 2m, ...``: with the batch
     sharded over ``data x fsdp`` in contiguous blocks, every device keeps its own rows (no resharding) when
     ``batch_size / microbatches`` divides over them (:func:`tidal.train.build.build` checks it)."""
     if microbatches == 1:
@@ -274,7 +276,9 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
     if jax.process_count() > 1:
         print(f"process {jax.process_index()} of {jax.process_count()} reads rows {rows.start}:{rows.stop} "
               f"of each batch of {cfg.batch_size}", flush=True)
-    eval_sets = {src: eval_sequences(shards, cfg.eval_batches, cfg.batch_size, vocab)
+    # the same eval_batches * batch_size sequences, a microbatch's rows at a time: what fits a step fits an eval
+    eval_rows = cfg.batch_size // cfg.microbatches
+    eval_sets = {src: eval_sequences(shards, cfg.eval_batches * cfg.microbatches, eval_rows, vocab)
                  for src, shards in data.evals.items()}
     init, step_fn, tx, schedule = train_functions(cfg, model_cfg, context)
     key = jax.random.key(_seed32(seed, 0))
@@ -312,12 +316,11 @@ def build(spec: dict[str, Any], where: str | Path = SPEC) -> Run:
 NO_CEILING = np.float32(np.inf)
 
 
-def _guarded_step(step_fn: Callable, skip: bool, shardings: Any, batch_layout: Any, replicated: Any,
-                  donate: tuple[int, ...]) -> Callable:
-    """The step of a run with a divergence guard (:mod:`tidal.train.divergence`): it takes the loss
-    ceiling as a fourth argument (default inf) and, with ``skip``, keeps the old state when the loss
-    or the gradient norm is not finite or the loss is above the ceiling (decided on the device, so
-    the parameters never hold that update)."""
+def guarded_step_fn(step_fn: Callable, skip: bool) -> Callable:
+    """The step of a run with a divergence guard (:mod:`tidal.train.divergence`), unjitted:
+    ``guarded(state, batch, index, ceiling)``; with ``skip`` it keeps the old state when the loss or the
+    gradient norm is not finite or the loss is above ``ceiling`` (decided on the device, so the parameters
+    never hold that update). The sizer (:mod:`tidal.train.aot`) compiles this same function."""
     import jax.numpy as jnp
 
     def guarded(state, batch, index, ceiling):
@@ -327,7 +330,13 @@ def _guarded_step(step_fn: Callable, skip: bool, shardings: Any, batch_layout: A
             new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
         return new_state, stats
 
-    jitted = jax.jit(guarded, in_shardings=(shardings, batch_layout, None, None),
+    return guarded
+
+
+def _guarded_step(step_fn: Callable, skip: bool, shardings: Any, batch_layout: Any, replicated: Any,
+                  donate: tuple[int, ...]) -> Callable:
+    """:func:`guarded_step_fn` jitted; its fourth argument (the loss ceiling) defaults to inf."""
+    jitted = jax.jit(guarded_step_fn(step_fn, skip), in_shardings=(shardings, batch_layout, None, None),
                      out_shardings=(shardings, replicated), donate_argnums=donate)
     return lambda state, batch, index, ceiling=NO_CEILING: jitted(state, batch, index, ceiling)
 

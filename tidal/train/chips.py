@@ -15,9 +15,14 @@ Sources (read 2026-12; copied from each page's specification table):
 * H100 SXM and H200 SXM: NVIDIA's datasheets (https://www.nvidia.com/en-us/data-center/h100/,
   https://www.nvidia.com/en-us/data-center/h200/): 989.5 TFLOP/s dense bf16; 80 GB HBM3 at 3.35 TB/s
   and 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s per GPU (both directions, so 450 GB/s each way).
+* A100 SXM (https://www.nvidia.com/en-us/data-center/a100/): 312 TFLOP/s; 40 GB at 1,555 GB/s, 80 GB at
+  2,039 GB/s; NVLink 600 GB/s (300 each way). L4 (https://www.nvidia.com/en-us/data-center/l4/): 121
+  TFLOP/s, 24 GB at 300 GB/s, no NVLink: PCIe Gen4 x16, 64 GB/s (32 each way).
 
-ICI is counted as the pages state it, in bits per second per chip, turned into bytes (/ 8). A
-collective's time is then its bytes on the wire per chip over that rate (:mod:`tidal.train.sizing`).
+ICI is the TPU pages' "inter-chip interconnect bandwidth" per chip in bits per second, turned into bytes
+(/ 8); the GPUs' link figure is one direction. A collective's time is its bytes on the wire per chip over
+that rate (:mod:`tidal.train.sizing`): one figure per chip, whatever the collective's axis, so a prediction
+errs either way; across TPU slices (DCN, far slower) nothing is modelled.
 """
 
 from __future__ import annotations
@@ -64,8 +69,9 @@ def _tpu(name: str, hbm_gib: int | None, hbm_gbps: float, ici_gbit: float, sourc
                 source)
 
 
-def _gpu(name: str, gke: str, peak: str, hbm_tbps: float, source: str) -> Chip:
-    return Chip(name, "gpu", GPU_TYPES[gke].memory_gb * 10**9, PEAK_BF16_FLOPS[peak], hbm_tbps * 1e12, 450e9, source)
+def _gpu(name: str, gke: str, peak: str, hbm_tbps: float, link_gbps: float, source: str) -> Chip:
+    return Chip(name, "gpu", GPU_TYPES[gke].memory_gb * 10**9, PEAK_BF16_FLOPS[peak], hbm_tbps * 1e12,
+                link_gbps * 1e9, source)
 
 
 CHIPS: dict[str, Chip] = {chip.name: chip for chip in (
@@ -73,12 +79,16 @@ CHIPS: dict[str, Chip] = {chip.name: chip for chip in (
     _tpu("v5e", None, 819, 1600, "https://cloud.google.com/tpu/docs/v5e"),
     _tpu("v5p", None, 2765, 4800, "https://cloud.google.com/tpu/docs/v5p"),
     _tpu("v6e", None, 1640, 3584, "https://cloud.google.com/tpu/docs/v6e"),
-    _gpu("h100", "nvidia-h100-80gb", "h100-sxm", 3.35, "https://www.nvidia.com/en-us/data-center/h100/"),
-    _gpu("h200", "nvidia-h200-141gb", "h200-sxm", 4.8, "https://www.nvidia.com/en-us/data-center/h200/"),
+    _gpu("h100", "nvidia-h100-80gb", "h100-sxm", 3.35, 450, "https://www.nvidia.com/en-us/data-center/h100/"),
+    _gpu("h200", "nvidia-h200-141gb", "h200-sxm", 4.8, 450, "https://www.nvidia.com/en-us/data-center/h200/"),
+    _gpu("a100", "nvidia-tesla-a100", "a100", 1.555, 300, "https://www.nvidia.com/en-us/data-center/a100/"),
+    _gpu("a100-80gb", "nvidia-a100-80gb", "a100", 2.039, 300, "https://www.nvidia.com/en-us/data-center/a100/"),
+    _gpu("l4", "nvidia-l4", "l4", 0.3, 32, "https://www.nvidia.com/en-us/data-center/l4/"),
 )}
 # GKE accelerator names (tidal/launch/resources.py) -> chip
 GKE_CHIPS = {**{key: t.name for key, t in TPU_TYPES.items()},
-             "nvidia-h100-80gb": "h100", "nvidia-h100-mega-80gb": "h100", "nvidia-h200-141gb": "h200"}
+             "nvidia-h100-80gb": "h100", "nvidia-h100-mega-80gb": "h100", "nvidia-h200-141gb": "h200",
+             "nvidia-tesla-a100": "a100", "nvidia-a100-80gb": "a100-80gb", "nvidia-l4": "l4"}
 
 
 def chip(name: str) -> Chip:

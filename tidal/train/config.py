@@ -193,8 +193,9 @@ class TrainConfig(Strict):
         f"{MAX_BATCH_SIZE:,} (32x the largest published batches: a larger value is a typo)")
     microbatches: PositiveInt = Field(
         default=1, description="split each step's batch into this many microbatches whose gradients are "
-        "accumulated in a scan before the one update: the same update (within float32 rounding) with the "
-        "activations of batch_size / microbatches sequences; must divide batch_size")
+        "accumulated in a scan before the one update: the same update (within float32 rounding; for an MoE "
+        "model the load-balancing loss is averaged over the microbatches instead) with the activations of "
+        "batch_size / microbatches sequences; must divide batch_size")
     checkpoint_every: PositiveInt = Field(default=50, description="steps between checkpoints")
     keep_checkpoints: PositiveInt = Field(default=2, description="newest checkpoints kept on disk")
     eval_every: PositiveInt = Field(default=50, description="steps between held-out evaluations")

@@ -290,6 +290,11 @@ def check_recipe(recipe: Any) -> MemoryPlan | None:
     if requested is not None and hasattr(requested, "model_dump"):
         requested = requested.model_dump()
     mesh = default_mesh(n_devices, n_slices, requested)
+    rows, micro = recipe.train.batch_size // recipe.train.microbatches, recipe.train.microbatches
+    if rows % (mesh.data * mesh.fsdp):  # the trainer refuses it on the booked chips (tidal/train/build.py)
+        raise MemoryPlanError(f"train.batch_size {recipe.train.batch_size} in {micro} microbatch(es): each one's "
+                              f"{rows} sequences must divide over the data x fsdp = {mesh.data * mesh.fsdp} devices "
+                              f"of the run")
     cfg = recipe.train.model.shape(recipe.tokenizer.vocab_size)
     try:
         return check_fits(cfg, batch_size=recipe.train.batch_size, seq_len=recipe.tokenize.seq_len - 1,

@@ -9,7 +9,9 @@ A sizing is a pure function of its request (the train step's config, vocabulary,
 versions of jax, libtpu and this module's record), so it is kept by that content under
 ``TIDAL_SIZING_CACHE``: a second ``tidal size`` or ``tidal plan`` of the same recipe compiles nothing.
 
-The predicted step time is a roofline with no overlap of communication (so it errs long):
+The predicted step time is a roofline with no overlap of communication (which errs long) and one
+interconnect figure per chip for every collective (which errs either way; DCN between slices is not
+modelled, so a multislice prediction is optimistic):
 ``max(flops / peak, bytes accessed / HBM bandwidth) + wire bytes / ICI bandwidth``, each per chip (chip
 constants: :mod:`tidal.train.chips`). MFU is the model's FLOPs per step (:func:`tidal.train.flops.flops_per_token`
 times tokens, the count MFU uses everywhere in tidal; PaLM, Appendix B) over that time at peak.
@@ -36,15 +38,17 @@ from typing import Any
 
 from tidal.launch.resources import tpu_slice
 from tidal.settings import current
-from tidal.train.chips import Chip, chip
+from tidal.train.chips import Chip, UnknownChip, chip
 from tidal.train.flops import flops_per_token
-from tidal.train.memory import MemoryPlanError, MeshShape, check_recipe, default_mesh, plan_memory
+from tidal.train.memory import MeshShape, check_recipe, default_mesh, plan_memory
 
 RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning: it is part of the cache key
 LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
 COMPILE_TIMEOUT_S = 3600.0
 # what of a train config the compiled step depends on (its input step names, seed and schedule's parent do not)
-SIZED_FIELDS = ("model", "optimizer", "steps", "batch_size", "microbatches", "mesh")
+SIZED_FIELDS = ("model", "optimizer", "steps", "batch_size", "microbatches", "mesh", "divergence")
+# the code a compiled step is made of: a change to any of these is a new sizing
+SIZED_CODE = ("aot.py", "build.py", "model.py", "moe.py", "mesh.py", "optimizer.py", "config.py")
 GIB, MIB = 2**30, 2**20
 # the TPU compiler's refusal: "... the total memory required for HLO temporaries (77.81G) exceeds available HBM"
 _TEMPORARIES = re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])\)")
@@ -55,14 +59,20 @@ class SizingError(RuntimeError):
     """The sizer could not run (its process failed or timed out); the message says why and where."""
 
 
-class SizingRefused(ValueError):
-    """The run does not fit its chips; one line naming the chip, the figure, its largest part and what to change."""
-
-
 def libtpu_dir() -> Path:
-    """Where the sizer finds the ``libtpu`` package: ``TIDAL_LIBTPU_DIR`` or tools/tpu/install.sh's folder."""
-    configured = current().libtpu_dir
-    return Path(configured) if configured else Path.home() / ".cache" / "tidal" / "tools" / f"libtpu-{LIBTPU_VERSION}"
+    """Where the sizer finds the ``libtpu`` package: ``TIDAL_LIBTPU_DIR``, else tools/tpu/install.sh's folder
+    (``$TIDAL_TOOLS_CACHE/libtpu-<version>``, the tools cache defaulting to ``~/.cache/tidal/tools``)."""
+    settings = current()
+    if settings.libtpu_dir:
+        return Path(settings.libtpu_dir)
+    tools = Path(settings.tools_cache) if settings.tools_cache else Path.home() / ".cache" / "tidal" / "tools"
+    return tools / f"libtpu-{LIBTPU_VERSION}"
+
+
+def libtpu_version() -> str:
+    """The version of the libtpu in :func:`libtpu_dir` (its ``dist-info``), or :data:`LIBTPU_VERSION`."""
+    found = sorted(libtpu_dir().glob("libtpu-*.dist-info"))
+    return found[-1].name.removeprefix("libtpu-").removesuffix(".dist-info") if found else LIBTPU_VERSION
 
 
 def libtpu_installed() -> bool:
@@ -80,18 +90,28 @@ def request(train: Any, vocab_size: int, context: int, accelerator: Any) -> dict
         context: tokens per sequence the model sees (``tokenize.seq_len - 1``).
         accelerator: the recipe's ``train.resources.accelerator`` (:class:`tidal.launch.config.AcceleratorConfig`).
     """
-    acc = {"kind": accelerator.kind, "type": accelerator.type, "topology": accelerator.topology,
-           "slices": accelerator.slices, "count": accelerator.count, "nodes": accelerator.nodes}
-    if accelerator.kind in ("tpu", "gpu"):
-        acc["chip"] = chip(accelerator.type).name
+    if accelerator.kind == "tpu":  # one key per slice however it is named (v5e or tpu-v5-lite-podslice)
+        tpu, _ = tpu_slice(accelerator.type, accelerator.topology)
+        acc = {"kind": "tpu", "type": tpu.gke_accelerator, "topology": accelerator.topology,
+               "slices": accelerator.slices, "chip": chip(tpu.gke_accelerator).name}
+    else:
+        acc = {"kind": accelerator.kind, "type": accelerator.type, "count": accelerator.count,
+               "nodes": accelerator.nodes}
+        if accelerator.kind == "gpu":
+            acc["chip"] = chip(accelerator.type).name
     config = train.model_dump(mode="json", include=set(SIZED_FIELDS))
     return {"config": config, "vocab_size": int(vocab_size), "context": int(context), "accelerator": acc,
-            "versions": {"record": RECORD_VERSION, "jax": _jax_version(), "libtpu": LIBTPU_VERSION}}
+            "versions": _versions()}
 
 
 @functools.cache
-def _jax_version() -> str:
-    return metadata.version("jax")  # without importing jax
+def _versions() -> dict[str, Any]:
+    """What compiles a sizing besides its config: this record's version, the libraries (read without
+    importing them), libtpu's version and a digest of :data:`SIZED_CODE`."""
+    here = Path(__file__).parent
+    code = hashlib.sha256(b"".join((here / name).read_bytes() for name in SIZED_CODE)).hexdigest()[:16]
+    libs = {name: metadata.version(name) for name in ("jax", "jaxlib", "flax", "optax")}
+    return {"record": RECORD_VERSION, **libs, "libtpu": libtpu_version(), "code": code}
 
 
 def request_key(req: dict[str, Any]) -> str:
@@ -116,7 +136,10 @@ def _sizer_env() -> dict[str, str]:
 def cached_record(req: dict[str, Any]) -> dict[str, Any] | None:
     """The compiler's record for ``req`` if a sizing of it is in the cache, else None (nothing is compiled)."""
     path = _cache_dir() / f"{request_key(req)}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, unreadable or torn: a miss (the sizer writes by rename)
+        return None
 
 
 def compiled_record(req: dict[str, Any], *, timeout_s: float = COMPILE_TIMEOUT_S,
@@ -179,6 +202,10 @@ class Sizing:
         compile_s: seconds the compile took when it ran (the cached figure on a cache hit).
         cached: True when the record came from the sizing cache.
         sequences_per_chip: sequences one chip computes at once (``batch / (data * fsdp * microbatches)``).
+        usable_bytes: what ``total_bytes`` must stay within: the chip's HBM for a compiled program (the
+            compiler has already kept its own reserve), the analytical plan's usable share otherwise.
+        estimate_bytes, estimate_fits: the analytical plan's peak per chip and verdict, which recipe
+            validation (``tidal plan``, the DAG) refuses by on every machine.
     """
 
     step: str
@@ -199,11 +226,14 @@ class Sizing:
     compile_s: float | None = None
     cached: bool = False
     sequences_per_chip: int = 0
+    usable_bytes: int = 0
+    estimate_bytes: int = 0
+    estimate_fits: bool = True
 
     @property
     def fits(self) -> bool:
         """True when the compiler accepted the step and its peak is within one chip's HBM."""
-        return self.refusal is None and self.total_bytes <= self.chip.hbm_bytes
+        return self.refusal is None and self.total_bytes <= (self.usable_bytes or self.chip.hbm_bytes)
 
     @property
     def compiled(self) -> bool:
@@ -278,6 +308,9 @@ class Sizing:
             lines.append(f"  predicted step {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} at peak, "
                          f"HBM {p['hbm_s'] * 1e3:.2f}, collectives {p['collective_s'] * 1e3:.2f}, not overlapped): "
                          f"MFU {p['mfu']:.1%}, {p['tokens_per_s']:,.0f} tokens/s")
+        if self.method == "compiled" and self.estimate_fits != self.fits:
+            lines.append(f"  the analytical estimate, which tidal plan and the DAG check on every machine, says "
+                         f"{_size(self.estimate_bytes)} and {'accepts' if self.estimate_fits else 'refuses'} it")
         lines.append("  fits" if self.fits else "  does not fit")
         return lines
 
@@ -289,7 +322,8 @@ class Sizing:
                 "total_bytes": self.total_bytes, "hbm_bytes": self.chip.hbm_bytes, "fits": self.fits,
                 "flops_per_chip": self.flops_per_chip, "model_flops_per_chip": self.model_flops_per_chip,
                 "bytes_accessed": self.bytes_accessed, "collectives": self.collectives,
-                "tokens_per_step": self.tokens_per_step, "predicted": self.predicted if self.fits else None,
+                "tokens_per_step": self.tokens_per_step, "predicted": self.predicted if self.compiled else None,
+                "estimate_bytes": self.estimate_bytes, "estimate_fits": self.estimate_fits,
                 "refusal": None if self.fits else self.refusal_line(), "compile_s": self.compile_s,
                 "cached": self.cached}
 
@@ -334,6 +368,9 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
     else:
         chips = acc["count"] * acc["nodes"]
     where = _where(acc, chips)
+    micro = int(cfg.get("microbatches", 1))
+    plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, capacity_bytes=c.hbm_bytes, microbatches=micro,
+                       mesh=default_mesh(chips, acc.get("slices", 1), cfg.get("mesh")))
     if acc["kind"] == "tpu" and (record is not None or libtpu_installed()):
         record, cached = record or compiled_record(req, timeout_s=timeout_s, progress=progress)
         if "error" in record:
@@ -355,16 +392,13 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
         note = ("libtpu is not installed (make tpu-tools, or set TIDAL_LIBTPU_DIR)" if acc["kind"] == "tpu" else
                 "GPU programs are not compiled here: the CUDA plugin needs a GPU to compile, so these are the "
                 "analytical estimate of tidal/train/memory.py")
-        requested = cfg.get("mesh")
-        mesh = default_mesh(chips, acc.get("slices", 1), requested)
-        plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, mesh=mesh, capacity_bytes=c.hbm_bytes,
-                           microbatches=int(cfg.get("microbatches", 1)))
         parts = {"params": plan.params_bytes, "optimizer": plan.optimizer_bytes, "gradients": plan.grads_bytes,
                  "activations": plan.activation_bytes}
-        sizing = Sizing(step, c, where, "analytical", note, _mesh_dict(mesh), chips, parts, plan.total_bytes,
-                        model_flops / chips, model_flops / chips, tokens)
-    micro = int(cfg.get("microbatches", 1))
+        sizing = Sizing(step, c, where, "analytical", note, _mesh_dict(plan.mesh), chips, parts, plan.total_bytes,
+                        model_flops / chips, model_flops / chips, tokens,
+                        usable_bytes=int(plan.usable_fraction * plan.capacity_bytes))
     sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"] * micro))
+    sizing.estimate_bytes, sizing.estimate_fits = plan.total_bytes, plan.fits
     return sizing
 
 
@@ -375,7 +409,7 @@ _COMPILED_DECIDES: contextvars.ContextVar[bool] = contextvars.ContextVar("tidal_
 @contextlib.contextmanager
 def compiled_decides() -> Iterator[None]:
     """While active, recipe validation does not refuse by the analytical plan: ``tidal size`` loads the
-    recipe so that the compiler decides (the analytical plan errs both ways: tidal/train/memory.py)."""
+    recipe so that the compiler gives its verdict (the analytical plan errs both ways: tidal/train/memory.py)."""
     token = _COMPILED_DECIDES.set(True)
     try:
         yield
@@ -384,24 +418,14 @@ def compiled_decides() -> Iterator[None]:
 
 
 def check_recipe_fits(recipe: Any) -> None:
-    """Refuse a recipe whose training cannot fit its accelerator (recipe validation: ``tidal plan``, DAG
-    parsing). A TPU recipe sized by ``tidal size`` (its compiled sizing in the cache) is judged by the
-    compiler's figure; any other by the analytical plan (:func:`tidal.train.memory.check_recipe`). Nothing
-    is compiled here.
+    """Refuse a recipe whose training cannot fit its accelerator by the analytical plan
+    (:func:`tidal.train.memory.check_recipe`): recipe validation (``tidal plan``, DAG parsing) gives the same
+    answer on every machine, whatever its sizing cache holds. Skipped under :func:`compiled_decides`
+    (``tidal size``, where the compiler gives its own verdict).
 
     Raises:
-        tidal.train.memory.MemoryPlanError: naming the chip, the figure, its largest part and what to change.
+        tidal.train.memory.MemoryPlanError: every term in GiB and the capacity.
     """
-    acc = recipe.train.resources.accelerator
-    if acc.kind == "tpu":
-        req = request(recipe.train, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
-        record = cached_record(req)
-        if record is not None and "error" not in record:
-            sizing = size_step("train", req, recipe.train.model.shape(recipe.tokenizer.vocab_size),
-                               record=(record, True))
-            if not sizing.fits:
-                raise MemoryPlanError(f"{sizing.refusal_line()} (the compiled sizing of tidal size)")
-            return
     if not _COMPILED_DECIDES.get():
         check_recipe(recipe)
 
@@ -440,7 +464,11 @@ def plan_lines(pipe: Any) -> list[str]:
         if step.kind != "train":
             continue
         model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
-        req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        try:
+            req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        except UnknownChip as err:
+            lines.append(f"  {step.name}: not sized: {err}")
+            continue
         record = cached_record(req) if acc.kind == "tpu" else None
         if acc.kind == "tpu" and record is None:
             how = "compiles it ahead of time" if libtpu_installed() else "sizes it (make tpu-tools first to compile)"
