@@ -39,7 +39,7 @@ def test_the_accumulated_gradient_is_the_whole_batch_gradient_within_float32_rou
     batch = np.random.default_rng(7).integers(0, VOCAB, size=(8, CONTEXT + 1), dtype=np.int32)
     (loss, _), grads = _gradients(1, batch)
     stats = _step_stats(1, batch)
-    for microbatches in (2, 4, 8):
+    for microbatches in (2, 8):
         (part_loss, _), part_grads = _gradients(microbatches, batch)
         assert float(part_loss) == pytest.approx(float(loss), rel=1e-6)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(part_grads), strict=True):

@@ -78,7 +78,7 @@ def test_a_small_model_is_compiled_for_a_v5e_slice_and_sized_per_chip_then_read_
     assert "compiling" not in plan.stderr
 
 
-def test_a_step_over_hbm_is_refused_with_one_error_line_and_microbatches_make_it_fit(env):
+def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_the_estimate(env):
     size = tidal("size", str(TINY), *V5E, *TOO_BIG, env=env)
     assert size.returncode == 1, size.stderr[-3000:]
     errors = [line for line in size.stderr.splitlines() if line.startswith("error:")]
@@ -94,19 +94,8 @@ def test_a_step_over_hbm_is_refused_with_one_error_line_and_microbatches_make_it
     assert plan.returncode == 2, plan.stdout[-2000:] + plan.stderr[-2000:]
     assert "training will not fit in device memory" in plan.stderr and "Use more microbatches" in plan.stderr
 
-    # what the error line says to change: 8 microbatches (item 3) hold the activations of 32 sequences at once
-    eight = [*TOO_BIG, "--set", "train.microbatches=8"]
-    size = tidal("size", str(TINY), *V5E, *eight, "--json", env=env)
-    assert size.returncode == 0, size.stderr[-3000:]
-    [sizing] = json.loads(size.stdout)
-    assert sizing["fits"] and 12 * 2**30 < sizing["total_bytes"] < sizing["hbm_bytes"], sizing["parts_bytes"]
-    # the scan's body runs 8 times: its FLOPs are counted 8 times (XLA's cost analysis counts a body once)
-    assert 0.9 < sizing["flops_per_chip"] / sizing["model_flops_per_chip"] < 1.3, sizing
-    assert 0 < sizing["predicted"]["mfu"] < 1
-    # and the analytical estimate, which plan and the DAG check, agrees: the recipe now plans
-    assert sizing["estimate_fits"] and sizing["estimate_bytes"] > 0, sizing
-    plan = tidal("plan", str(TINY), *V5E, *eight, "--storage-root", root, env=env)
-    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    # that the advice works (8 microbatches fit: 13.98 GiB of 16) is bench/aot_sizing.py's refusal cells: a
+    # compile of a minute and more, too long for CI; the scan's passes are counted (the HLO test below)
 
 
 def test_without_libtpu_a_tpu_run_is_sized_by_the_analytical_plan_and_says_why(env, tmp_path):
