@@ -37,10 +37,12 @@ CALIBRATION = [(f"{name}/{chip}-{topo}", model, batch, chip, topo)
                                           ("350m", {"preset": "350m"}, 8), ("moe", MOE, 16))
                for chip, topo in (("v5e", "2x2"), ("v5e", "2x4"), ("v6e", "2x2"))]
 # built to exceed one chip (refused) and the same with what the refusal says to change (fits)
-REFUSALS = [("350m-b256/v5e-1x1", {"preset": "350m"}, 256, "v5e", "1x1", 1, False),
-            ("350m-b256-mb16/v5e-1x1", {"preset": "350m"}, 256, "v5e", "1x1", 16, True),
-            ("760m-b64/v5e-1x1", {"preset": "760m"}, 64, "v5e", "1x1", 1, False),
-            ("760m-b64/v5e-2x4", {"preset": "760m"}, 64, "v5e", "2x4", 1, True)]
+# (sized after a first run: at sequences of 2,048, 350m with 256 sequences needs 2 TB on one v5e chip and
+# still 134 GiB in 16 microbatches; 125m holds 4 sequences at once in about 14 GiB on one chip)
+REFUSALS = [("125m-b64/v5e-1x1", {"preset": "125m"}, 64, "v5e", "1x1", 1, False),
+            ("125m-b64-mb16/v5e-1x1", {"preset": "125m"}, 64, "v5e", "1x1", 16, True),
+            ("760m-b16/v5e-1x1", {"preset": "760m"}, 16, "v5e", "1x1", 1, False),
+            ("760m-b16/v5e-2x4", {"preset": "760m"}, 16, "v5e", "2x4", 1, True)]
 EIGHT_B = {"d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "d_ff": 14336}  # Llama-3-8B's shape
 LARGE = [("1b/v5e-8x8", {"preset": "1b"}, 256, "v5e", "8x8", 1),
          ("8b/v6e-16x16", EIGHT_B, 256, "v6e", "16x16", 1)]
