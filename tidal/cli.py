@@ -59,7 +59,8 @@ from tidal.tracking.failures import (
     list_failures,
     record_failure,
 )
-from tidal.train.sizing import plan_lines
+from tidal.train.size_command import plan_lines, print_sizings
+from tidal.train.sizing import compiled_decides
 
 
 def _check_bucket(storage) -> None:
@@ -347,23 +348,9 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _cmd_size(args: argparse.Namespace) -> int:
-    from tidal.train.sizing import compiled_decides, size_pipeline
-
-    with compiled_decides():  # the compiler decides, not the analytical plan recipe validation uses
+    with compiled_decides():  # the compiler gives its verdict, not the analytical plan recipe validation uses
         pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
-    sizings = size_pipeline(pipe, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.json:
-        print(json.dumps([s.as_json() for s in sizings], indent=1))
-    elif not sizings:
-        acc = pipe.recipe.train.resources.accelerator
-        print(f"recipe {pipe.recipe.name}: training runs on {acc.kind}, nothing to size against (set "
-              "train.resources.accelerator to a TPU slice or GPUs)")
-    for sizing in sizings:
-        if not args.json:
-            print("\n".join(sizing.describe()))
-        if not sizing.fits:
-            print(f"error: {sizing.refusal_line()}", file=sys.stderr)
-    return 0 if all(s.fits for s in sizings) else 1
+    return print_sizings(pipe, as_json=args.json)
 
 
 def _cmd_recipe_schema(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from typing import Any
 
 from tidal.launch.resources import tpu_slice
 from tidal.settings import current
-from tidal.train.chips import Chip, UnknownChip, chip
+from tidal.train.chips import Chip, chip
 from tidal.train.flops import flops_per_token
 from tidal.train.memory import MeshShape, check_recipe, default_mesh, plan_memory
 
@@ -450,34 +450,3 @@ def size_pipeline(pipe: Any, *, progress: Any = None) -> list[Sizing]:
         out.append(size_step(step.name, req, model_cfg, progress=progress))
     return out
 
-
-def plan_lines(pipe: Any) -> list[str]:
-    """The sizing section of ``tidal plan`` for a recipe on GKE: each train step's sizing when it costs
-    nothing (a TPU sizing in the cache, a GPU's analytical one), else how to make it; ``[]`` for a local
-    or CPU run. Never compiles: ``tidal size`` does, once per content."""
-    recipe = pipe.recipe
-    acc = recipe.train.resources.accelerator
-    if recipe.train.resources.launcher != "gke" or acc.kind not in ("tpu", "gpu"):
-        return []
-    lines = ["sizing (tidal size):"]
-    for step in pipe.graph:
-        if step.kind != "train":
-            continue
-        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
-        try:
-            req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
-        except UnknownChip as err:
-            lines.append(f"  {step.name}: not sized: {err}")
-            continue
-        record = cached_record(req) if acc.kind == "tpu" else None
-        if acc.kind == "tpu" and record is None:
-            how = "compiles it ahead of time" if libtpu_installed() else "sizes it (make tpu-tools first to compile)"
-            lines.append(f"  {step.name}: not sized yet for {acc.type} {acc.topology}: `tidal size` with this "
-                         f"command's arguments {how}")
-            continue
-        if record is not None and "error" in record:
-            lines.append(f"  {step.name}: {record['error']}")
-            continue
-        sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True))
-        lines.extend("  " + line for line in sizing.describe())
-    return lines
