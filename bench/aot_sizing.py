@@ -26,7 +26,6 @@ from pathlib import Path
 
 from tidal.launch.config import AcceleratorConfig
 from tidal.train.config import TrainConfig
-from tidal.train.memory import default_mesh, plan_memory
 from tidal.train.sizing import libtpu_installed, request, size_step
 
 VOCAB, SEQ = 32_000, 2048
@@ -53,14 +52,11 @@ def size(label: str, model: dict, batch: int, chip: str, topo: str, microbatches
     acc = AcceleratorConfig(kind="tpu", type=chip, topology=topo)
     req = request(train, VOCAB, SEQ - 1, acc)
     sizing = size_step(label, req, train.model.shape(VOCAB), progress=lambda line: print(line, flush=True))
-    analytical = plan_memory(train.model.shape(VOCAB), batch_size=batch, seq_len=SEQ - 1,
-                             mesh=default_mesh(sizing.chips, 1, None), capacity_bytes=sizing.chip.hbm_bytes,
-                             microbatches=microbatches)
     mfu = sizing.predicted["mfu"] if sizing.compiled else float("nan")
     print(f"{label:<24} fits={sizing.fits!s:<5} compiled={sizing.total_bytes / 2**30:7.2f} GiB "
-          f"analytical={analytical.total_bytes / 2**30:7.2f} GiB compile_s={sizing.compile_s} "
+          f"analytical={sizing.estimate_bytes / 2**30:7.2f} GiB compile_s={sizing.compile_s} "
           f"predicted_mfu={mfu:.3f}", flush=True)
-    return sizing, analytical
+    return sizing
 
 
 def main() -> int:
@@ -73,17 +69,17 @@ def main() -> int:
     os.environ.setdefault("TIDAL_SIZING_CACHE", str(Path(tempfile.gettempdir()) / "tidal-bench-sizing"))
     errors, compile_s = [], []
     for cell in CALIBRATION:
-        sizing, analytical = size(*cell)
-        if sizing.compiled:
-            errors.append(abs(analytical.total_bytes - sizing.total_bytes) / sizing.total_bytes)
+        sizing = size(*cell)
+        if sizing.compiled:  # the analytical plan size_step computed beside the compile
+            errors.append(abs(sizing.estimate_bytes - sizing.total_bytes) / sizing.total_bytes)
             compile_s.append(sizing.compile_s)
     correct = 0
     for label, model, batch, chip, topo, micro, should_fit in REFUSALS:
-        sizing, _ = size(label, model, batch, chip, topo, micro)
+        sizing = size(label, model, batch, chip, topo, micro)
         correct += sizing.fits == should_fit
     mfu = {}
     for label, model, batch, chip, topo, micro in ([] if args.quick else LARGE):
-        sizing, _ = size(label, model, batch, chip, topo, micro)
+        sizing = size(label, model, batch, chip, topo, micro)
         mfu[label] = sizing.predicted["mfu"] if sizing.compiled else float("nan")
     print(f"RESULT cells={len(CALIBRATION)} compile_s_median={statistics.median(compile_s):.1f} "
           f"estimator_error_max={max(errors):.3f} refusals_correct={correct}/{len(REFUSALS)} "
