@@ -59,7 +59,7 @@ from tidal.tracking.failures import (
     list_failures,
     record_failure,
 )
-from tidal.train.size_command import plan_lines, print_sizings
+from tidal.train.size_command import plan_lines, print_search, print_sizings
 from tidal.train.sizing import compiled_decides
 
 
@@ -348,8 +348,13 @@ def _cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _cmd_size(args: argparse.Namespace) -> int:
+    if args.write and not args.search:
+        raise RecipeError("--write writes what --search chose: give both")
+    overrides = _overrides(args)
     with compiled_decides():  # the compiler gives its verdict, not the analytical plan recipe validation uses
-        pipe = load_pipeline(args.recipe, _overrides(args), storage_root=args.storage_root)
+        pipe = load_pipeline(args.recipe, overrides, storage_root=args.storage_root)
+    if args.search:
+        return print_search(pipe, recipe_path=args.recipe, write=args.write, overrides=overrides, as_json=args.json)
     return print_sizings(pipe, as_json=args.json)
 
 
@@ -425,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "collectives, step time and MFU per chip (a TPU slice: compiled ahead of time on this CPU); "
                         "exit 1 when it does not fit"))
     size.add_argument("--json", action="store_true", help="print the sizings as JSON")
+    size.add_argument("--search", action="store_true", help="compile every data x fsdp x tensor mesh of the slice, "
+                      "each with the fewest microbatches that fit, and rank those that fit by predicted MFU "
+                      "(axes set in train.mesh stay fixed)")
+    size.add_argument("--write", action="store_true", help="with --search: write the best mesh and microbatch "
+                      "count into the recipe file (train.mesh, train.microbatches; comments kept)")
     base = add("baseline", _cmd_baseline, "write the recipe's baseline (stats, loss curve) from a committed run")
     base.add_argument("--from-run", help="MLflow run key of the known-good run (default: current step ids)")
     base.add_argument("--out", help="baseline file (default: the recipe's baseline.file)")

@@ -98,6 +98,45 @@ def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_t
     # compile of a minute and more, too long for CI; the scan's passes are counted (the HLO test below)
 
 
+def test_search_ranks_the_meshes_of_the_slice_by_predicted_mfu_and_write_puts_the_best_in_the_recipe(env, tmp_path):
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    recipe = yaml.load(TINY.read_text())
+    recipe["train"]["resources"] = {"launcher": "gke", "accelerator": {"kind": "tpu", "type": "v5e", "topology": "2x2"}}
+    recipe["train"]["mesh"] = {"tensor": 1}  # a fixed axis: the search tries data x fsdp over the 4 chips
+    path = tmp_path / "sized.yaml"
+    with path.open("w") as f:
+        yaml.dump(recipe, f)
+    search = tidal("size", str(path), "--search", "--json", env=env)
+    assert search.returncode == 0, search.stderr[-3000:]
+    [step] = json.loads(search.stdout)
+    cands = step["candidates"]
+    assert sorted((c["mesh"]["data"], c["mesh"]["fsdp"]) for c in cands) == [(1, 4), (2, 2), (4, 1)]
+    assert all(c["fits"] and c["microbatches"] == 1 and c["sizing"]["method"] == "compiled" for c in cands), cands
+    mfus = [c["sizing"]["predicted"]["mfu"] for c in cands]
+    assert mfus == sorted(mfus, reverse=True) and mfus[0] > mfus[-1] > 0, mfus
+    # each mesh is a different program: its own collectives (pure data parallelism all-reduces the gradients)
+    by_data = {c["mesh"]["data"]: c["sizing"]["collectives"] for c in cands}
+    assert by_data[4]["all-reduce"]["count"] > 0 and by_data[1]["reduce-scatter"]["count"] > 0, by_data
+
+    write = tidal("size", str(path), "--search", "--write", env=env)
+    assert write.returncode == 0 and "compiling" not in write.stderr, write.stderr[-3000:]  # the search's cache
+    best = cands[0]["mesh"]
+    written = YAML().load(path.read_text())["train"]
+    assert dict(written["mesh"]) == best and "microbatches" not in written, dict(written)
+    assert path.read_text().startswith("# The tiny recipe")  # the file's comments are kept
+    # the written recipe sizes as the search's winner, from the cache
+    sized = tidal("size", str(path), "--json", env=env)
+    [again] = json.loads(sized.stdout)
+    assert again["mesh"] == best and again["cached"] and again["predicted"] == cands[0]["sizing"]["predicted"]
+    # --write edits the file: an override that is not a search constraint must go into the file first
+    refused = tidal("size", str(path), "--search", "--write", "--set", "train.steps=300", env=env)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        (f"error: --write edits {path}: set train.steps in the file first (only --set train.mesh.* may stay on the "
+         "command line: it fixes an axis of the search)")], refused.stderr
+
+
 def test_without_libtpu_a_tpu_run_is_sized_by_the_analytical_plan_and_says_why(env, tmp_path):
     size = tidal("size", str(TINY), *V5E, "--set", "train.resources.accelerator.topology=2x2", "--json",
                  env={**env, "TIDAL_LIBTPU_DIR": str(tmp_path / "none")})

@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from tidal.config import RecipeError
 from tidal.train.chips import UnknownChip
 from tidal.train.sizing import cached_record, libtpu_installed, request, size_pipeline, size_step
 
@@ -62,3 +63,53 @@ def plan_lines(pipe: Any) -> list[str]:
         sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True))
         lines.extend("  " + line for line in sizing.describe())
     return lines
+
+
+def print_search(pipe: Any, *, recipe_path: str, write: bool = False, overrides: dict[str, Any] | None = None,
+                 as_json: bool = False) -> int:
+    """``tidal size --search``: rank the meshes and microbatch counts of every train step on its slice
+    (:func:`tidal.train.mesh_search.search_step`) and print them; with ``write``, put the best one into the
+    recipe file (one train step only, and no ``--set`` but ``train.mesh.*``, which constrains the search).
+
+    Returns:
+        0 when a configuration fits every step, 1 otherwise (one ``error:`` line per step).
+
+    Raises:
+        RecipeError: the search cannot run here, or ``--write`` cannot edit the file.
+    """
+    from tidal.train import mesh_search
+
+    others = sorted(k for k in (overrides or {}) if not k.startswith("train.mesh."))
+    if write and others:
+        raise RecipeError(f"--write edits {recipe_path}: set {', '.join(others)} in the file first (only "
+                          "--set train.mesh.* may stay on the command line: it fixes an axis of the search)")
+    recipe = pipe.recipe
+    steps = [step for step in pipe.graph if step.kind == "train"]
+    if write and len(steps) != 1:
+        raise RecipeError(f"--write edits the recipe's train section, and {recipe_path} has {len(steps)} train "
+                          "steps: write the chosen mesh of each into its suite by hand")
+    progress = lambda line: print(line, file=sys.stderr, flush=True)
+    found = []
+    for step in steps:
+        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
+        found.append((step.name, mesh_search.search_step(
+            step.name, step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1,
+            recipe.train.resources.accelerator, model_cfg, progress=progress)))
+    if as_json:
+        print(json.dumps([{"step": name, "candidates": [c.as_json() for c in cands]} for name, cands in found],
+                         indent=1))
+    status = 0
+    for name, cands in found:
+        if not as_json:
+            print("\n".join(mesh_search.describe(name, cands)))
+        if not cands or not cands[0].fits:
+            print(f"error: {name}: no mesh and microbatch count of the slice fits; the smallest tried: "
+                  f"{min(cands, key=lambda c: c.sizing.total_bytes if c.sizing else float('inf')).as_json()['mesh']}"
+                  "; use a larger topology or a smaller model or batch", file=sys.stderr)
+            status = 1
+    if write and status == 0:
+        best = found[0][1][0]
+        mesh_search.write_choice(recipe_path, best)
+        print(f"wrote train.mesh {best.mesh} and train.microbatches {best.microbatches} to {recipe_path}",
+              file=sys.stderr)
+    return status

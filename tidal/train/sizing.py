@@ -40,7 +40,7 @@ from tidal.launch.resources import tpu_slice
 from tidal.settings import current
 from tidal.train.chips import Chip, chip
 from tidal.train.flops import flops_per_token
-from tidal.train.memory import MeshShape, check_recipe, default_mesh, plan_memory
+from tidal.train.memory import MemoryPlanError, MeshShape, check_recipe, default_mesh, plan_memory
 
 RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning: it is part of the cache key
 LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
@@ -81,7 +81,8 @@ def libtpu_installed() -> bool:
 
 
 def request(train: Any, vocab_size: int, context: int, accelerator: Any) -> dict[str, Any]:
-    """The content a sizing is a function of: the train config's :data:`SIZED_FIELDS`, the vocabulary,
+    """The content a sizing is a function of: the train config's :data:`SIZED_FIELDS` (its mesh resolved to
+    the three axis sizes, so a default mesh and the same one written out share a sizing), the vocabulary,
     the context, the accelerator and the versions of what compiles it.
 
     Args:
@@ -100,6 +101,11 @@ def request(train: Any, vocab_size: int, context: int, accelerator: Any) -> dict
         if accelerator.kind == "gpu":
             acc["chip"] = chip(accelerator.type).name
     config = train.model_dump(mode="json", include=set(SIZED_FIELDS))
+    if accelerator.kind in ("tpu", "gpu"):  # the mesh as the trainer resolves it: one program, one key
+        chips = (tpu_slice(accelerator.type, accelerator.topology)[1].chips * accelerator.slices
+                 if accelerator.kind == "tpu" else accelerator.count * accelerator.nodes)
+        with contextlib.suppress(MemoryPlanError):  # a mesh that cannot fit: the sizer says so
+            config["mesh"] = _mesh_dict(default_mesh(chips, accelerator.slices, config.get("mesh")))
     return {"config": config, "vocab_size": int(vocab_size), "context": int(context), "accelerator": acc,
             "versions": _versions()}
 
@@ -290,10 +296,10 @@ class Sizing:
         if self.refusal is not None:
             lines.append(f"  the compiler refused it: {self.refusal}")
         else:
-            parts = " + ".join(f"{name} {_size(size)}" for name, size in self.parts.items())
+            parts = " + ".join(f"{name} {bytes_text(size)}" for name, size in self.parts.items())
             share = self.total_bytes / self.chip.hbm_bytes
-            lines.append(f"  HBM per chip: {parts} = {_size(self.total_bytes)} of {_size(self.chip.hbm_bytes)} "
-                         f"({share:.1%})")
+            lines.append(f"  HBM per chip: {parts} = {bytes_text(self.total_bytes)} of "
+                         f"{bytes_text(self.chip.hbm_bytes)} ({share:.1%})")
         ratio = self.flops_per_chip / self.model_flops_per_chip if self.model_flops_per_chip else float("nan")
         flops = (f"{self.flops_per_chip:.3g} compiled, {self.model_flops_per_chip:.3g} the model's "
                  f"(x{ratio:.2f}: recomputation, softmax, norms, optimizer)") if self.compiled else \
@@ -310,7 +316,7 @@ class Sizing:
                          f"MFU {p['mfu']:.1%}, {p['tokens_per_s']:,.0f} tokens/s")
         if self.method == "compiled" and self.estimate_fits != self.fits:
             lines.append(f"  the analytical estimate, which tidal plan and the DAG check on every machine, says "
-                         f"{_size(self.estimate_bytes)} and {'accepts' if self.estimate_fits else 'refuses'} it")
+                         f"{bytes_text(self.estimate_bytes)} and {'accepts' if self.estimate_fits else 'refuses'} it")
         lines.append("  fits" if self.fits else "  does not fit")
         return lines
 
@@ -328,7 +334,7 @@ class Sizing:
                 "cached": self.cached}
 
 
-def _size(n: float) -> str:
+def bytes_text(n: float) -> str:
     """Bytes as GiB from 1 GiB up, else MiB."""
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
