@@ -67,7 +67,8 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "kind", "step_id", "status"}], "failing_gates": [{"step_id", "attempt" (URI), "data_docs" (URI of
         the attempt's Data Docs index, or None), "failed": [...]}],
         "failures": groups from tidal.tracking.failures.group_failures, "checkpoint": {"path", "step",
-        "age_s", "root_hash"} | {"error"} | None, "downstream": {task: {metric: value, "n_examples"}} | None (the
+        "age_s", "root_hash"} | {"error"} | None, "sizing": :func:`tidal.core.report.sizing_of` of the committed train
+        step (None when it was not sized), "downstream": {task: {metric: value, "n_examples"}} | None (the
         committed eval step's results.json, :func:`tidal.core.report.downstream`; None and ``"downstream_error"`` when
         that file is damaged), "mlflow": {"uri", "link"}}``
         (:func:`mlflow_run_links` adds ``"error"`` when tracking is unreachable), or ``{"path", "error"}`` when
@@ -111,6 +112,15 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
                               "root_hash": data.get("root_hash")}
             except (OSError, ValueError, AttributeError) as err:  # being rewritten, or damaged
                 checkpoint = {"error": f"{manifest}: {type(err).__name__}: {str(err)[:300]}"}
+    sizing = None
+    if "train" in pipe.graph.by_name and pipe.storage.is_committed(pipe.graph["train"].step_id):
+        from tidal.core.report import sizing_of
+        from tidal.storage.layout import STEP_JSON
+
+        try:  # what the GKE launch predicted, beside what the trainer measured (tidal/train/preflight.py)
+            sizing = sizing_of(json.loads(pipe.storage.read_text(pipe.graph["train"].step_id, STEP_JSON)))
+        except (OSError, ValueError):  # a damaged record: the checkpoint and step rows say more
+            sizing = None
     downstream, downstream_error = None, None
     if "eval" in pipe.graph.by_name and pipe.storage.is_committed(pipe.graph["eval"].step_id):
         from tidal.core.report import downstream as downstream_of
@@ -132,7 +142,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
         "steps": steps, "failing_gates": failing_gates,
         "failures": group_failures(list_failures(pipe.storage, pipe.recipe.name),
                                    pipe.storage.is_committed)[:20],
-        "checkpoint": checkpoint, "downstream": downstream,
+        "checkpoint": checkpoint, "downstream": downstream, "sizing": sizing,
         **({"downstream_error": downstream_error} if downstream_error else {}),
         "mlflow": {"uri": safe_uri(pipe.tracking_uri), "link": experiments_link(pipe.tracking_uri)},
     }
@@ -331,6 +341,11 @@ def _render_recipe(out: list[str], st: dict[str, Any], runs: dict[str, list[dict
     out.append(f"<p class='checkpoint'>step {e(str(ckpt['step']))} at <code>{e(ckpt['path'])}</code>, age "
                f"{e(_age(ckpt['age_s']))}, root hash <code>{e(str(ckpt['root_hash'])[:12])}</code></p>"
                if ckpt else "<p class='checkpoint'>no checkpoint yet</p>")
+    if st.get("sizing"):
+        from tidal.core.report import sizing_lines
+
+        out.append("<h3>Sizing</h3>" + "".join(f"<p class='sizing'>{e(' '.join(line.split()))}</p>"
+                                                for line in sizing_lines(st["sizing"])))
     if st.get("downstream"):
         out.append("<h3>Downstream evals (final checkpoint)</h3><table class='downstream'>"
                    "<tr><th>task</th><th>metrics</th><th>n</th></tr>")

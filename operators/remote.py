@@ -74,7 +74,9 @@ class ProviderOperator(BaseOperator):
 
 
 class TidalPrepareOperator(BaseBranchOperator):
-    """Branch: skip to ``commit`` when the step is committed, else write ``spec.json`` and launch.
+    """Branch: skip to ``commit`` when the step is committed, else check that the train step fits its
+    accelerator (:func:`tidal.train.preflight.preflight`: failed without retry, before any pod, when it does
+    not), write ``spec.json`` and launch.
 
     XCom ``prepared`` = :func:`tidal.core.remote.prepare`'s dict; ``step_uri`` = where the pod finds
     ``spec.json`` (on an object-store root the step's staging URI in the bucket, never a worker path);
@@ -92,12 +94,20 @@ class TidalPrepareOperator(BaseBranchOperator):
         self.launch_task_id, self.commit_task_id = launch_task_id, commit_task_id
 
     def choose_branch(self, context: Any) -> list[str]:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from tidal.core.remote import prepare
+        from tidal.train.preflight import SizingRefused
 
         params = context.get("params") or {}
         force = self.step_name in (params.get("force_steps") or [])
         pipe = pipeline_for_run(self.recipe_path, context)
-        prepared = prepare(pipe, self.step_name, force=force)
+        try:
+            prepared = prepare(pipe, self.step_name, force=force)
+        except SizingRefused as err:  # no pod: a retry would be refused the same way
+            raise AirflowFailException(f"error: {err}") from None
+        if "sizing" in prepared:
+            self.log.info("sized %s: %s", self.step_name, prepared["sizing"])
         live = open_live_run(pipe, self.step_name, run_key_of(context), self.log) if prepared["status"] == "run" else {}
         ti = context["ti"]
         ti.xcom_push(key="prepared", value=prepared)
@@ -192,7 +202,7 @@ class TidalCommitOperator(StepLineageMixin, BaseOperator):
         live_run = ti.xcom_pull(task_ids=self.prepare_task_id, key=XCOM_RUN_ID) or None
         pipe = pipeline_for_run(self.recipe_path, context)
         result = commit(pipe, self.step_name, started_at=prepared["started_at"], launcher="gke",
-                        workload=self.workload, run_key=None)
+                        workload=self.workload, run_key=None, sizing=prepared.get("sizing"))
         # recorded here, not by commit(), so that the pod's live run is completed, not duplicated
         pipe.record(result, run_key_of(context), live_run=live_run, complete_history=True)
         self.log.info("%s %s in %.3f s -> %s", result.status, result.step_id, result.seconds, result.out_dir)

@@ -46,3 +46,24 @@ def test_report_prints_one_line_per_downstream_task():
     assert lines[at + 3].startswith("    acc (tidal_brown_cloze): picks the likeliest of the choices")
     assert lines[at + 4].startswith("    bits_per_byte (tidal_udhr_eng): lower is better; 8 is a uniform guess")
     assert lines[at + 5].startswith("    word_perplexity (tidal_udhr_eng): 2 ** (bits per byte x bytes per word)")
+
+
+def test_report_prints_the_launchs_sizing_beside_the_measured_step_time():
+    """Issue 40, item 7: a GKE train step's record keeps what the launch sized it as (tidal/train/preflight.py)."""
+    base = {"recipe": "tiny", "run_key": "k", "steps_run": ["train"], "steps_skipped": [], "gate": "passed",
+            "tokens_seen": 8128, "steps": 4, "final_train_loss": 7.1, "evals": {}, "checkpoints": "/x/checkpoints",
+            "mlflow_uri": "sqlite:///m.db", "missing": []}
+    sizing = {"method": "compiled", "where": "v5e 2x2 (4 chips, 1 host)", "mesh": {"data": 1, "fsdp": 4, "tensor": 1},
+              "chips": 4, "hbm_per_chip_bytes": 3 * 2**29, "hbm_capacity_bytes": 16 * 2**30,
+              "predicted_step_s": 0.0123, "predicted_mfu": 0.412, "predicted_tokens_per_s": 1e6,
+              "measured": {"step_time_s": 0.0150, "mfu": 0.337, "tokens_per_second": 8e5}}
+    lines = format_report({**base, "sizing": sizing}).splitlines()
+    at = lines.index("  sizing:        v5e 2x2 (4 chips, 1 host), mesh data=1 fsdp=4 tensor=1, 1.50 of 16.00 GiB HBM "
+                     "per chip (compiled)")
+    assert lines[at + 1] == "  step time:     predicted 12.3 ms, MFU 41.2%; measured 15.0 ms per step, MFU 33.7%"
+    analytical = {k: v for k, v in sizing.items() if not k.startswith("predicted")} | {
+        "method": "analytical", "measured": {"step_time_s": None, "mfu": None, "tokens_per_second": None}}
+    lines = format_report({**base, "sizing": analytical}).splitlines()
+    assert ("  step time:     not predicted (an analytical sizing: `tidal size` compiles one); no step time measured"
+            in lines)
+    assert not any(line.startswith("  sizing:") for line in format_report(base).splitlines())  # not sized: no lines

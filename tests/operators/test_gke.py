@@ -162,11 +162,12 @@ def test_jobset_status():
         jobset_finished(failed)
 
 
-def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data):
+def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data, monkeypatch):
     from tidal.core.load import load_pipeline
     from tidal.core.remote import RemoteRunIncomplete, commit, prepare
     from tidal.core.runner import StepBlocked
 
+    monkeypatch.setenv("TIDAL_SIZING_CACHE", str(tmp_path / "sizing"))  # empty: sized by the analytical plan
     path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
     pipe = load_pipeline(path, storage_root=str(tmp_path / "store"))
     with pytest.raises(StepBlocked):
@@ -181,9 +182,15 @@ def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data):
     with pytest.raises(RemoteRunIncomplete):
         commit(pipe, "train", started_at=prepared["started_at"], launcher="gke")
     (out / "summary.json").write_text(json.dumps({"steps": 1}))
-    result = commit(pipe, "train", started_at=prepared["started_at"], launcher="gke", workload="tidal-x")
+    # the launch was sized first (issue 40, item 7): v5e 2x4, 8 chips, nothing compiled here
+    sizing = prepared["sizing"]
+    assert sizing["method"] == "analytical" and sizing["chips"] == 8 and "v5e 2x4" in sizing["where"], sizing
+    assert 0 < sizing["hbm_per_chip_bytes"] < sizing["hbm_capacity_bytes"] and "predicted_mfu" not in sizing
+    result = commit(pipe, "train", started_at=prepared["started_at"], launcher="gke", workload="tidal-x",
+                    sizing=sizing)
     assert result.status == "run" and pipe.storage.is_committed(train.step_id)
-    assert json.loads((out / "step.json").read_text())["provenance"]["launcher"] == "gke"
+    provenance = json.loads((out / "step.json").read_text())["provenance"]
+    assert provenance["launcher"] == "gke" and provenance["sizing"] == sizing
     assert prepare(pipe, "train")["status"] == "skip"
 
 

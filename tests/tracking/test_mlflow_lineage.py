@@ -31,7 +31,8 @@ GIB = 1 << 30
 RUN_KEY = "lineage__run"
 
 
-def _commit(out: Path, name: str, root_hash: str, total_bytes: int, extra: dict[str, str] | None = None) -> None:
+def _commit(out: Path, name: str, root_hash: str, total_bytes: int, extra: dict[str, str] | None = None,
+            provenance: dict | None = None) -> None:
     """A committed stand-in step: its files, a manifest claiming ``total_bytes``, step.json, _SUCCESS."""
     out.mkdir(parents=True, exist_ok=True)
     for rel, text in (extra or {}).items():
@@ -39,8 +40,12 @@ def _commit(out: Path, name: str, root_hash: str, total_bytes: int, extra: dict[
         (out / rel).write_text(text)
     (out / MANIFEST_JSON).write_text(json.dumps({"files": [], "total_bytes": total_bytes, "root_hash": root_hash}))
     (out / STEP_JSON).write_text(json.dumps({"hash_input": {"name": name}, "manifest_root_hash": root_hash,
-                                             "summary": {}}))
+                                             "summary": {}, "provenance": provenance or {}}))
     (out / "_SUCCESS").write_text(root_hash + "\n")
+
+
+# what a GKE launch sized the train step as (tidal/train/preflight.py): its MLflow run gets it as tags
+SIZING = {"method": "compiled", "mesh": {"data": 1, "fsdp": 4, "tensor": 1}, "chips": 4, "predicted_mfu": 0.412}
 
 
 def _root_hash(index: int) -> str:
@@ -72,7 +77,7 @@ def committed(tmp_path, monkeypatch):
                                                                **({"params_sha256": "ee" * 32} if n == 10 else {})})
                  for n in (5, 10, 20)}
     _commit(pipe.storage.step_dir(train.step_id), "train", "ff" * 32, 5000,
-            {SUMMARY_JSON: json.dumps(summary), **manifests})
+            {SUMMARY_JSON: json.dumps(summary), **manifests}, provenance={"launcher": "gke", "sizing": SIZING})
     return pipe, summary, big
 
 
@@ -125,6 +130,9 @@ def test_train_logs_a_model_per_permanent_checkpoint_and_registers_the_final_one
     runs = client.search_runs([exp], f"tags.`tidal.step_id` = '{train.step_id}'")
     assert len(runs) == 2
     for run in runs:
+        sized = {k: v for k, v in run.data.tags.items() if k.startswith("tidal.sizing.")}
+        assert sized == {"tidal.sizing.method": "compiled", "tidal.sizing.mesh": json.dumps(SIZING["mesh"]),
+                         "tidal.sizing.chips": "4", "tidal.sizing.predicted_mfu": "0.412"}, sized
         contexts = {t.value for i in run.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
         assert len(run.inputs.dataset_inputs) == len(train.inputs) and contexts == {"training"}
     models = client.search_logged_models([exp], filter_string=f"tags.`tidal.step_id` = '{train.step_id}'")

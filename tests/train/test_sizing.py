@@ -78,7 +78,7 @@ def test_a_small_model_is_compiled_for_a_v5e_slice_and_sized_per_chip_then_read_
     assert "compiling" not in plan.stderr
 
 
-def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_the_estimate(env):
+def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_the_estimate(env, monkeypatch):
     size = tidal("size", str(TINY), *V5E, *TOO_BIG, env=env)
     assert size.returncode == 1, size.stderr[-3000:]
     errors = [line for line in size.stderr.splitlines() if line.startswith("error:")]
@@ -93,6 +93,21 @@ def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_t
     plan = tidal("plan", str(TINY), *V5E, *TOO_BIG, "--storage-root", root, env=env)
     assert plan.returncode == 2, plan.stdout[-2000:] + plan.stderr[-2000:]
     assert "training will not fit in device memory" in plan.stderr and "Use more microbatches" in plan.stderr
+
+    # the GKE launch's check before it books a chip (issue 40, item 7) reads the compiler's refusal from the cache
+    import yaml
+
+    from tidal.core.load import load_pipeline
+    from tidal.train.preflight import SizingRefused, preflight
+    from tidal.train.sizing import compiled_decides
+
+    overrides = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in (V5E + TOO_BIG)[1::2])}
+    with compiled_decides():
+        pipe = load_pipeline(TINY, overrides, storage_root=root)
+    monkeypatch.setenv("TIDAL_SIZING_CACHE", root)
+    with pytest.raises(SizingRefused, match="RESOURCE_EXHAUSTED") as refused:
+        preflight(pipe.graph["train"], pipe.recipe)
+    assert str(refused.value) == error.removeprefix("error: ")
 
     # that the advice works (8 microbatches fit: 13.98 GiB of 16) is bench/aot_sizing.py's refusal cells: a
     # compile of a minute and more, too long for CI; the scan's passes are counted (the HLO test below)

@@ -290,7 +290,12 @@ class Pipeline:
                 tags[f"tidal.{key}"] = result.summary[key]
         step_json = result.out_dir / STEP_JSON
         if step_json.is_file():
-            tags["tidal.manifest_root_hash"] = json.loads(step_json.read_text())["manifest_root_hash"]
+            record = json.loads(step_json.read_text())
+            tags["tidal.manifest_root_hash"] = record["manifest_root_hash"]
+            # what the GKE launch sized the step as before booking it (tidal/train/preflight.py)
+            sizing = record.get("provenance", {}).get("sizing") or {}
+            tags |= {f"tidal.sizing.{key}": json.dumps(value) if isinstance(value, dict) else str(value)
+                     for key, value in sizing.items()}
         artifacts = [result.out_dir / name for name in _ARTIFACTS.get(result.kind, ())]
         lineage = self._lineage(result.name, result.summary)
         history = _read_history(result.out_dir / "metrics.jsonl") if result.kind == "train" else None

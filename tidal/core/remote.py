@@ -41,6 +41,7 @@ from tidal.storage import staging, uris
 from tidal.storage.layout import SPEC_JSON
 from tidal.storage.layout import SUMMARY_JSON as SUMMARY
 from tidal.train import spec_of, spec_text, write_spec  # light: no JAX (see tidal/train/__init__.py)
+from tidal.train.preflight import preflight, sizing_record
 
 
 class RemoteRunIncomplete(RuntimeError):
@@ -52,16 +53,22 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
 
     Returns:
         ``{"step_id", "step_uri", "status", "started_at"}``; ``status`` is ``"skip"`` when the
-        step is committed (nothing written) and ``"run"`` when ``spec.json`` was written.
+        step is committed (nothing written) and ``"run"`` when ``spec.json`` was written. A train step on a
+        TPU or GPU that will run also has ``"sizing"`` (:func:`tidal.train.preflight.sizing_record`), for
+        :func:`commit` to record.
 
     Raises:
         StepBlocked: an input step is not committed.
+        tidal.train.preflight.SizingRefused: a train step that does not fit its accelerator (checked before
+            anything is written, so no pod starts: one line saying what to change).
     """
     step = pipe.graph[name]
     storage = pipe.storage
     base = {"step_id": step.step_id, "step_uri": storage.step_uri(step.step_id), "started_at": now()}
     if not needs_run(step, storage, force=force):
         return {**base, "status": "skip"}
+    if step.kind == "train" and (sizing := preflight(step, pipe.recipe)) is not None:
+        base["sizing"] = sizing_record(sizing)
 
     if is_uri(storage.uri):  # the pod reads spec.json from the bucket, never from this worker's disk
         location = staging.resumable_staging(storage, step.step_id)
@@ -74,13 +81,14 @@ def prepare(pipe: Pipeline, name: str, *, force: bool = False) -> dict[str, Any]
 
 
 def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
-           workload: str | None = None, run_key: str | None = None) -> StepResult:
+           workload: str | None = None, run_key: str | None = None, sizing: dict[str, Any] | None = None) -> StepResult:
     """Commit step ``name`` after its remote run finished; a committed step is a no-op skip.
 
     Args:
         started_at: ISO time :func:`prepare` returned (recorded in ``step.json``).
         launcher: ``"gke"``; recorded in provenance with ``workload`` (Pod / JobSet name).
         run_key: MLflow parent-run key; None records nothing.
+        sizing: what :func:`prepare` sized the step as (its ``"sizing"``); ``provenance.sizing`` of ``step.json``.
 
     Raises:
         RemoteRunIncomplete: ``summary.json`` is missing (the pod did not finish training).
@@ -88,6 +96,7 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
     tick = time.perf_counter()
     step = pipe.graph[name]
     storage = pipe.storage
+    provenance = {"launcher": launcher, "workload": workload} | ({"sizing": sizing} if sizing else {})
     if storage.is_committed(step.step_id):
         result = skip_result(step, storage, time.perf_counter() - tick)
     elif is_uri(storage.uri):
@@ -99,7 +108,7 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
                                       "not finish; rerun the launch task (training resumes from checkpoints)") from None
         seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
         result = commit_staged(step, storage, location, summary, started_at=started_at, seconds=seconds,
-                               provenance={"launcher": launcher, "workload": workload}, where=f"the {launcher} run")
+                               provenance=provenance, where=f"the {launcher} run")
     else:
         work_dir = storage.resumable_dir(step.step_id)
         if not (work_dir / SUMMARY).is_file():
@@ -108,7 +117,7 @@ def commit(pipe: Pipeline, name: str, *, started_at: str, launcher: str,
         summary = json.loads((work_dir / SUMMARY).read_text())
         seconds = (datetime.now(UTC) - datetime.fromisoformat(started_at)).total_seconds()
         result = commit_step(step, storage, work_dir, summary, started_at=started_at, seconds=seconds,
-                             provenance={"launcher": launcher, "workload": workload}, where=f"the {launcher} run")
+                             provenance=provenance, where=f"the {launcher} run")
     if run_key is not None:
         pipe.record(result, run_key)
     return result

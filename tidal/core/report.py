@@ -58,9 +58,12 @@ def build_report(pipe: Any, run_key: str | None = None, finish: bool = False) ->
         report.update(kind="scaling_suite", base=pipe.recipe.name, grid=_grid_runs(pipe), fit=_fit_result(pipe))
     elif storage.is_committed(graph["train"].step_id):
         train_id = graph["train"].step_id
-        summary = json.loads(storage.read_text(train_id, STEP_JSON))["summary"]
+        record = json.loads(storage.read_text(train_id, STEP_JSON))
+        summary = record["summary"]
         for key in ("tokens_seen", "final_train_loss", "eval_loss", "steps", "checkpoint_root_hash"):
             report[key] = summary.get(key)
+        if sizing := sizing_of(record):
+            report["sizing"] = sizing
         report["evals"] = eval_curves(summary)
         report["checkpoints"] = storage.step_uri(train_id).rstrip("/") + "/checkpoints"
     if suite is None and "eval" in graph.by_name and storage.is_committed(graph["eval"].step_id):
@@ -205,6 +208,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"  train loss:    {fmt(report.get('final_train_loss'))} (final)",
         ]
         lines += _format_evals(report, fmt)
+        lines += [f"  {line}" for line in sizing_lines(report.get("sizing"))]
         lines.append(f"  checkpoints:   {report['checkpoints']}")
     lines += _format_downstream(report.get("downstream") or {})
     if "grid" in report:
@@ -221,6 +225,37 @@ def format_report(report: dict[str, Any]) -> str:
     if report["missing"]:
         lines.append(f"  NOT COMMITTED: {', '.join(report['missing'])}")
     return "\n".join(lines)
+
+
+def sizing_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What the GKE launch sized a train step as (``provenance.sizing`` of its ``step.json``,
+    :func:`tidal.train.preflight.sizing_record`) with ``"measured"``: the trainer's ``step_time_s``, ``mfu`` and
+    ``tokens_per_second`` from the same record; None for a step that was not sized (a local or CPU run)."""
+    sizing = (record.get("provenance") or {}).get("sizing")
+    if not sizing:
+        return None
+    summary = record.get("summary") or {}
+    return {**sizing, "measured": {k: summary.get(k) for k in ("step_time_s", "mfu", "tokens_per_second")}}
+
+
+def sizing_lines(sizing: dict[str, Any] | None) -> list[str]:
+    """:func:`sizing_of` as text (the report and the on-call page): HBM per chip, and the step time and MFU
+    predicted (when the sizing was compiled) beside the measured ones; two lines, or none when not sized."""
+    if not sizing:
+        return []
+    m, measured = sizing["mesh"], sizing["measured"]
+    lines = [(f"sizing:        {sizing['where']}, mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}, "
+             f"{sizing['hbm_per_chip_bytes'] / 2**30:.2f} of {sizing['hbm_capacity_bytes'] / 2**30:.2f} GiB HBM per "
+             f"chip ({sizing['method']})")]
+    step_s, mfu = measured.get("step_time_s"), measured.get("mfu")
+    got = (f"measured {step_s * 1e3:.1f} ms per step" + (f", MFU {mfu:.1%}" if mfu is not None else "")
+           if step_s is not None else "no step time measured")
+    if "predicted_step_s" in sizing:
+        lines.append(f"step time:     predicted {sizing['predicted_step_s'] * 1e3:.1f} ms, MFU "
+                     f"{sizing['predicted_mfu']:.1%}; {got}")
+    else:
+        lines.append(f"step time:     not predicted (an analytical sizing: `tidal size` compiles one); {got}")
+    return lines
 
 
 def _format_evals(report: dict[str, Any], fmt: Any) -> list[str]:

@@ -60,7 +60,8 @@ def plan_lines(pipe: Any) -> list[str]:
         if record is not None and "error" in record:
             lines.append(f"  {step.name}: {record['error']}")
             continue
-        sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True))
+        sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True),
+                           compile_missing=False)
         lines.extend("  " + line for line in sizing.describe())
     return lines
 

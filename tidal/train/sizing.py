@@ -351,9 +351,11 @@ def _where(acc: dict[str, Any], chips: int) -> str:
 
 
 def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any = None,
-              timeout_s: float = COMPILE_TIMEOUT_S, record: tuple[dict[str, Any], bool] | None = None) -> Sizing:
+              timeout_s: float = COMPILE_TIMEOUT_S, record: tuple[dict[str, Any], bool] | None = None,
+              compile_missing: bool = True) -> Sizing:
     """Size one train step from its :func:`request` (``model_cfg``: its :class:`tidal.train.flops.ModelShape`);
-    ``record``: the compiler's ``(record, cached)`` when the caller has it (else compiled or read here).
+    ``record``: the compiler's ``(record, cached)`` when the caller has it (else compiled or read here, or with
+    ``compile_missing`` False the analytical sizing: nothing is compiled).
 
     Raises:
         SizingError: the sizer process failed.
@@ -377,7 +379,7 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
     micro = int(cfg.get("microbatches", 1))
     plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, capacity_bytes=c.hbm_bytes, microbatches=micro,
                        mesh=default_mesh(chips, acc.get("slices", 1), cfg.get("mesh")))
-    if acc["kind"] == "tpu" and (record is not None or libtpu_installed()):
+    if acc["kind"] == "tpu" and (record is not None or (compile_missing and libtpu_installed())):
         record, cached = record or compiled_record(req, timeout_s=timeout_s, progress=progress)
         if "error" in record:
             raise ConfigError(f"{step} on {where}: {record['error']}")
