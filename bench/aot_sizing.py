@@ -3,7 +3,8 @@ compiled HBM with the analytical estimate of tidal/train/memory.py.
 
 Cells: presets (a MoE model among them) x slices, each compiled by the sizer (tidal/train/sizing.py, its own
 process with libtpu), plus cells built to exceed one chip's HBM (refused) and their fixes (fit), and the two
-large predictions the issue names: the 1b preset on v5e-64 and an 8B model on v6e-256.
+large predictions the issue names: recipes/gke/gke_1b_v5e64.yaml (the 1b preset on v5e-64) and
+recipes/gke/gke_8b_v6e256.yaml (Llama 3 8B's shape on v6e-256).
 
     .venv/bin/python bench/aot_sizing.py            # every cell (about an hour on 2 cores; the 8B compile is most)
     .venv/bin/python bench/aot_sizing.py --quick    # the calibration matrix and the refusals only
@@ -42,9 +43,9 @@ REFUSALS = [("125m-b64/v5e-1x1", {"preset": "125m"}, 64, "v5e", "1x1", 1, False)
             ("125m-b64-mb16/v5e-1x1", {"preset": "125m"}, 64, "v5e", "1x1", 16, True),
             ("760m-b16/v5e-1x1", {"preset": "760m"}, 16, "v5e", "1x1", 1, False),
             ("760m-b16/v5e-2x4", {"preset": "760m"}, 16, "v5e", "2x4", 1, True)]
-EIGHT_B = {"d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "d_ff": 14336}  # Llama-3-8B's shape
-LARGE = [("1b/v5e-8x8", {"preset": "1b"}, 256, "v5e", "8x8", 1),
-         ("8b/v6e-16x16", EIGHT_B, 256, "v6e", "16x16", 1)]
+# the realistic recipes of recipes/gke/ (their own model, batch, microbatches and slice)
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "gke"
+LARGE = [("1b/v5e-8x8", "gke_1b_v5e64"), ("8b/v6e-16x16", "gke_8b_v6e256")]
 
 
 def size(label: str, model: dict, batch: int, chip: str, topo: str, microbatches: int = 1):
@@ -56,6 +57,20 @@ def size(label: str, model: dict, batch: int, chip: str, topo: str, microbatches
     print(f"{label:<24} fits={sizing.fits!s:<5} compiled={sizing.total_bytes / 2**30:7.2f} GiB "
           f"analytical={sizing.estimate_bytes / 2**30:7.2f} GiB compile_s={sizing.compile_s} "
           f"predicted_mfu={mfu:.3f}", flush=True)
+    return sizing
+
+
+def size_recipe(label: str, name: str):
+    """Size the train step of ``recipes/gke/{name}.yaml`` as ``tidal size`` does."""
+    from tidal.recipe import load_recipe
+
+    recipe = load_recipe(RECIPES / f"{name}.yaml")
+    vocab, train = recipe.tokenizer.vocab_size, recipe.train
+    req = request(train, vocab, recipe.tokenize.seq_len - 1, train.resources.accelerator)
+    sizing = size_step(label, req, train.model.shape(vocab), progress=lambda line: print(line, flush=True))
+    mfu = sizing.predicted["mfu"] if sizing.refusal is None else float("nan")
+    print(f"{label:<24} recipe={name} fits={sizing.fits!s:<5} {sizing.method}={sizing.total_bytes / 2**30:7.2f} GiB "
+          f"compile_s={sizing.compile_s} predicted_mfu={mfu:.3f}", flush=True)
     return sizing
 
 
@@ -78,8 +93,8 @@ def main() -> int:
         sizing = size(label, model, batch, chip, topo, micro)
         correct += sizing.fits == should_fit
     mfu = {}
-    for label, model, batch, chip, topo, micro in ([] if args.quick else LARGE):
-        sizing = size(label, model, batch, chip, topo, micro)
+    for label, name in [] if args.quick else LARGE:
+        sizing = size_recipe(label, name)
         mfu[label] = sizing.predicted["mfu"] if sizing.compiled else float("nan")
     print(f"RESULT cells={len(CALIBRATION)} compile_s_median={statistics.median(compile_s):.1f} "
           f"estimator_error_max={max(errors):.3f} refusals_correct={correct}/{len(REFUSALS)} "

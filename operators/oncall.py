@@ -119,7 +119,7 @@ def recipe_status(recipe_path: Path) -> dict[str, Any]:
 
         try:  # what the GKE launch predicted, beside what the trainer measured (tidal/train/preflight.py)
             sizing = sizing_of(json.loads(pipe.storage.read_text(pipe.graph["train"].step_id, STEP_JSON)))
-        except (OSError, ValueError):  # a damaged record: the checkpoint and step rows say more
+        except (OSError, ValueError, AttributeError):  # a damaged record: the checkpoint and step rows say more
             sizing = None
     downstream, downstream_error = None, None
     if "eval" in pipe.graph.by_name and pipe.storage.is_committed(pipe.graph["eval"].step_id):

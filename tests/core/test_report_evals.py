@@ -64,6 +64,6 @@ def test_report_prints_the_launchs_sizing_beside_the_measured_step_time():
     analytical = {k: v for k, v in sizing.items() if not k.startswith("predicted")} | {
         "method": "analytical", "measured": {"step_time_s": None, "mfu": None, "tokens_per_second": None}}
     lines = format_report({**base, "sizing": analytical}).splitlines()
-    assert ("  step time:     not predicted (an analytical sizing: `tidal size` compiles one); no step time measured"
+    assert ("  step time:     not predicted (a record written before sizings predicted one); no step time measured"
             in lines)
     assert not any(line.startswith("  sizing:") for line in format_report(base).splitlines())  # not sized: no lines

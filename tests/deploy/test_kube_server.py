@@ -71,12 +71,22 @@ def test_the_training_namespace_enforces_restricted_pod_security(kube, installed
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
+def _realistic_recipes() -> list[tuple[str, dict]]:
+    """The train resources of recipes/gke/ (issue 40, item 6), as matrix cases."""
+    from tests.conftest import REPO
+    from tidal.recipe import load_recipe
+
+    return [(path.stem, load_recipe(path).train.resources.model_dump(mode="json", exclude={"namespace"}))
+            for path in sorted((REPO / "recipes" / "gke").glob("*.yaml"))]
+
+
 def test_every_workload_of_the_matrix_is_admitted_in_the_training_namespace(kube, installed):
     """Pods, JobSets (the CRD's schema) and the Jobs and Pods inside them, under Pod Security
-    ``restricted``, with the chart's priority classes and service account."""
-    accepted, total, refusals = admit_matrix(kube, MATRIX, installed["training"]["namespace"])
+    ``restricted``, with the chart's priority classes and service account; the realistic recipes' too."""
+    recipes = _realistic_recipes()
+    accepted, total, refusals = admit_matrix(kube, MATRIX + recipes, installed["training"]["namespace"])
     assert (accepted, refusals) == (total, "")
-    assert total == len(MATRIX) > 80
+    assert total == len(MATRIX) + len(recipes) and len(MATRIX) > 80 and len(recipes) == 5
 
 
 def test_a_privileged_pod_is_rejected_by_pod_security_admission(kube, installed):

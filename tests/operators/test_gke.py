@@ -185,7 +185,7 @@ def test_prepare_then_commit_follows_the_commit_protocol(tmp_path, tiny_data, mo
     # the launch was sized first (issue 40, item 7): v5e 2x4, 8 chips, nothing compiled here
     sizing = prepared["sizing"]
     assert sizing["method"] == "analytical" and sizing["chips"] == 8 and "v5e 2x4" in sizing["where"], sizing
-    assert 0 < sizing["hbm_per_chip_bytes"] < sizing["hbm_capacity_bytes"] and "predicted_mfu" not in sizing
+    assert 0 < sizing["hbm_per_chip_bytes"] < sizing["hbm_capacity_bytes"] and 0 < sizing["predicted_mfu"] < 1
     result = commit(pipe, "train", started_at=prepared["started_at"], launcher="gke", workload="tidal-x",
                     sizing=sizing)
     assert result.status == "run" and pipe.storage.is_committed(train.step_id)
@@ -234,6 +234,7 @@ def gke_context(tmp_path: Path, tiny_data: dict, monkeypatch, uri: str | None = 
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.setenv("TIDAL_TRACKING_PENDING_DIR", str(tmp_path / "pending"))
     monkeypatch.setenv("TIDAL_SIGNING_KEY", "ab" * 32)
+    monkeypatch.setenv("TIDAL_SIZING_CACHE", str(tmp_path / "sizing"))  # empty: prepare sizes analytically
     path = write_recipe(tmp_path, {**tiny_data, "storage_root": str(tmp_path / "store")}, "pod", POD)
     dag = build_dag(path)
     pipe = load_pipeline(path)
@@ -263,6 +264,11 @@ def test_prepare_and_commit_with_a_local_tracking_store(tmp_path, tiny_data, mon
     runs = client.search_runs([client.get_experiment_by_name(pipe.tracker().experiment).experiment_id])
     child = [r for r in runs if r.data.tags.get("tidal.step_id") == pipe.graph["train"].step_id]
     assert len(child) == 1 and child[0].info.status == "FINISHED" and child[0].data.metrics["final_train_loss"] == 2.5
+    # prepare's sizing reached commit through its XCom: step.json and the run's tags (issue 40, item 7)
+    sizing = ti.xcoms["prepared"]["sizing"]
+    record = json.loads(pipe.storage.read_text(pipe.graph["train"].step_id, "step.json"))
+    assert record["provenance"]["sizing"] == sizing and sizing["method"] == "analytical", record["provenance"]
+    assert child[0].data.tags["tidal.sizing.predicted_mfu"] == str(sizing["predicted_mfu"])
 
 
 @pytest.mark.slow

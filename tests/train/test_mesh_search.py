@@ -21,11 +21,11 @@ def test_every_factorization_of_the_slice_the_trainer_can_run():
     assert _triples(meshes(4, 1, _model(), 16)) == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
     # tensor must divide every head count and d_ff: 3 heads allow no tensor parallelism over 2 or 4 chips
     assert _triples(meshes(4, 1, _model(n_heads=3, d_model=96), 16)) == [(1, 4, 1), (2, 2, 1), (4, 1, 1)]
-    assert all(t in (1, 2) for _, _, t in _triples(meshes(8, 1, _model(n_heads=4, n_kv_heads=2), 64)))
+    assert sorted({t for _, _, t in _triples(meshes(8, 1, _model(n_heads=4, n_kv_heads=2), 64))}) == [1, 2]
     # the batch is sharded over data x fsdp: 6 sequences cannot go over 4 of them
     assert _triples(meshes(4, 1, _model(), 6)) == [(1, 1, 4), (1, 2, 2), (2, 1, 2)]
     # two slices: only data parallelism crosses the DCN between them
-    assert all(d % 2 == 0 for d, _, _ in _triples(meshes(8, 2, _model(), 64)))
+    assert sorted({d for d, _, _ in _triples(meshes(8, 2, _model(), 64))}) == [2, 4, 8]
     # an axis the recipe's train.mesh sets stays as it is
     assert _triples(meshes(4, 1, _model(), 16, {"tensor": 1, "data": None})) == [(1, 4, 1), (2, 2, 1), (4, 1, 1)]
     assert meshes(4, 1, _model(), 16, {"tensor": 3}) == []
@@ -37,23 +37,60 @@ def test_microbatch_counts_keep_every_microbatch_whole_on_every_chip():
     assert microbatch_counts(4, {"data": 4, "fsdp": 1, "tensor": 1}) == [1]
 
 
-def test_write_sets_the_mesh_and_microbatches_and_keeps_the_files_comments(tmp_path):
+def test_write_edits_only_the_train_lines_and_leaves_every_other_byte(tmp_path):
+    from tests.conftest import REPO
+
+    path = tmp_path / "tiny.yaml"
+    text = (REPO / "recipes" / "tiny.yaml").read_text()
+    path.write_text(text)
+    default = {"data": 1, "fsdp": 4, "tensor": 1}
+    # the trainer's own mesh with one microbatch: nothing to write (a written mesh would change the step id)
+    assert not write_choice(path, Candidate(default, 1, None), default) and path.read_text() == text
+    assert write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 4, None), default)
+    assert path.read_text() == text + "  mesh: {data: 2, fsdp: 2, tensor: 1}\n  microbatches: 4\n"
+    # a second write replaces those lines, and a count the file names is kept true
+    assert write_choice(path, Candidate({"data": 1, "fsdp": 4, "tensor": 1}, 1, None), default)
+    assert path.read_text() == text + "  mesh: {data: 1, fsdp: 4, tensor: 1}\n  microbatches: 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.yaml"]  # written by rename: no temporary left
+
+
+def test_write_replaces_a_block_mesh_inside_the_train_section_and_keeps_what_follows(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n  batch_size: 16\n")
-    write_choice(path, Candidate({"data": 1, "fsdp": 4, "tensor": 1}, 1, None))
-    text = path.read_text()
-    assert text == ("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n  batch_size: 16\n"
-                    "  mesh: {data: 1, fsdp: 4, tensor: 1}\n")  # one microbatch: the default, not written
-    write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 4, None))
-    assert path.read_text().endswith("  mesh: {data: 2, fsdp: 2, tensor: 1}\n  microbatches: 4\n")
-    write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 1, None))
-    assert path.read_text().endswith("  microbatches: 1\n")  # a count the file names is kept true
+    path.write_text("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n  mesh:\n    tensor: 1  # fixed\n"
+                    "  batch_size: 16\nschedule: null\n")
+    assert write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 1, None), {"data": 1, "fsdp": 4,
+                                                                                          "tensor": 1})
+    assert path.read_text() == ("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n"
+                                "  mesh: {data: 2, fsdp: 2, tensor: 1}\n  batch_size: 16\nschedule: null\n")
 
 
-def test_write_refuses_a_file_that_is_not_a_recipe_mapping(tmp_path):
+def test_write_refuses_what_it_cannot_edit_safely(tmp_path):
     from tidal.config import RecipeError
 
+    chosen = Candidate({"data": 1, "fsdp": 1, "tensor": 1}, 2, None)
     path = tmp_path / "r.yaml"
-    path.write_text("- a\n- b\n")
-    with pytest.raises(RecipeError, match="a recipe is a mapping of fields"):
-        write_choice(path, Candidate({"data": 1, "fsdp": 1, "tensor": 1}, 1, None))
+    for text, rule in (("- a\n- b\n", "a recipe is a mapping of fields"),
+                       ("name: r\ntrain: {steps: 10}\n", "flow style")):
+        path.write_text(text)
+        with pytest.raises(RecipeError, match=rule):
+            write_choice(path, chosen)
+        assert path.read_text() == text
+
+
+def test_the_sizing_key_is_the_resolved_mesh_however_the_recipe_writes_it():
+    """A default mesh and the same mesh written out are one program: one sizing, one compile."""
+    from tests.conftest import TINY
+    from tidal.recipe import load_recipe
+    from tidal.train.config import MeshConfig
+    from tidal.train.sizing import request, request_key
+
+    recipe = load_recipe(TINY, {"train.resources.launcher": "gke", "train.resources.accelerator.kind": "tpu",
+                                "train.resources.accelerator.type": "v5e",
+                                "train.resources.accelerator.topology": "2x2"})
+    train, acc = recipe.train, recipe.train.resources.accelerator
+
+    def key(mesh):
+        return request_key(request(train.model_copy(update={"mesh": mesh}), 4096, 127, acc))
+
+    assert key(None) == key(MeshConfig(data=1, fsdp=4, tensor=1)) == key(MeshConfig(tensor=1))
+    assert key(MeshConfig(data=2)) == key(MeshConfig(data=2, fsdp=2, tensor=1)) != key(None)

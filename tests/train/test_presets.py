@@ -17,7 +17,7 @@ V = 32_000  # the vocabulary the docstring's counts assume (Llama / TinyLlama)
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 # stated ranges of total parameters at V = 32k (names are nominal sizes, untied embeddings counted)
 RANGES = {"tiny": (1e6, 1e7), "small": (1e7, 3e7), "125m": (1.1e8, 1.5e8), "350m": (3.0e8, 4.0e8),
-          "760m": (7.0e8, 8.5e8), "1b": (1.0e9, 1.2e9)}
+          "760m": (7.0e8, 8.5e8), "1b": (1.0e9, 1.2e9), "8b": (7.0e9, 8.1e9)}
 
 
 def _table() -> dict[str, tuple[int, ...]]:

@@ -114,15 +114,11 @@ def test_a_step_over_hbm_is_refused_with_one_error_line_and_plan_refuses_it_by_t
 
 
 def test_search_ranks_the_meshes_of_the_slice_by_predicted_mfu_and_write_puts_the_best_in_the_recipe(env, tmp_path):
-    from ruamel.yaml import YAML
-
-    yaml = YAML()
-    recipe = yaml.load(TINY.read_text())
-    recipe["train"]["resources"] = {"launcher": "gke", "accelerator": {"kind": "tpu", "type": "v5e", "topology": "2x2"}}
-    recipe["train"]["mesh"] = {"tensor": 1}  # a fixed axis: the search tries data x fsdp over the 4 chips
     path = tmp_path / "sized.yaml"
-    with path.open("w") as f:
-        yaml.dump(recipe, f)
+    text = TINY.read_text() + ("  resources:\n    launcher: gke\n"
+                               "    accelerator: {kind: tpu, type: v5e, topology: 2x2}\n"
+                               "  mesh: {tensor: 1}  # a fixed axis: the search tries data x fsdp over the 4 chips\n")
+    path.write_text(text)
     search = tidal("size", str(path), "--search", "--json", env=env)
     assert search.returncode == 0, search.stderr[-3000:]
     [step] = json.loads(search.stdout)
@@ -138,9 +134,9 @@ def test_search_ranks_the_meshes_of_the_slice_by_predicted_mfu_and_write_puts_th
     write = tidal("size", str(path), "--search", "--write", env=env)
     assert write.returncode == 0 and "compiling" not in write.stderr, write.stderr[-3000:]  # the search's cache
     best = cands[0]["mesh"]
-    written = YAML().load(path.read_text())["train"]
-    assert dict(written["mesh"]) == best and "microbatches" not in written, dict(written)
-    assert path.read_text().startswith("# The tiny recipe")  # the file's comments are kept
+    flow = "{" + ", ".join(f"{axis}: {best[axis]}" for axis in ("data", "fsdp", "tensor")) + "}"
+    assert path.read_text() == text.replace("  mesh: {tensor: 1}  # a fixed axis: the search tries data x fsdp over "
+                                            "the 4 chips\n", f"  mesh: {flow}\n")  # no other byte changed
     # the written recipe sizes as the search's winner, from the cache
     sized = tidal("size", str(path), "--json", env=env)
     [again] = json.loads(sized.stdout)
@@ -159,12 +155,22 @@ def test_without_libtpu_a_tpu_run_is_sized_by_the_analytical_plan_and_says_why(e
     [sizing] = json.loads(size.stdout)
     assert sizing["method"] == "analytical" and "make tpu-tools" in sizing["note"] and sizing["fits"]
     assert set(sizing["parts_bytes"]) == {"params", "optimizer", "gradients", "activations"}
+    # the analytical traffic (tidal/train/roofline.py) against the compiled program's, on the same mesh
+    compiled = json.loads(tidal("size", str(TINY), *V5E, "--set", "train.resources.accelerator.topology=2x2",
+                                "--json", env=env).stdout)[0]
+    assert compiled["method"] == "compiled" and compiled["mesh"] == sizing["mesh"] == {"data": 1, "fsdp": 4,
+                                                                                        "tensor": 1}
+    for kind in ("all-gather", "reduce-scatter"):
+        ratio = sizing["collectives"][kind]["wire_bytes"] / compiled["collectives"][kind]["wire_bytes"]
+        assert 0.5 < ratio < 2, (kind, ratio, sizing["collectives"], compiled["collectives"])
+    assert 0 < sizing["predicted"]["mfu"] < 1 and sizing["predicted"]["collective_s"] > 0, sizing["predicted"]
     gpu = tidal("size", str(TINY), "--set", "train.resources.launcher=gke", "--set",
                 "train.resources.accelerator.kind=gpu", "--set", "train.resources.accelerator.type=nvidia-h100-80gb",
                 "--set", "train.resources.accelerator.count=8", "--json", env=env)
     assert gpu.returncode == 0, gpu.stderr[-3000:]
     [h100] = json.loads(gpu.stdout)
     assert h100["method"] == "analytical" and "CUDA plugin" in h100["note"] and h100["chips"] == 8
+    assert 0 < h100["predicted"]["mfu"] < 1, h100["predicted"]
     local = tidal("size", str(TINY), env=env)
     assert local.returncode == 0 and "nothing to size against" in local.stdout, local.stdout + local.stderr
 

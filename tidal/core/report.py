@@ -240,7 +240,8 @@ def sizing_of(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def sizing_lines(sizing: dict[str, Any] | None) -> list[str]:
     """:func:`sizing_of` as text (the report and the on-call page): HBM per chip, and the step time and MFU
-    predicted (when the sizing was compiled) beside the measured ones; two lines, or none when not sized."""
+    predicted (from the compiled program, or an analytical sizing's estimated traffic) beside the measured ones;
+    two lines, or none when not sized."""
     if not sizing:
         return []
     m, measured = sizing["mesh"], sizing["measured"]
@@ -254,7 +255,7 @@ def sizing_lines(sizing: dict[str, Any] | None) -> list[str]:
         lines.append(f"step time:     predicted {sizing['predicted_step_s'] * 1e3:.1f} ms, MFU "
                      f"{sizing['predicted_mfu']:.1%}; {got}")
     else:
-        lines.append(f"step time:     not predicted (an analytical sizing: `tidal size` compiles one); {got}")
+        lines.append(f"step time:     not predicted (a record written before sizings predicted one); {got}")
     return lines
 
 

@@ -84,7 +84,7 @@ class ModelConfig(Strict):
     fields not written beside it, once, when the model is validated; without a preset the
     defaults below apply. The resolved shape, not the preset's name, is what a step config holds
     and hashes; optional fields left at their defaults (``n_kv_heads`` = ``n_heads``, no ``moe``,
-    ``compute_dtype: float32``) are left out of it, so recipes that do not use them keep their
+    ``compute_dtype: float32``, no ``remat``) are left out of it, so recipes that do not use them keep their
     step ids. The vocabulary size comes from the tokenizer: :meth:`shape` adds it.
     """
 
@@ -101,6 +101,9 @@ class ModelConfig(Strict):
     compute_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="activation and matmul-input dtype; parameters, router, softmax and loss "
         "stay float32")
+    remat: bool = Field(
+        default=False, description="recompute each block's activations in the backward pass (flax.linen.remat): "
+        "same values, activations of one block instead of every block, about 1/3 more FLOPs (Chen et al. 2016)")
 
     @model_validator(mode="before")
     @classmethod
@@ -133,7 +136,7 @@ class ModelConfig(Strict):
         data.pop("preset", None)
         if data.get("n_kv_heads") in (None, self.n_heads):
             data.pop("n_kv_heads", None)
-        for key, default in (("moe", None), ("compute_dtype", "float32")):
+        for key, default in (("moe", None), ("compute_dtype", "float32"), ("remat", False)):
             if data.get(key) == default:
                 data.pop(key, None)
         return data
@@ -159,25 +162,22 @@ class ModelConfig(Strict):
         return 0 if self.moe is None else sum(self.moe.is_moe_layer(i) for i in range(self.n_layers))
 
     def shape(self, vocab_size: int, **options: Any) -> ModelShape:
-        """This model with the tokenizer's vocabulary size (and code-only ``options``: ``remat``,
-        ``attention``): what the network, the size and FLOPs formulas and the memory plan take.
+        """This model with the tokenizer's vocabulary size (and code-only ``options``: ``attention``, or a
+        ``remat`` that overrides the recipe's): what the network, the size and FLOPs formulas and the memory plan take.
 
         Raises:
             pydantic.ValidationError: ``vocab_size`` not a positive int, or a bad option.
         """
         fields = {name: getattr(self, name) for name in ModelConfig.model_fields if name != "preset"}
-        return ModelShape(**fields, vocab_size=vocab_size, **options)
+        return ModelShape(**(fields | options), vocab_size=vocab_size)
 
 
 class ModelShape(ModelConfig):
     """A :class:`ModelConfig` plus what a config does not say: the vocabulary size V (from the
-    tokenizer's ``tokenizer_meta.json``) and two options set in code by benchmarks, never in a
-    recipe or step config. Built by :meth:`ModelConfig.shape`."""
+    tokenizer's ``tokenizer_meta.json``) and the attention implementation, set in code by benchmarks,
+    never in a recipe or step config. Built by :meth:`ModelConfig.shape`."""
 
     vocab_size: PositiveInt = Field(description="V, number of token ids (from the tokenizer)")
-    remat: bool = Field(
-        default=False, description="recompute each block's activations in the backward pass (flax.linen.remat): "
-        "same values, less memory, about 1/3 more FLOPs")
     attention: Literal["einsum", "xla", "cudnn"] = Field(
         default="einsum", description="einsum: explicit masked softmax; xla or cudnn: jax.nn.dot_product_attention "
         "with that implementation (cudnn: fused flash attention on NVIDIA GPUs)")

@@ -6,7 +6,8 @@ can run, each with the fewest microbatches that fit: the counts are tried in inc
 mesh stops at the first that fits, because more microbatches only add loop passes (each gathers the
 parameters again under FSDP) and shrink the matmuls, so the least count that fits is the fastest by the
 roofline of :mod:`tidal.train.sizing`. Every candidate is compiled for the slice (one sizer process each,
-kept in the sizing cache, so a second search compiles nothing) and the ones that fit are ranked by
+kept in the sizing cache, so a second search compiles again only what the compiler could not finish)
+and the ones that fit are ranked by
 predicted MFU, then by HBM per chip.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.train.config import ConfigError, MeshConfig
-from tidal.train.sizing import Sizing, bytes_text, libtpu_installed, request, size_step
+from tidal.train.sizing import Sizing, SizingError, bytes_text, libtpu_installed, request, size_step
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -89,7 +90,6 @@ def search_step(step: str, train: Any, vocab_size: int, context: int, accelerato
 
     Raises:
         RecipeError: not a TPU slice, or libtpu not installed (a search compares compiled programs).
-        tidal.train.sizing.SizingError: a sizer process failed.
     """
     if accelerator.kind != "tpu" or not libtpu_installed():
         why = ("libtpu is not installed (make tpu-tools, or set TIDAL_LIBTPU_DIR)" if accelerator.kind == "tpu"
@@ -114,8 +114,8 @@ def search_step(step: str, train: Any, vocab_size: int, context: int, accelerato
             req = request(cfg, vocab_size, context, accelerator)
             try:
                 candidate = Candidate(mesh, m, size_step(step, req, model_cfg, progress=progress))
-            except ConfigError as err:
-                candidate = Candidate(mesh, m, None, str(err))
+            except (ConfigError, SizingError) as err:  # refused outright, or its sizer failed: the others go on
+                candidate = Candidate(mesh, m, None, str(err).splitlines()[0])
             out.append(candidate)
             if candidate.fits or candidate.sizing is None:
                 break
@@ -127,7 +127,7 @@ def describe(step: str, candidates: list[Candidate]) -> list[str]:
     fitting = [c for c in candidates if c.fits]
     where = next((c.sizing.where for c in candidates if c.sizing is not None), "")
     plural = "s" if len(candidates) != 1 else ""
-    lines = [f"{step}  {where}: {len(candidates)} configuration{plural} compiled, {len(fitting)} fit"]
+    lines = [f"{step}  {where}: {len(candidates)} configuration{plural} tried, {len(fitting)} fit"]
     if fitting:
         lines.append("  rank  data  fsdp  tensor  microbatches  HBM per chip        predicted step    MFU")
     for rank, c in enumerate(fitting, 1):
@@ -145,28 +145,77 @@ def describe(step: str, candidates: list[Candidate]) -> list[str]:
     return lines
 
 
-def write_choice(recipe_path: str | Path, chosen: Candidate) -> None:
-    """Set ``train.mesh`` (all three axes) and ``train.microbatches`` in the recipe file to ``chosen``, keeping
-    its comments, order and quoting (ruamel.yaml's round trip); ``microbatches: 1`` is written only where the
-    file already names a count.
+def write_choice(recipe_path: str | Path, chosen: Candidate, default: dict[str, int] | None = None) -> bool:
+    """Set ``train.mesh`` (all three axes) and ``train.microbatches`` in the recipe file to ``chosen`` by
+    editing only those lines of its ``train:`` block, so every other line (comments, flow mappings, wrapping)
+    stays as it was; a ``mesh:`` block written out over several lines is replaced by one flow line, with its
+    own comments. Nothing is written when the file sets neither field and ``chosen`` is what the trainer
+    derives anyway (``default``, the mesh of an unset ``train.mesh``, and one microbatch): the mesh is
+    hashed, so writing the default out would give the train step a new id for the same program. The file
+    is replaced atomically, and the result is checked: parsed, it is the old file with those fields set.
+
+    Returns:
+        True when the file was changed.
 
     Raises:
-        RecipeError: the file is not a mapping.
+        RecipeError: the file is not a mapping, or its ``train`` is written in flow style (edit it by hand).
     """
-    from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap
+    import os
+    import re
+    import tempfile
+
+    import yaml
 
     path = Path(recipe_path)
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    data = yaml.load(path.read_text())
-    if not isinstance(data, dict):
+    text = path.read_text()
+    before = yaml.safe_load(text)
+    if not isinstance(before, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of fields; --write cannot edit this file")
-    train = data.setdefault("train", CommentedMap())
-    mesh = CommentedMap((axis, chosen.mesh[axis]) for axis in AXES)
-    mesh.fa.set_flow_style()
-    train["mesh"] = mesh
-    if chosen.microbatches != 1 or "microbatches" in train:
-        train["microbatches"] = chosen.microbatches
-    with path.open("w") as f:
-        yaml.dump(data, f)
+    train_before = before.get("train") or {}
+    if not isinstance(train_before, dict):
+        raise RecipeError(f"{path}: train is not a mapping; --write cannot edit it")
+    unset = "mesh" not in train_before and "microbatches" not in train_before
+    if unset and chosen.mesh == default and chosen.microbatches == 1:
+        return False
+    mesh_line = "mesh: {" + ", ".join(f"{axis}: {chosen.mesh[axis]}" for axis in AXES) + "}"
+    fields = {"mesh": mesh_line}
+    if chosen.microbatches != 1 or "microbatches" in train_before:
+        fields["microbatches"] = f"microbatches: {chosen.microbatches}"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if re.match(r"train:\s*(#.*)?$", line)), None)
+    if start is None:
+        if "train" in before:
+            raise RecipeError(f"{path}: train is written in flow style; set train.mesh and train.microbatches by hand")
+        lines += ([] if not lines or lines[-1].endswith("\n") else ["\n"]) + ["train:\n"]
+        start = len(lines) - 1
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r"[^\s#]", lines[i])), len(lines))
+    body = [i for i in range(start + 1, end) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+    indent = (len(lines[body[0]]) - len(lines[body[0]].lstrip())) if body else 2
+    pad = " " * indent
+    for key, line in fields.items():
+        at = next((i for i in range(start + 1, end) if re.match(rf"{pad}{key}:(\s|$)", lines[i])), None)
+        if at is None:
+            last = body[-1] if body else start
+            while last + 1 < end and lines[last + 1].startswith(pad + " "):  # the last field's own block
+                last += 1
+            lines.insert(last + 1, f"{pad}{line}\n")
+            end += 1
+        else:
+            stop = at + 1
+            while stop < end and (not lines[stop].strip() or lines[stop].startswith(pad + " ")):
+                stop += 1
+            lines[at:stop] = [f"{pad}{line}\n"]
+            end -= stop - at - 1
+        body = [i for i in range(start + 1, end) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+    out = "".join(lines)
+    after = yaml.safe_load(out)
+    want = {**before, "train": {**train_before, "mesh": dict(chosen.mesh),
+                                **({"microbatches": chosen.microbatches} if "microbatches" in fields else {})}}
+    if after != want:
+        raise RecipeError(f"{path}: --write could not edit its train block safely; set train.mesh to "
+                          f"{chosen.mesh} and train.microbatches to {chosen.microbatches} by hand")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(out)
+    os.replace(tmp, path)
+    return True

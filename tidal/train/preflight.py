@@ -50,12 +50,12 @@ def preflight(step: Any, recipe: Any) -> Sizing | None:
 
 def sizing_record(sizing: Sizing) -> dict[str, Any]:
     """The figures a launch keeps (JSON): ``method`` (compiled or analytical), ``where``, ``mesh``, ``chips``,
-    ``hbm_per_chip_bytes`` (the peak) and ``hbm_capacity_bytes``, and for a compiled sizing
-    ``predicted_step_s``, ``predicted_mfu`` and ``predicted_tokens_per_s`` (the roofline of
-    :mod:`tidal.train.sizing`)."""
+    ``hbm_per_chip_bytes`` (the peak) and ``hbm_capacity_bytes``, ``predicted_step_s``, ``predicted_mfu`` and
+    ``predicted_tokens_per_s`` (the roofline of :mod:`tidal.train.sizing`; an analytical sizing's from the
+    traffic of :mod:`tidal.train.roofline`)."""
     out: dict[str, Any] = {"method": sizing.method, "where": sizing.where, "mesh": sizing.mesh, "chips": sizing.chips,
                            "hbm_per_chip_bytes": sizing.total_bytes, "hbm_capacity_bytes": sizing.chip.hbm_bytes}
-    if sizing.compiled:
+    if sizing.refusal is None:
         p = sizing.predicted
         out |= {"predicted_step_s": p["step_s"], "predicted_mfu": p["mfu"], "predicted_tokens_per_s": p["tokens_per_s"]}
     return out

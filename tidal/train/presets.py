@@ -21,6 +21,7 @@ small     256     4    4      4      768    19,794,176       3,410,176
 350m      1024    24   16     16     2816   373,867,520      308,331,520
 760m      1536    24   16     16     4096   777,856,512      679,552,512
 1b        2048    22   32     4      5632   1,100,048,384    968,976,384
+8b        4096    32   32     8      14336  7,241,732,096    6,979,588,096
 ========  ======  ===  =====  =====  =====  ===============  =================
 
 Sources of the shapes: ``125m``, ``350m`` and ``760m`` take width, depth and heads of GPT-3
@@ -28,7 +29,10 @@ Small, Medium and Large (Brown et al. 2020, "Language Models are Few-Shot Learne
 with a SwiGLU width of about ``8/3·d`` rounded up to a multiple of 256 (Shazeer 2020; the Llama
 rule, Touvron et al. 2023 §2.2); ``1b`` is TinyLlama-1.1B exactly (Zhang et al. 2024,
 "TinyLlama: An Open-Source Small Language Model", Table 1: d 2048, 22 layers, 32 heads, 4
-key/value groups, intermediate size 5632). ``tiny`` and ``small`` are CPU sizes of our own
+key/value groups, intermediate size 5632). ``8b`` is Llama 3 8B's shape (Llama Team, Meta 2024,
+"The Llama 3 Herd of Models", Table 3: d 4096, 32 layers, 32 heads, 8 key/value heads, FFN 14,336)
+at the recipe's own vocabulary.
+``tiny`` and ``small`` are CPU sizes of our own
 (head dim 16 and 64).
 """
 
@@ -41,6 +45,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "350m": {"d_model": 1024, "n_layers": 24, "n_heads": 16, "d_ff": 2816},
     "760m": {"d_model": 1536, "n_layers": 24, "n_heads": 16, "d_ff": 4096},
     "1b": {"d_model": 2048, "n_layers": 22, "n_heads": 32, "n_kv_heads": 4, "d_ff": 5632},
+    "8b": {"d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "d_ff": 14336},
 }
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from tidal.config import RecipeError
 from tidal.train.chips import UnknownChip
-from tidal.train.sizing import cached_record, libtpu_installed, request, size_pipeline, size_step
+from tidal.train.memory import default_mesh
+from tidal.train.sizing import cached_record, libtpu_installed, mesh_dict, request, size_pipeline, size_step
 
 
 def print_sizings(pipe: Any, *, as_json: bool = False) -> int:
@@ -34,9 +35,9 @@ def print_sizings(pipe: Any, *, as_json: bool = False) -> int:
 
 
 def plan_lines(pipe: Any) -> list[str]:
-    """The sizing section of ``tidal plan`` for a recipe on GKE: each train step's sizing when it costs
-    nothing (a TPU sizing in the cache, a GPU's analytical one), else how to make it; ``[]`` for a local
-    or CPU run. Never compiles: ``tidal size`` does, once per content."""
+    """The sizing section of ``tidal plan`` for a recipe on GKE: each train step's sizing, the compiled one
+    when the cache holds it, else the analytical one and, for a TPU slice, how to compile it; ``[]`` for a
+    local or CPU run. Never compiles: ``tidal size`` does, once per content."""
     recipe = pipe.recipe
     acc = recipe.train.resources.accelerator
     if recipe.train.resources.launcher != "gke" or acc.kind not in ("tpu", "gpu"):
@@ -52,17 +53,16 @@ def plan_lines(pipe: Any) -> list[str]:
             lines.append(f"  {step.name}: not sized: {err}")
             continue
         record = cached_record(req) if acc.kind == "tpu" else None
-        if acc.kind == "tpu" and record is None:
-            how = "compiles it ahead of time" if libtpu_installed() else "sizes it (make tpu-tools first to compile)"
-            lines.append(f"  {step.name}: not sized yet for {acc.type} {acc.topology}: `tidal size` with this "
-                         f"command's arguments {how}")
-            continue
         if record is not None and "error" in record:
             lines.append(f"  {step.name}: {record['error']}")
             continue
         sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True),
                            compile_missing=False)
         lines.extend("  " + line for line in sizing.describe())
+        if acc.kind == "tpu" and record is None:  # the analytical sizing above; the compiler's is one command away
+            how = "compiles it ahead of time" if libtpu_installed() else "compiles it (make tpu-tools first)"
+            lines.append(f"  not compiled yet for {acc.type} {acc.topology}: `tidal size` with this command's "
+                         f"arguments {how}")
     return lines
 
 
@@ -110,7 +110,12 @@ def print_search(pipe: Any, *, recipe_path: str, write: bool = False, overrides:
             status = 1
     if write and status == 0:
         best = found[0][1][0]
-        mesh_search.write_choice(recipe_path, best)
-        print(f"wrote train.mesh {best.mesh} and train.microbatches {best.microbatches} to {recipe_path}",
-              file=sys.stderr)
+        acc = recipe.train.resources.accelerator
+        default = mesh_dict(default_mesh(best.sizing.chips, acc.slices, None))
+        if mesh_search.write_choice(recipe_path, best, default):
+            print(f"wrote train.mesh {best.mesh} and train.microbatches {best.microbatches} to {recipe_path} (the mesh "
+                  "is hashed: the train step has a new id)", file=sys.stderr)
+        else:
+            print(f"{recipe_path} unchanged: the best is the mesh the trainer derives with one microbatch",
+                  file=sys.stderr)
     return status

@@ -41,6 +41,7 @@ from tidal.settings import current
 from tidal.train.chips import Chip, chip
 from tidal.train.flops import flops_per_token
 from tidal.train.memory import MemoryPlanError, MeshShape, check_recipe, default_mesh, plan_memory
+from tidal.train.roofline import traffic
 
 RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning: it is part of the cache key
 LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
@@ -104,8 +105,8 @@ def request(train: Any, vocab_size: int, context: int, accelerator: Any) -> dict
     if accelerator.kind in ("tpu", "gpu"):  # the mesh as the trainer resolves it: one program, one key
         chips = (tpu_slice(accelerator.type, accelerator.topology)[1].chips * accelerator.slices
                  if accelerator.kind == "tpu" else accelerator.count * accelerator.nodes)
-        with contextlib.suppress(MemoryPlanError):  # a mesh that cannot fit: the sizer says so
-            config["mesh"] = _mesh_dict(default_mesh(chips, accelerator.slices, config.get("mesh")))
+        with contextlib.suppress(MemoryPlanError):  # a mesh that cannot fit: size_step refuses it (ConfigError)
+            config["mesh"] = mesh_dict(default_mesh(chips, accelerator.slices, config.get("mesh")))
     return {"config": config, "vocab_size": int(vocab_size), "context": int(context), "accelerator": acc,
             "versions": _versions()}
 
@@ -309,11 +310,12 @@ class Sizing:
             kinds = ", ".join(f"{kind} {int(row['count'])}x {row['wire_bytes'] / MIB:.1f} MiB"
                               for kind, row in self.collectives.items() if row["count"])
             lines.append(f"  collectives per chip per step (bytes on the wire): {kinds or 'none'}")
-        if self.compiled:
+        if self.refusal is None:
             p = self.predicted
+            how = "" if self.compiled else "; the analytical traffic of tidal/train/roofline.py"
             lines.append(f"  predicted step {p['step_s'] * 1e3:.2f} ms (compute {p['compute_s'] * 1e3:.2f} at peak, "
-                         f"HBM {p['hbm_s'] * 1e3:.2f}, collectives {p['collective_s'] * 1e3:.2f}, not overlapped): "
-                         f"MFU {p['mfu']:.1%}, {p['tokens_per_s']:,.0f} tokens/s")
+                         f"HBM {p['hbm_s'] * 1e3:.2f}, collectives {p['collective_s'] * 1e3:.2f}, not "
+                         f"overlapped{how}): MFU {p['mfu']:.1%}, {p['tokens_per_s']:,.0f} tokens/s")
         if self.method == "compiled" and self.estimate_fits != self.fits:
             lines.append(f"  the analytical estimate, which tidal plan and the DAG check on every machine, says "
                          f"{bytes_text(self.estimate_bytes)} and {'accepts' if self.estimate_fits else 'refuses'} it")
@@ -328,7 +330,7 @@ class Sizing:
                 "total_bytes": self.total_bytes, "hbm_bytes": self.chip.hbm_bytes, "fits": self.fits,
                 "flops_per_chip": self.flops_per_chip, "model_flops_per_chip": self.model_flops_per_chip,
                 "bytes_accessed": self.bytes_accessed, "collectives": self.collectives,
-                "tokens_per_step": self.tokens_per_step, "predicted": self.predicted if self.compiled else None,
+                "tokens_per_step": self.tokens_per_step, "predicted": self.predicted if self.refusal is None else None,
                 "estimate_bytes": self.estimate_bytes, "estimate_fits": self.estimate_fits,
                 "refusal": None if self.fits else self.refusal_line(), "compile_s": self.compile_s,
                 "cached": self.cached}
@@ -377,8 +379,12 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
         chips = acc["count"] * acc["nodes"]
     where = _where(acc, chips)
     micro = int(cfg.get("microbatches", 1))
+    try:
+        mesh = default_mesh(chips, acc.get("slices", 1), cfg.get("mesh"))
+    except MemoryPlanError as err:  # train.mesh does not multiply to the slice's chips
+        raise ConfigError(f"{step} on {where}: train.mesh {cfg.get('mesh')}: {err}") from None
     plan = plan_memory(model_cfg, batch_size=batch, seq_len=context, capacity_bytes=c.hbm_bytes, microbatches=micro,
-                       mesh=default_mesh(chips, acc.get("slices", 1), cfg.get("mesh")))
+                       mesh=mesh)
     if acc["kind"] == "tpu" and (record is not None or (compile_missing and libtpu_installed())):
         record, cached = record or compiled_record(req, timeout_s=timeout_s, progress=progress)
         if "error" in record:
@@ -402,8 +408,11 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
                 "analytical estimate of tidal/train/memory.py")
         parts = {"params": plan.params_bytes, "optimizer": plan.optimizer_bytes, "gradients": plan.grads_bytes,
                  "activations": plan.activation_bytes}
-        sizing = Sizing(step, c, where, "analytical", note, _mesh_dict(plan.mesh), chips, parts, plan.total_bytes,
-                        model_flops / chips, model_flops / chips, tokens,
+        mesh = mesh_dict(plan.mesh)
+        hbm, moved = traffic(model_cfg, mesh, microbatches=micro, tokens_per_chip=plan.sequences_per_device * context,
+                             activation_bytes=plan.activation_bytes)
+        sizing = Sizing(step, c, where, "analytical", note, mesh, chips, parts, plan.total_bytes,
+                        model_flops / chips, model_flops / chips, tokens, hbm, moved,
                         usable_bytes=int(plan.usable_fraction * plan.capacity_bytes))
     sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"] * micro))
     sizing.estimate_bytes, sizing.estimate_fits = plan.total_bytes, plan.fits
@@ -438,7 +447,7 @@ def check_recipe_fits(recipe: Any) -> None:
         check_recipe(recipe)
 
 
-def _mesh_dict(mesh: MeshShape) -> dict[str, int]:
+def mesh_dict(mesh: MeshShape) -> dict[str, int]:
     return {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
 
 
