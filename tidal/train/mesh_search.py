@@ -104,6 +104,12 @@ def search_step(step: str, train: Any, vocab_size: int, context: int, accelerato
     if not found:
         raise RecipeError(f"{step}: no mesh of the {chips} chips divides train.batch_size {train.batch_size} with "
                           f"tensor dividing the heads and d_ff{' and keeps train.mesh ' + str(fixed) if fixed else ''}")
+    if progress:
+        fixed_note = f" ({', '.join(f'{a}={v}' for a, v in fixed.items() if v)} fixed by train.mesh)" if any(
+            fixed.values()) else " (set an axis in train.mesh, e.g. --set train.mesh.tensor=1, to try fewer)"
+        meshes_text = f"{len(found)} mesh{'es' if len(found) != 1 else ''}"
+        progress(f"search: {meshes_text} of the {chips} chips{fixed_note}, each compiled with its fewest "
+                 "microbatches that fit")
     out: list[Candidate] = []
     for i, mesh in enumerate(found, 1):
         for m in microbatch_counts(train.batch_size, mesh):
