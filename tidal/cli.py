@@ -354,7 +354,10 @@ def _cmd_size(args: argparse.Namespace) -> int:
     with compiled_decides():  # the compiler gives its verdict, not the analytical plan recipe validation uses
         pipe = load_pipeline(args.recipe, overrides, storage_root=args.storage_root)
     if args.search:
-        return print_search(pipe, recipe_path=args.recipe, write=args.write, overrides=overrides, as_json=args.json)
+        from tidal.recipe.edit import write_train_mesh
+
+        return print_search(pipe, recipe_path=args.recipe, write=write_train_mesh if args.write else None,
+                            overrides=overrides, as_json=args.json)
     return print_sizings(pipe, as_json=args.json)
 
 

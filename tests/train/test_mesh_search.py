@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tidal.recipe.edit import write_train_mesh
 from tidal.train.flops import ModelShape
-from tidal.train.mesh_search import Candidate, meshes, microbatch_counts, write_choice
+from tidal.train.mesh_search import meshes, microbatch_counts
 
 
 def _model(**kw) -> ModelShape:
@@ -45,11 +46,11 @@ def test_write_edits_only_the_train_lines_and_leaves_every_other_byte(tmp_path):
     path.write_text(text)
     default = {"data": 1, "fsdp": 4, "tensor": 1}
     # the trainer's own mesh with one microbatch: nothing to write (a written mesh would change the step id)
-    assert not write_choice(path, Candidate(default, 1, None), default) and path.read_text() == text
-    assert write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 4, None), default)
+    assert not write_train_mesh(path, default, 1, default) and path.read_text() == text
+    assert write_train_mesh(path, {"data": 2, "fsdp": 2, "tensor": 1}, 4, default)
     assert path.read_text() == text + "  mesh: {data: 2, fsdp: 2, tensor: 1}\n  microbatches: 4\n"
     # a second write replaces those lines, and a count the file names is kept true
-    assert write_choice(path, Candidate({"data": 1, "fsdp": 4, "tensor": 1}, 1, None), default)
+    assert write_train_mesh(path, {"data": 1, "fsdp": 4, "tensor": 1}, 1, default)
     assert path.read_text() == text + "  mesh: {data: 1, fsdp: 4, tensor: 1}\n  microbatches: 1\n"
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.yaml"]  # written by rename: no temporary left
 
@@ -58,7 +59,7 @@ def test_write_replaces_a_block_mesh_inside_the_train_section_and_keeps_what_fol
     path = tmp_path / "r.yaml"
     path.write_text("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n  mesh:\n    tensor: 1  # fixed\n"
                     "  batch_size: 16\nschedule: null\n")
-    assert write_choice(path, Candidate({"data": 2, "fsdp": 2, "tensor": 1}, 1, None), {"data": 1, "fsdp": 4,
+    assert write_train_mesh(path, {"data": 2, "fsdp": 2, "tensor": 1}, 1, {"data": 1, "fsdp": 4,
                                                                                           "tensor": 1})
     assert path.read_text() == ("name: r  # the run\ntrain:\n  # sized on v5e\n  steps: 10\n"
                                 "  mesh: {data: 2, fsdp: 2, tensor: 1}\n  batch_size: 16\nschedule: null\n")
@@ -67,13 +68,15 @@ def test_write_replaces_a_block_mesh_inside_the_train_section_and_keeps_what_fol
 def test_write_refuses_what_it_cannot_edit_safely(tmp_path):
     from tidal.config import RecipeError
 
-    chosen = Candidate({"data": 1, "fsdp": 1, "tensor": 1}, 2, None)
+    chosen = {"data": 1, "fsdp": 1, "tensor": 1}
     path = tmp_path / "r.yaml"
     for text, rule in (("- a\n- b\n", "a recipe is a mapping of fields"),
-                       ("name: r\ntrain: {steps: 10}\n", "flow style")):
+                       ("name: r\ntrain: {steps: 10}\n", "flow style"),
+                       ("name: r\ntrain:\n  steps: [1, 2\n", "cannot edit the file as it is"),  # not YAML
+                       ('name: r\ntrain:\n  "mesh": {tensor: 1}\n', "could not edit its train block safely")):
         path.write_text(text)
         with pytest.raises(RecipeError, match=rule):
-            write_choice(path, chosen)
+            write_train_mesh(path, chosen, 2)
         assert path.read_text() == text
 
 
@@ -94,3 +97,17 @@ def test_the_sizing_key_is_the_resolved_mesh_however_the_recipe_writes_it():
 
     assert key(None) == key(MeshConfig(data=1, fsdp=4, tensor=1)) == key(MeshConfig(tensor=1))
     assert key(MeshConfig(data=2)) == key(MeshConfig(data=2, fsdp=2, tensor=1)) != key(None)
+
+
+def test_write_keeps_line_endings_mode_and_a_missing_final_newline(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_bytes(b"name: r\r\ntrain:\r\n  steps: 10\r\n\r\n  batch_size: 16\r\nschedule: null")
+    path.chmod(0o644)
+    assert write_train_mesh(path, {"data": 2, "fsdp": 2, "tensor": 1}, 2)
+    assert path.read_bytes() == (b"name: r\r\ntrain:\r\n  steps: 10\r\n\r\n  batch_size: 16\r\n"
+                                 b"  mesh: {data: 2, fsdp: 2, tensor: 1}\r\n  microbatches: 2\r\nschedule: null\r\n")
+    assert path.stat().st_mode & 0o777 == 0o644
+    path.write_text("name: r\ntrain:\n  steps: 10")  # no final newline
+    assert write_train_mesh(path, {"data": 1, "fsdp": 4, "tensor": 1}, 1)
+    assert path.read_text() == "name: r\ntrain:\n  steps: 10\n  mesh: {data: 1, fsdp: 4, tensor: 1}\n"
+    assert not write_train_mesh(path, {"data": 1, "fsdp": 4, "tensor": 1}, 1)  # already so: untouched

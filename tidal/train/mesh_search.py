@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tidal.config import RecipeError
@@ -149,79 +148,3 @@ def describe(step: str, candidates: list[Candidate]) -> list[str]:
             lines.append(f"  does not fit: data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} "
                          f"microbatches={c.microbatches}: {why}")
     return lines
-
-
-def write_choice(recipe_path: str | Path, chosen: Candidate, default: dict[str, int] | None = None) -> bool:
-    """Set ``train.mesh`` (all three axes) and ``train.microbatches`` in the recipe file to ``chosen`` by
-    editing only those lines of its ``train:`` block, so every other line (comments, flow mappings, wrapping)
-    stays as it was; a ``mesh:`` block written out over several lines is replaced by one flow line, with its
-    own comments. Nothing is written when the file sets neither field and ``chosen`` is what the trainer
-    derives anyway (``default``, the mesh of an unset ``train.mesh``, and one microbatch): the mesh is
-    hashed, so writing the default out would give the train step a new id for the same program. The file
-    is replaced atomically, and the result is checked: parsed, it is the old file with those fields set.
-
-    Returns:
-        True when the file was changed.
-
-    Raises:
-        RecipeError: the file is not a mapping, or its ``train`` is written in flow style (edit it by hand).
-    """
-    import os
-    import re
-    import tempfile
-
-    import yaml
-
-    path = Path(recipe_path)
-    text = path.read_text()
-    before = yaml.safe_load(text)
-    if not isinstance(before, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping of fields; --write cannot edit this file")
-    train_before = before.get("train") or {}
-    if not isinstance(train_before, dict):
-        raise RecipeError(f"{path}: train is not a mapping; --write cannot edit it")
-    unset = "mesh" not in train_before and "microbatches" not in train_before
-    if unset and chosen.mesh == default and chosen.microbatches == 1:
-        return False
-    mesh_line = "mesh: {" + ", ".join(f"{axis}: {chosen.mesh[axis]}" for axis in AXES) + "}"
-    fields = {"mesh": mesh_line}
-    if chosen.microbatches != 1 or "microbatches" in train_before:
-        fields["microbatches"] = f"microbatches: {chosen.microbatches}"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if re.match(r"train:\s*(#.*)?$", line)), None)
-    if start is None:
-        if "train" in before:
-            raise RecipeError(f"{path}: train is written in flow style; set train.mesh and train.microbatches by hand")
-        lines += ([] if not lines or lines[-1].endswith("\n") else ["\n"]) + ["train:\n"]
-        start = len(lines) - 1
-    end = next((i for i in range(start + 1, len(lines)) if re.match(r"[^\s#]", lines[i])), len(lines))
-    body = [i for i in range(start + 1, end) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
-    indent = (len(lines[body[0]]) - len(lines[body[0]].lstrip())) if body else 2
-    pad = " " * indent
-    for key, line in fields.items():
-        at = next((i for i in range(start + 1, end) if re.match(rf"{pad}{key}:(\s|$)", lines[i])), None)
-        if at is None:
-            last = body[-1] if body else start
-            while last + 1 < end and lines[last + 1].startswith(pad + " "):  # the last field's own block
-                last += 1
-            lines.insert(last + 1, f"{pad}{line}\n")
-            end += 1
-        else:
-            stop = at + 1
-            while stop < end and (not lines[stop].strip() or lines[stop].startswith(pad + " ")):
-                stop += 1
-            lines[at:stop] = [f"{pad}{line}\n"]
-            end -= stop - at - 1
-        body = [i for i in range(start + 1, end) if lines[i].strip() and not lines[i].lstrip().startswith("#")]
-    out = "".join(lines)
-    after = yaml.safe_load(out)
-    want = {**before, "train": {**train_before, "mesh": dict(chosen.mesh),
-                                **({"microbatches": chosen.microbatches} if "microbatches" in fields else {})}}
-    if after != want:
-        raise RecipeError(f"{path}: --write could not edit its train block safely; set train.mesh to "
-                          f"{chosen.mesh} and train.microbatches to {chosen.microbatches} by hand")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(out)
-    os.replace(tmp, path)
-    return True

@@ -4,18 +4,24 @@ HBM bytes it reads and writes and the collectives it runs, in the compiled sizin
 and an MFU by the same roofline (:attr:`tidal.train.sizing.Sizing.predicted`).
 
 Per chip and step, with ``N`` parameters, ``m`` microbatches, mesh ``d x f x t``, ``P`` = 4 bytes (float32
-parameters, gradients and AdamW moments) and ``C`` = 2 bytes (bfloat16 compute):
+parameters, gradients and AdamW moments), ``C`` the bytes of the compute dtype (``train.model.compute_dtype``)
+and ``k`` the passes over the weights per microbatch (2: forward and backward; 3 with ``remat``, whose
+backward pass runs the forward again):
 
-* HBM: the weights read in the forward and the backward pass of each microbatch, ``2·m·N/t·C``; the
-  activations written in the forward pass and read in the backward pass, ``2·m·A`` with ``A`` one
-  microbatch's activations (:func:`tidal.train.memory.plan_memory`); the AdamW update reading parameters,
-  gradients and both moments and writing parameters and moments, ``7·P·N/(f·t)``.
-* all-gather (FSDP, ``f > 1``): each layer's weights gathered before the forward and again before the
-  backward pass of each microbatch, ``2·m`` gathers of ``N/t·C`` bytes.
-* reduce-scatter (``f > 1``): the gradients back to their shards once per microbatch, ``N/t·P`` bytes.
-* all-reduce: over ``data`` (``d > 1``) the gradient shards once per step, ``N/(f·t)·P`` bytes; over
-  ``tensor`` (``t > 1``) the attention and MLP outputs of every layer in the forward and backward pass,
-  ``4·L·m`` all-reduces of ``tokens·d_model·C`` bytes (Megatron-LM, Shoeybi et al. 2019, §3).
+* HBM: the weights read in each pass, ``k·m·N/t·C``; the activations written in the forward pass and read in
+  the backward pass, ``2·m·A`` with ``A`` one microbatch's activations (:func:`tidal.train.memory.plan_memory`);
+  the AdamW update reading parameters, gradients and both moments and writing parameters and moments,
+  ``7·P·N/(f·t)``.
+* all-gather (FSDP, ``f > 1``): each layer's weights gathered before each pass, ``k·m`` gathers of
+  ``N/t·C`` bytes.
+* reduce-scatter (``f > 1``): each microbatch's gradients back to their shards, ``m`` of ``N/t·P`` bytes.
+* all-reduce: over ``data`` (``d > 1``) each microbatch's gradient shards, ``m`` of ``N/(f·t)·P`` bytes (the
+  accumulating scan reduces inside its loop, as the reduce-scatter does); over ``tensor`` (``t > 1``) the
+  attention and MLP outputs of every layer in each pass, ``(k+2)·L·m`` all-reduces of ``tokens·d_model·C``
+  bytes (2 forward, 2 backward, 2 more for the recomputed forward; Megatron-LM, Shoeybi et al. 2019, §3).
+
+The chip computes ``4/3`` of the model's FLOPs with ``remat`` (the forward again), which
+:func:`hardware_flops` applies, so an analytical MFU stays below 75 % with recomputation.
 
 Bytes on the wire are a ring's over each group of ``n`` chips, as :func:`tidal.train.aot.collectives` counts
 them: ``(n-1)/n`` of the buffer for an all-gather or reduce-scatter, twice that for an all-reduce (Austin et
@@ -29,8 +35,9 @@ from __future__ import annotations
 from typing import Any
 
 from tidal.train.flops import param_count
+from tidal.train.memory import DTYPE_BYTES
 
-PARAM_BYTES, COMPUTE_BYTES = 4, 2
+PARAM_BYTES = 4
 
 
 def _row(count: int, buffer: float, group: int, *, all_reduce: bool = False) -> dict[str, float]:
@@ -54,18 +61,26 @@ def traffic(model_cfg: Any, mesh: dict[str, int], *, microbatches: int, tokens_p
         "wire_bytes"}}`` for the kinds that occur.
     """
     n = param_count(model_cfg)
+    c = DTYPE_BYTES[model_cfg.compute_dtype]
+    k = 3 if model_cfg.remat else 2
     d, f, t, m = mesh["data"], mesh["fsdp"], mesh["tensor"], microbatches
-    hbm = 2 * m * n / t * COMPUTE_BYTES + 2 * m * activation_bytes + 7 * PARAM_BYTES * n / (f * t)
+    hbm = k * m * n / t * c + 2 * m * activation_bytes + 7 * PARAM_BYTES * n / (f * t)
     rows: dict[str, dict[str, float]] = {}
     if f > 1:
-        rows["all-gather"] = _row(2 * m, n / t * COMPUTE_BYTES, f)
+        rows["all-gather"] = _row(k * m, n / t * c, f)
         rows["reduce-scatter"] = _row(m, n / t * PARAM_BYTES, f)
     reduce = []
     if d > 1:
-        reduce.append(_row(1, n / (f * t) * PARAM_BYTES, d, all_reduce=True))
+        reduce.append(_row(m, n / (f * t) * PARAM_BYTES, d, all_reduce=True))
     if t > 1:
-        reduce.append(_row(4 * model_cfg.n_layers * m, tokens_per_chip * model_cfg.d_model * COMPUTE_BYTES, t,
+        reduce.append(_row((k + 2) * model_cfg.n_layers * m, tokens_per_chip * model_cfg.d_model * c, t,
                            all_reduce=True))
     if reduce:
         rows["all-reduce"] = {key: sum(r[key] for r in reduce) for key in ("count", "buffer_bytes", "wire_bytes")}
     return hbm, rows
+
+
+def hardware_flops(model_cfg: Any, model_flops: float) -> float:
+    """The FLOPs the chips compute for ``model_flops`` of the model: ``4/3`` of them with ``remat`` (the forward
+    pass, a third of a step's FLOPs, runs twice; Chen et al. 2016), else the same."""
+    return model_flops * 4 / 3 if model_cfg.remat else model_flops

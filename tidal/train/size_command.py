@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from tidal.config import RecipeError
@@ -66,11 +67,12 @@ def plan_lines(pipe: Any) -> list[str]:
     return lines
 
 
-def print_search(pipe: Any, *, recipe_path: str, write: bool = False, overrides: dict[str, Any] | None = None,
-                 as_json: bool = False) -> int:
+def print_search(pipe: Any, *, recipe_path: str, write: Callable[..., bool] | None = None,
+                 overrides: dict[str, Any] | None = None, as_json: bool = False) -> int:
     """``tidal size --search``: rank the meshes and microbatch counts of every train step on its slice
-    (:func:`tidal.train.mesh_search.search_step`) and print them; with ``write``, put the best one into the
-    recipe file (one train step only, and no ``--set`` but ``train.mesh.*``, which constrains the search).
+    (:func:`tidal.train.mesh_search.search_step`) and print them; with ``write``
+    (:func:`tidal.recipe.edit.write_train_mesh`), put the best one into the recipe file (one train step only,
+    and no ``--set`` but ``train.mesh.*``, which constrains the search).
 
     Returns:
         0 when a configuration fits every step, 1 otherwise (one ``error:`` line per step).
@@ -110,12 +112,12 @@ def print_search(pipe: Any, *, recipe_path: str, write: bool = False, overrides:
             status = 1
     if write and status == 0:
         best = found[0][1][0]
-        acc = recipe.train.resources.accelerator
-        default = mesh_dict(default_mesh(best.sizing.chips, acc.slices, None))
-        if mesh_search.write_choice(recipe_path, best, default):
-            print(f"wrote train.mesh {best.mesh} and train.microbatches {best.microbatches} to {recipe_path} (the mesh "
-                  "is hashed: the train step has a new id)", file=sys.stderr)
-        else:
-            print(f"{recipe_path} unchanged: the best is the mesh the trainer derives with one microbatch",
+        default = mesh_dict(default_mesh(best.sizing.chips, recipe.train.resources.accelerator.slices, None))
+        if write(recipe_path, best.mesh, best.microbatches, default):
+            print(f"wrote train.mesh {best.mesh} (and train.microbatches {best.microbatches} where it is not 1 or the "
+                  f"file names a count) to {recipe_path}: the mesh is hashed, so the train step has a new id",
                   file=sys.stderr)
+        else:
+            print(f"{recipe_path} unchanged: the best is what it already says, or the mesh the trainer derives with "
+                  "one microbatch", file=sys.stderr)
     return status

@@ -41,7 +41,7 @@ from tidal.settings import current
 from tidal.train.chips import Chip, chip
 from tidal.train.flops import flops_per_token
 from tidal.train.memory import MemoryPlanError, MeshShape, check_recipe, default_mesh, plan_memory
-from tidal.train.roofline import traffic
+from tidal.train.roofline import hardware_flops, traffic
 
 RECORD_VERSION = 1  # bump when the record (tidal/train/aot.py) changes meaning: it is part of the cache key
 LIBTPU_VERSION = "0.0.42.1"  # tools/tpu/install.sh; the locked jax's `tpu` extra asks for 0.0.42.*
@@ -302,9 +302,13 @@ class Sizing:
             lines.append(f"  HBM per chip: {parts} = {bytes_text(self.total_bytes)} of "
                          f"{bytes_text(self.chip.hbm_bytes)} ({share:.1%})")
         ratio = self.flops_per_chip / self.model_flops_per_chip if self.model_flops_per_chip else float("nan")
-        flops = (f"{self.flops_per_chip:.3g} compiled, {self.model_flops_per_chip:.3g} the model's "
-                 f"(x{ratio:.2f}: recomputation, softmax, norms, optimizer)") if self.compiled else \
-            f"{self.model_flops_per_chip:.3g} (the model's)"
+        if self.compiled:
+            flops = (f"{self.flops_per_chip:.3g} compiled, {self.model_flops_per_chip:.3g} the model's "
+                     f"(x{ratio:.2f}: recomputation, softmax, norms, optimizer)")
+        elif self.flops_per_chip != self.model_flops_per_chip:
+            flops = f"{self.flops_per_chip:.3g} with recomputation, {self.model_flops_per_chip:.3g} the model's"
+        else:
+            flops = f"{self.model_flops_per_chip:.3g} (the model's)"
         lines.append(f"  FLOPs per chip per step: {flops}")
         if self.collectives:
             kinds = ", ".join(f"{kind} {int(row['count'])}x {row['wire_bytes'] / MIB:.1f} MiB"
@@ -412,7 +416,7 @@ def size_step(step: str, req: dict[str, Any], model_cfg: Any, *, progress: Any =
         hbm, moved = traffic(model_cfg, mesh, microbatches=micro, tokens_per_chip=plan.sequences_per_device * context,
                              activation_bytes=plan.activation_bytes)
         sizing = Sizing(step, c, where, "analytical", note, mesh, chips, parts, plan.total_bytes,
-                        model_flops / chips, model_flops / chips, tokens, hbm, moved,
+                        hardware_flops(model_cfg, model_flops) / chips, model_flops / chips, tokens, hbm, moved,
                         usable_bytes=int(plan.usable_fraction * plan.capacity_bytes))
     sizing.sequences_per_chip = math.ceil(batch / (sizing.mesh["data"] * sizing.mesh["fsdp"] * micro))
     sizing.estimate_bytes, sizing.estimate_fits = plan.total_bytes, plan.fits
