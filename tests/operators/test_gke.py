@@ -334,3 +334,24 @@ def test_a_failed_launch_closes_the_live_run_and_a_rerun_launch_completes_it(tmp
     dag.task_dict["train.commit"].execute(context)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["final_train_loss"] == 2.5
+
+
+def test_a_step_that_does_not_fit_fails_prepare_without_retry_and_writes_nothing(tmp_path, tiny_data, monkeypatch):
+    """Issue 40, item 7: the refusal (here the one line a cached compiled sizing gives, tests/train/test_sizing.py)
+    fails the prepare task for good, before spec.json or any pod."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tidal.core import remote
+    from tidal.train.preflight import SizingRefused
+
+    dag, pipe, ti, context = gke_context(tmp_path, tiny_data, monkeypatch)
+    line = "train on v5e 2x4 (8 chips, 1 host) does not fit: the TPU compiler refused it (RESOURCE_EXHAUSTED)"
+
+    def refuse(step, recipe):
+        raise SizingRefused(line)
+
+    monkeypatch.setattr(remote, "preflight", refuse)
+    with pytest.raises(AirflowFailException, match=r"^error: train on v5e 2x4") as failed:
+        dag.task_dict["train.prepare"].choose_branch(context)
+    assert str(failed.value) == f"error: {line}" and "prepared" not in ti.xcoms
+    assert not pipe.storage.resumable_dir(pipe.graph["train"].step_id).joinpath("spec.json").exists()
