@@ -15,24 +15,16 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from tidal.audit import commands as audit_commands  # tidal verify / tidal lineage
 from tidal.audit import models  # tidal export / tidal sample
-from tidal.audit.ancestry import (
-    TargetError,
-    build_lineage,
-    format_lineage,
-    nothing_committed,
-    resolve_target,
-)
 from tidal.audit.catalog import pipeline_of_run, write_run_plan
 from tidal.audit.models import add_commands
 from tidal.audit.run_keys import check_run_key, newest_run
-from tidal.audit.verify import format_verification, verify_steps
 from tidal.core.commit import step_seed
 from tidal.core.load import load_pipeline
 from tidal.core.mixture import mixture_table
 from tidal.core.report import build_report, format_report
 from tidal.data.archives import ensure_archives
-from tidal.integrity.signing import SigningKeyError, load_key
 from tidal.logs import quiet_libraries
 from tidal.quality.baseline import (
     baseline_path,
@@ -253,59 +245,6 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
-    try:
-        key = load_key()
-        target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
-    except (TargetError, SigningKeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    ids = list(target.steps.values()) if target.steps else target.final
-    # one named step is verified even without _SUCCESS (a mismatch then); a recipe or run: its committed steps
-    check = ids if target.kind == "step" else [sid for sid in ids if target.storage.is_committed(sid)]
-    waiting = [sid for sid in ids if sid not in check]
-    # with a key configured a step must carry a signature this key checks, unless --allow-unsigned
-    require = args.require_signature or (key is not None and not args.allow_unsigned)
-    results = verify_steps(target.storage, check, key, require)
-    if args.json:
-        print(json.dumps({"steps": [r.as_dict() for r in results], "not_committed": waiting}, indent=1))
-    else:
-        print(format_verification(results, waiting))
-    if not results:
-        print(f"error: {nothing_committed(target)}", file=sys.stderr)
-        return 1
-    failed = sum(not r.ok for r in results)
-    if failed:
-        print(f"error: {failed} of {len(results)} step(s) failed verification", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _cmd_lineage(args: argparse.Namespace) -> int:
-    note = None
-    try:
-        target = resolve_target(args.target, recipe=args.recipe, storage_root=args.storage_root)
-    except TargetError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except TrackingUnavailable as err:  # a run key's steps are in MLflow: without it, the recipe's
-        if not args.recipe:
-            print(f"error: {args.target}: no step id under the storage root, and no MLflow run key could be "
-                  f"looked up: {err}", file=sys.stderr)
-            return 1
-        note = f"{err}; run key {args.target} not looked up: showing the steps {args.recipe} plans now"
-        target = resolve_target(args.recipe, storage_root=args.storage_root)
-    lineage = build_lineage(target)
-    if note:
-        lineage["tracking_error"] = note
-    print(json.dumps(lineage, indent=1, sort_keys=True) if args.json else format_lineage(lineage))
-    if note:
-        print(f"warning: {note}", file=sys.stderr)
-    if not any(step["committed"] for step in lineage["steps"]):
-        print(f"error: {nothing_committed(target)}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _cmd_model(args: argparse.Namespace) -> int:
     return models.run_command(args)
 
@@ -403,9 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     forecast.add_argument("--flops", type=float, required=True, help="training compute C in FLOPs, e.g. 1e21")
     forecast.add_argument("--json", action="store_true", help="print the forecast as JSON")
     for name, func, help_text in (
-        ("verify", _cmd_verify, ("recompute every content hash, step id and signature of committed steps; "
+        ("verify", audit_commands.verify, ("recompute every content hash, step id and signature of committed steps; "
          "exit 1 on any mismatch")),
-        ("lineage", _cmd_lineage, ("the chain from source archives (licences) through each step to the final "
+        ("lineage", audit_commands.lineage, ("the chain from source archives (licences) through each step to the final "
          "checkpoint")),
     ):
         cmd = sub.add_parser(name, help=help_text, description=help_text)

@@ -21,8 +21,6 @@ from tidal.config import RecipeError
 from tidal.train.config import ConfigError, MeshConfig
 from tidal.train.sizing import Sizing, SizingError, bytes_text, libtpu_installed, request, size_step
 
-AXES = ("data", "fsdp", "tensor")
-
 
 @dataclass
 class Candidate:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidal.train.chips import UnknownChip
-from tidal.train.sizing import Sizing, cached_record, request, size_step
+from tidal.train.sizing import Sizing, size_without_compiling
 
 
 class SizingRefused(ValueError):
@@ -30,19 +30,12 @@ def preflight(step: Any, recipe: Any) -> Sizing | None:
     Raises:
         SizingRefused: it does not fit (one line: the chip, the figure, the largest part, what to change).
     """
-    acc = recipe.train.resources.accelerator
-    if acc.kind not in ("tpu", "gpu"):
+    if recipe.train.resources.accelerator.kind not in ("tpu", "gpu"):
         return None
-    model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
     try:
-        req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+        sizing = size_without_compiling(step, recipe)
     except UnknownChip:
         return None
-    record = cached_record(req) if acc.kind == "tpu" else None
-    if record is not None and "error" in record:
-        raise SizingRefused(f"{step.name}: {record['error']}")
-    sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True),
-                       compile_missing=False)
     if not sizing.fits:
         raise SizingRefused(sizing.refusal_line())
     return sizing

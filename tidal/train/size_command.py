@@ -10,7 +10,7 @@ from typing import Any
 from tidal.config import RecipeError
 from tidal.train.chips import UnknownChip
 from tidal.train.memory import default_mesh
-from tidal.train.sizing import cached_record, libtpu_installed, mesh_dict, request, size_pipeline, size_step
+from tidal.train.sizing import libtpu_installed, mesh_dict, size_pipeline, size_without_compiling
 
 
 def print_sizings(pipe: Any, *, as_json: bool = False) -> int:
@@ -47,20 +47,13 @@ def plan_lines(pipe: Any) -> list[str]:
     for step in pipe.graph:
         if step.kind != "train":
             continue
-        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
         try:
-            req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
+            sizing = size_without_compiling(step, recipe)
         except UnknownChip as err:
             lines.append(f"  {step.name}: not sized: {err}")
             continue
-        record = cached_record(req) if acc.kind == "tpu" else None
-        if record is not None and "error" in record:
-            lines.append(f"  {step.name}: {record['error']}")
-            continue
-        sizing = size_step(step.name, req, model_cfg, record=None if record is None else (record, True),
-                           compile_missing=False)
         lines.extend("  " + line for line in sizing.describe())
-        if acc.kind == "tpu" and record is None:  # the analytical sizing above; the compiler's is one command away
+        if acc.kind == "tpu" and sizing.method == "analytical":  # the compiler's sizing is one command away
             how = "compiles it ahead of time" if libtpu_installed() else "compiles it (make tpu-tools first)"
             lines.append(f"  not compiled yet for {acc.type} {acc.topology}: `tidal size` with this command's "
                          f"arguments {how}")

@@ -455,19 +455,34 @@ def mesh_dict(mesh: MeshShape) -> dict[str, int]:
     return {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
 
 
+def step_request(step: Any, recipe: Any) -> tuple[dict[str, Any], Any]:
+    """``(request, model shape)`` of a planned train ``step`` on ``recipe``'s accelerator (:func:`request`).
+
+    Raises:
+        tidal.train.chips.UnknownChip: an accelerator with no constants.
+    """
+    vocab = recipe.tokenizer.vocab_size
+    req = request(step.typed_config, vocab, recipe.tokenize.seq_len - 1, recipe.train.resources.accelerator)
+    return req, step.typed_config.model.shape(vocab)
+
+
+def size_without_compiling(step: Any, recipe: Any) -> Sizing:
+    """A train step's sizing that costs nothing: the compiled one when the cache holds it (a TPU slice), else
+    the analytical one (``tidal plan`` and the GKE launch's check, :mod:`tidal.train.preflight`).
+
+    Raises:
+        tidal.train.chips.UnknownChip: an accelerator with no constants.
+    """
+    req, model_cfg = step_request(step, recipe)
+    record = cached_record(req) if req["accelerator"]["kind"] == "tpu" else None
+    return size_step(step.name, req, model_cfg, record=None if record is None else (record, True),
+                     compile_missing=False)
+
+
 def size_pipeline(pipe: Any, *, progress: Any = None) -> list[Sizing]:
     """Size every train step of a loaded pipeline (:func:`tidal.core.load.load_pipeline`) whose recipe names a
     TPU or GPU accelerator; ``[]`` for a CPU run (nothing to size against)."""
-    recipe = pipe.recipe
-    acc = recipe.train.resources.accelerator
-    if acc.kind not in ("tpu", "gpu"):
+    if pipe.recipe.train.resources.accelerator.kind not in ("tpu", "gpu"):
         return []
-    out = []
-    for step in pipe.graph:
-        if step.kind != "train":
-            continue
-        model_cfg = step.typed_config.model.shape(recipe.tokenizer.vocab_size)
-        req = request(step.typed_config, recipe.tokenizer.vocab_size, recipe.tokenize.seq_len - 1, acc)
-        out.append(size_step(step.name, req, model_cfg, progress=progress))
-    return out
-
+    return [size_step(step.name, *step_request(step, pipe.recipe), progress=progress)
+            for step in pipe.graph if step.kind == "train"]
