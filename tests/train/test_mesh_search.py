@@ -111,3 +111,11 @@ def test_write_keeps_line_endings_mode_and_a_missing_final_newline(tmp_path):
     assert write_train_mesh(path, {"data": 1, "fsdp": 4, "tensor": 1}, 1)
     assert path.read_text() == "name: r\ntrain:\n  steps: 10\n  mesh: {data: 1, fsdp: 4, tensor: 1}\n"
     assert not write_train_mesh(path, {"data": 1, "fsdp": 4, "tensor": 1}, 1)  # already so: untouched
+
+
+def test_write_keeps_the_trailing_comment_of_a_one_line_field(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  mesh: {tensor: 1}  # tensor fixed: heads\n  microbatches: 2 # fits v5e\n")
+    assert write_train_mesh(path, {"data": 2, "fsdp": 2, "tensor": 1}, 4)
+    assert path.read_text() == ("train:\n  mesh: {data: 2, fsdp: 2, tensor: 1}  # tensor fixed: heads\n"
+                                "  microbatches: 4 # fits v5e\n")

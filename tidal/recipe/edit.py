@@ -98,7 +98,9 @@ def write_train_mesh(recipe_path: str | Path, mesh: dict[str, int], microbatches
                 stop += 1
             while stop > at + 1 and not lines[stop - 1].strip():
                 stop -= 1  # blank lines after the block are the file's, not the mesh's
-            lines[at:stop] = [f"{pad}{line}{newline}"]
+            # a one-line field's trailing comment stays (the values written hold no '#')
+            comment = re.search(r"[ \t]+#.*$", lines[at].rstrip("\r\n")) if stop == at + 1 else None
+            lines[at:stop] = [f"{pad}{line}{comment.group(0) if comment else ''}{newline}"]
             end -= stop - at - 1
         body = fields_at()
     out = "".join(lines)
