@@ -126,9 +126,11 @@ class FlinkCluster:
         """The node's command: Flink's own ``{role}.sh start-foreground`` (it ``exec``s the JVM, logging
         to stdout), its conf from the tools cache, its scratch in the node's private /tmp."""
         home = shlex.quote(str(self.home))
-        return (f"mkdir -p /tmp/flink /tmp/flink-log && export FLINK_HOME={home} FLINK_CONF_DIR={home}/conf "
+        # `;` after the export, not `&&`: `a && export ... && pool &` would run the export in the pool's
+        # background subshell, and the TaskManager would start without it
+        return (f"mkdir -p /tmp/flink /tmp/flink-log || exit 1; export FLINK_HOME={home} FLINK_CONF_DIR={home}/conf "
                 f"FLINK_LOG_DIR=/tmp/flink-log FLINK_PID_DIR=/tmp/flink FLINK_ENV_JAVA_OPTS_JM='{JVM_OPTS}' "
-                f"FLINK_ENV_JAVA_OPTS_TM='{JVM_OPTS}' && {before}"
+                f"FLINK_ENV_JAVA_OPTS_TM='{JVM_OPTS}'; {before}"
                 f"exec {home}/bin/{role}.sh start-foreground {_dynamic(properties)}")
 
     def add_taskmanager(self, name: str) -> None:
