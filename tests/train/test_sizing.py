@@ -135,8 +135,7 @@ def test_search_ranks_the_meshes_of_the_slice_by_predicted_mfu_and_write_puts_th
     assert write.returncode == 0 and "compiling" not in write.stderr, write.stderr[-3000:]  # the search's cache
     best = cands[0]["mesh"]
     flow = "{" + ", ".join(f"{axis}: {best[axis]}" for axis in ("data", "fsdp", "tensor")) + "}"
-    assert path.read_text() == text.replace("  mesh: {tensor: 1}  # a fixed axis: the search tries data x fsdp over "
-                                            "the 4 chips\n", f"  mesh: {flow}\n")  # no other byte changed
+    assert path.read_text() == text.replace("  mesh: {tensor: 1}  #", f"  mesh: {flow}  #")  # no other byte changed
     # the written recipe sizes as the search's winner, from the cache
     sized = tidal("size", str(path), "--json", env=env)
     [again] = json.loads(sized.stdout)
